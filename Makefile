@@ -1,0 +1,78 @@
+# Rollout. `make` (or `make help`) lists the targets.
+
+SHELL       := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+# go from PATH, else the standard install; its directory also goes on PATH because tools
+# (golangci-lint, the arch test) run `go` themselves.
+GO := $(or $(shell command -v go 2>/dev/null),/usr/local/go/bin/go)
+export PATH := $(dir $(GO)):$(PATH)
+
+# The engine kernels use the simd/archsimd experiment; everything builds and tests with it by
+# default. `make test` also runs the engine without it, which exercises the pure-Go fallback.
+# Override with `make GOEXPERIMENT= build` for a build without it.
+GOEXPERIMENT ?= simd
+export GOEXPERIMENT
+
+BIN      := bin/rollout
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+TESTFLAGS ?=
+FUZZTIME ?= 10s
+
+.PHONY: help build test race lint lint-fmt lint-vet lint-golangci lint-arch bench demo fuzz clean
+
+help: ## List the targets
+	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); override with GOEXPERIMENT=)"
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
+
+build: ## Build the CLI into bin/rollout
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rollout
+
+test: ## Run all tests (SIMD build), then the engine tests without GOEXPERIMENT=simd (fallback)
+	$(GO) test -timeout 15m $(TESTFLAGS) ./...
+	GOEXPERIMENT= $(GO) test -timeout 15m $(TESTFLAGS) ./engine/...
+
+race: ## Run all tests in short mode under the race detector
+	$(GO) test -race -short -timeout 15m $(TESTFLAGS) ./...
+
+lint: lint-fmt lint-vet lint-golangci lint-arch ## gofmt check, go vet (both modes), golangci-lint, dependency rules
+
+lint-fmt: ## Fail listing the files gofmt would change
+	@files=$$(find . -name '*.go' -not -path './vendor/*' -not -path '*/testdata/*' -not -path './.git/*' -print0 | xargs -0 -r gofmt -l); \
+	if [ -n "$$files" ]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
+
+lint-vet: ## go vet with and without GOEXPERIMENT=simd
+	$(GO) vet ./...
+	GOEXPERIMENT= $(GO) vet ./...
+
+lint-golangci: ## golangci-lint (the go.mod tool) with and without GOEXPERIMENT=simd
+	$(GO) tool golangci-lint run ./...
+	GOEXPERIMENT= $(GO) tool golangci-lint run ./...
+
+lint-arch: ## The DESIGN.md dependency rules (internal/archtest)
+	$(GO) test -count=1 ./internal/archtest/
+
+bench: build ## Run the engine benchmark (bin/rollout bench engine)
+	$(BIN) bench engine
+
+demo: build ## Generate text in-process on builtin:tiny and print tokens/s
+	$(BIN) generate --model builtin:tiny --max-tokens 64 "Once upon a time"
+
+fuzz: ## Run every Fuzz target in the repo briefly (FUZZTIME each, default 10s)
+	@found=0; \
+	while IFS= read -r file; do \
+		dir=./$$(dirname "$${file#./}"); \
+		for name in $$(grep -hoE '^func Fuzz[A-Za-z0-9_]*\(' "$$file" | sed -E 's/^func //; s/\($$//'); do \
+			found=$$((found+1)); \
+			echo "== $$dir $$name ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) "$$dir"; \
+		done; \
+	done < <(grep -rlE --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*\(' . | grep -v '/vendor/' | sort); \
+	echo "fuzz: $$found target(s) run"
+
+clean: ## Remove build output
+	rm -rf bin

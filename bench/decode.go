@@ -1,0 +1,117 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/kvcache"
+	"github.com/rolloutkit/rollout/engine/model"
+)
+
+// DecodeResult is one model's batch-1 figures.
+type DecodeResult struct {
+	Preset             string  `json:"preset"`
+	Params             int64   `json:"params"`
+	WeightBytes        int64   `json:"weight_bytes"`
+	Tokens             int     `json:"tokens"`
+	DecodeTokensPerSec float64 `json:"decode_tokens_per_s"`
+	// WeightGBPerSec is the weight bytes streamed per second by decode.
+	WeightGBPerSec float64 `json:"weight_gb_per_s"`
+	// BandwidthRatio is WeightGBPerSec over the machine's measured read bandwidth.
+	BandwidthRatio      float64 `json:"bandwidth_ratio"`
+	PrefillTokens       int     `json:"prefill_tokens"`
+	PrefillTokensPerSec float64 `json:"prefill_tokens_per_s"`
+	// Llama2CTokensPerSec is the published range for llama2.c's run.c on this machine kind
+	// (perf-baselines.md), the baseline for DecodeTokensPerSec.
+	Llama2CTokensPerSec [2]float64 `json:"llama2c_tokens_per_s"`
+}
+
+// Llama2C holds llama2.c run.c's batch-1 greedy decode rates on this machine kind
+// (-Ofast -march=native -fopenmp, 2 threads; ../shared/reference/perf-baselines.md).
+var llama2c = map[string][2]float64{"stories15m": {690, 800}, "stories110m": {47, 55}}
+
+// Decode measures batch-1 greedy decode of tokens tokens from BOS on a random preset, and a
+// prefill of prefill tokens in one chunk.
+func Decode(ctx context.Context, pool *kernels.Pool, preset string, tokens, prefill int, bandwidthGBs float64) (DecodeResult, error) {
+	w, err := model.Preset(preset, 1)
+	if err != nil {
+		return DecodeResult{}, err
+	}
+	m, err := model.New(w, pool)
+	if err != nil {
+		return DecodeResult{}, err
+	}
+	c := m.Config
+	tokens = min(tokens, c.MaxPositionEmbeddings)
+	prefill = min(prefill, c.MaxPositionEmbeddings)
+	const bs = 16
+	blocks := (c.MaxPositionEmbeddings+bs-1)/bs + 1
+	kv, err := kvcache.NewStorage(m.KVLayout(blocks, bs))
+	if err != nil {
+		return DecodeResult{}, err
+	}
+	table := make([]int32, blocks-1)
+	for i := range table {
+		table[i] = int32(i + 1)
+	}
+	logits := make([]float32, c.VocabSize)
+	b := &model.Batch{Tokens: []int32{int32(c.BOSTokenID)}, Positions: []int32{0}, Seq: []int32{0},
+		BlockTables: [][]int32{table}, Logits: []int32{0}}
+	// Warm up caches and the worker pool.
+	if err := m.Forward(b, kv, logits); err != nil {
+		return DecodeResult{}, err
+	}
+	start := time.Now()
+	for pos := range tokens {
+		if err := ctx.Err(); err != nil {
+			return DecodeResult{}, err
+		}
+		b.Positions[0] = int32(pos)
+		if err := m.Forward(b, kv, logits); err != nil {
+			return DecodeResult{}, fmt.Errorf("bench: decode step %d: %w", pos, err)
+		}
+		b.Tokens[0] = int32(argmax(logits))
+	}
+	dec := time.Since(start).Seconds()
+
+	pb := &model.Batch{BlockTables: [][]int32{table}, Logits: []int32{int32(prefill - 1)}}
+	for i := range prefill {
+		pb.Tokens = append(pb.Tokens, int32((i*7919)%c.VocabSize))
+		pb.Positions = append(pb.Positions, int32(i))
+		pb.Seq = append(pb.Seq, 0)
+	}
+	start = time.Now()
+	if err := m.Forward(pb, kv, logits); err != nil {
+		return DecodeResult{}, fmt.Errorf("bench: prefill: %w", err)
+	}
+	pre := time.Since(start).Seconds()
+
+	r := DecodeResult{Preset: preset, Params: c.NumParams(), WeightBytes: m.WeightBytes(), Tokens: tokens,
+		DecodeTokensPerSec: float64(tokens) / dec, PrefillTokens: prefill, PrefillTokensPerSec: float64(prefill) / pre,
+		Llama2CTokensPerSec: llama2c[preset]}
+	r.WeightGBPerSec = r.DecodeTokensPerSec * float64(r.WeightBytes) / 1e9
+	if bandwidthGBs > 0 {
+		r.BandwidthRatio = r.WeightGBPerSec / bandwidthGBs
+	}
+	return r, nil
+}
+
+func argmax(x []float32) int {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// EngineReport is what `rollout bench engine` prints.
+type EngineReport struct {
+	GOMAXPROCS       int            `json:"gomaxprocs"`
+	Kernel           string         `json:"kernel"`
+	ReadBandwidthGBs float64        `json:"read_bandwidth_gb_per_s"`
+	Decode           []DecodeResult `json:"decode"`
+}

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/load"
+	"github.com/rolloutkit/rollout/engine/sample"
+	"github.com/rolloutkit/rollout/engine/tokenizer"
+)
+
+type generateOpts struct {
+	model, tokenizer string
+	maxTokens        int
+	temperature      float64
+	topP             float64
+	topK             int
+	seed             int64
+	json             bool
+}
+
+func newGenerateCmd() *cobra.Command {
+	var o generateOpts
+	cmd := &cobra.Command{
+		Use:   "generate [flags] PROMPT",
+		Short: "Generate text from a prompt (in-process engine with --model)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runGenerate(cmd.Context(), cmd, o, args[0])
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.model, "model", "builtin:tiny", "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file")
+	f.StringVar(&o.tokenizer, "tokenizer", "", "tokenizer file overriding the one beside the checkpoint")
+	f.IntVar(&o.maxTokens, "max-tokens", 64, "tokens to generate at most")
+	f.Float64Var(&o.temperature, "temperature", 0, "sampling temperature (0: greedy)")
+	f.Float64Var(&o.topP, "top-p", 1, "nucleus sampling mass in (0,1]")
+	f.IntVar(&o.topK, "top-k", 0, "sample among the k most likely tokens (0: off)")
+	f.Int64Var(&o.seed, "seed", 0, "sampling seed (same seed, same tokens)")
+	f.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
+	return cmd
+}
+
+type generateResult struct {
+	Model          string    `json:"model"`
+	Text           string    `json:"text"`
+	PromptTokenIDs []int     `json:"prompt_token_ids"`
+	TokenIDs       []int     `json:"token_ids"`
+	Logprobs       []float32 `json:"logprobs"`
+	WeightVersions []int64   `json:"weight_versions"`
+	FinishReason   string    `json:"finish_reason"`
+	TokensPerSec   float64   `json:"tokens_per_s"`
+	TTFTSeconds    float64   `json:"ttft_s"`
+}
+
+func runGenerate(ctx context.Context, cmd *cobra.Command, o generateOpts, prompt string) error {
+	m, err := load.Open(o.model, o.tokenizer)
+	if err != nil {
+		return err
+	}
+	ids, err := m.Tokenizer.Encode(prompt)
+	if err != nil {
+		return fmt.Errorf("tokenizing the prompt: %w", err)
+	}
+	if bos := m.Tokenizer.BOS(); bos >= 0 {
+		ids = append([]int{bos}, ids...)
+	}
+	p := sample.Defaults()
+	p.MaxTokens = o.maxTokens
+	p.Temperature = o.temperature
+	p.TopP = o.topP
+	p.TopK = o.topK
+	seed := o.seed
+	p.Seed = &seed
+
+	e, err := engine.New(engine.Config{Weights: m.Weights, MaxNumSeqs: 1})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	start := time.Now()
+	s, err := e.Add(ctx, engine.Request{ID: "generate", PromptTokenIDs: ids, Sampling: p})
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	dec := tokenizer.NewStreamDecoder(m.Tokenizer)
+	res := generateResult{Model: o.model, PromptTokenIDs: ids}
+	var first time.Time
+	if !o.json {
+		fmt.Fprint(out, prompt)
+	}
+	for {
+		o2, err := s.Recv(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		for _, t := range o2.Tokens {
+			if first.IsZero() {
+				first = time.Now()
+			}
+			res.TokenIDs = append(res.TokenIDs, t.ID)
+			res.Logprobs = append(res.Logprobs, t.Logprob)
+			res.WeightVersions = append(res.WeightVersions, t.WeightVersion)
+			if t.ID == m.Weights.Config.EOSTokenID {
+				continue
+			}
+			text, err := dec.Push(t.ID)
+			if err != nil {
+				return err
+			}
+			res.Text += text
+			if !o.json {
+				fmt.Fprint(out, text)
+			}
+		}
+		if o2.Finished {
+			res.FinishReason = string(o2.FinishReason)
+		}
+	}
+	tail := dec.Flush()
+	res.Text += tail
+	elapsed := time.Since(start).Seconds()
+	if n := len(res.TokenIDs); n > 0 && elapsed > 0 {
+		res.TokensPerSec = float64(n) / elapsed
+		res.TTFTSeconds = first.Sub(start).Seconds()
+	}
+	if o.json {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	fmt.Fprintf(out, "%s\n\n[%d tokens, %.1f tokens/s, first token after %.1f ms, finish: %s]\n",
+		tail, len(res.TokenIDs), res.TokensPerSec, res.TTFTSeconds*1e3, res.FinishReason)
+	return nil
+}

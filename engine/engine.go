@@ -1,0 +1,653 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/kvcache"
+	"github.com/rolloutkit/rollout/engine/kvconnector"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/sample"
+	"github.com/rolloutkit/rollout/engine/sched"
+)
+
+// Errors callers branch on.
+var (
+	ErrClosed          = errors.New("engine: closed")
+	ErrQueueFull       = errors.New("engine: queue full")
+	ErrInvalidRequest  = errors.New("engine: invalid request")
+	ErrDuplicateID     = errors.New("engine: duplicate request id")
+	ErrNoWeights       = errors.New("engine: no weights loaded")
+	ErrNothingStaged   = errors.New("engine: no staged weights")
+	ErrStaleVersion    = errors.New("engine: weight version not newer than the serving one")
+	ErrInvalidArgument = errors.New("engine: invalid argument")
+	ErrAsleep          = errors.New("engine: asleep")
+)
+
+// Config configures an Engine. Zero values take the documented defaults.
+type Config struct {
+	// Weights is the initial weight set (required) and WeightVersion its version.
+	Weights       *model.Weights
+	WeightVersion int64
+	// BlockSize is the KV block size in tokens (default 16).
+	BlockSize int
+	// NumBlocks is the size of the KV pool including the null block; 0 derives it from
+	// KVBytes, or, with both 0, sizes the pool for MaxNumSeqs full contexts (capped at 1 GiB).
+	NumBlocks int
+	KVBytes   int64
+	// MaxNumSeqs bounds the running batch (default 64); MaxBatchedTokens the tokens per step
+	// (default 2048).
+	MaxNumSeqs       int
+	MaxBatchedTokens int
+	// MaxQueued bounds the requests waiting while the engine is paused or asleep (default 4096).
+	MaxQueued int
+	// Workers is the number of kernel workers (default GOMAXPROCS).
+	Workers int
+	// Connector and ConnectorWorker are the two sides of the KV connector (default: none).
+	// A worker that copies KV bytes also implements kvconnector.StorageBinder.
+	Connector       kvconnector.Scheduler
+	ConnectorWorker kvconnector.Worker
+	// Seed seeds requests that carry no seed of their own.
+	Seed uint64
+	// Logger defaults to slog.Default(); Tracer to a no-op tracer.
+	Logger *slog.Logger
+	Tracer trace.Tracer
+	// Hooks observe the engine (metrics); any may be nil.
+	Hooks Hooks
+}
+
+// Hooks are called from the engine goroutine; they must be cheap and must not call back into
+// the engine.
+type Hooks struct {
+	// OnFinish is called once per finished request.
+	OnFinish func(id string, reason FinishReason, promptTokens, genTokens int, t Timings)
+	// OnStep is called after every step with the number of tokens it computed.
+	OnStep func(tokens int)
+}
+
+func (c *Config) defaults() error {
+	if c.Weights == nil {
+		return fmt.Errorf("%w: Config.Weights is nil", ErrInvalidArgument)
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = 16
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = 64
+	}
+	if c.MaxBatchedTokens == 0 {
+		c.MaxBatchedTokens = 2048
+	}
+	if c.MaxQueued == 0 {
+		c.MaxQueued = 4096
+	}
+	if c.Workers == 0 {
+		c.Workers = runtime.GOMAXPROCS(0)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Tracer == nil {
+		c.Tracer = noop.NewTracerProvider().Tracer("engine")
+	}
+	if c.BlockSize < 1 || c.BlockSize > 1024 || c.MaxNumSeqs < 1 || c.MaxBatchedTokens < 1 || c.MaxQueued < 1 || c.Workers < 1 {
+		return fmt.Errorf("%w: block size %d, max seqs %d, max batched tokens %d, max queued %d, workers %d",
+			ErrInvalidArgument, c.BlockSize, c.MaxNumSeqs, c.MaxBatchedTokens, c.MaxQueued, c.Workers)
+	}
+	mc := c.Weights.Config
+	blockBytes := int64(mc.NumHiddenLayers) * 2 * int64(c.BlockSize) * int64(mc.KVDim()) * 4
+	if c.NumBlocks == 0 {
+		if c.KVBytes > 0 {
+			c.NumBlocks = int(c.KVBytes / blockBytes)
+		} else {
+			perSeq := (mc.MaxPositionEmbeddings + c.BlockSize - 1) / c.BlockSize
+			c.NumBlocks = min(c.MaxNumSeqs*perSeq, int((1<<30)/blockBytes)) + 1
+		}
+	}
+	minBlocks := (mc.MaxPositionEmbeddings+c.BlockSize-1)/c.BlockSize + 1
+	if c.NumBlocks < 2 {
+		return fmt.Errorf("%w: KV pool of %d blocks (%d bytes each) holds nothing", ErrInvalidArgument, c.NumBlocks, blockBytes)
+	}
+	if c.NumBlocks < minBlocks {
+		c.Logger.Warn("KV pool smaller than one full context: long requests will be cut at the pool size",
+			"blocks", c.NumBlocks, "full_context_blocks", minBlocks)
+	}
+	return nil
+}
+
+// Request is one generation request.
+type Request struct {
+	ID             string
+	PromptTokenIDs []int
+	Sampling       sample.Params
+	// CacheSalt isolates prefix-cache reuse: requests only share KV with the same salt.
+	CacheSalt string
+}
+
+// reqState is the engine's bookkeeping for one live request.
+type reqState struct {
+	stream  *Stream
+	sampler *sample.Sampler
+	params  sample.Params
+	prompt  int
+	gen     int
+	stops   []int
+}
+
+// pendingGen is 0: tokens are delivered in the step that samples them. It exists so that
+// min_tokens counting stays right if delivery is ever deferred.
+func (r *reqState) pendingGen() int { return 0 }
+
+type message struct {
+	add   *addMsg
+	abort []string
+	call  *callMsg
+}
+
+type addMsg struct {
+	req    Request
+	stream *Stream
+	reply  chan error
+}
+
+type callMsg struct {
+	ctx   context.Context //nolint:containedctx // carried across the queue to the loop, never stored beyond the call
+	name  string
+	fn    func(ctx context.Context, done func(any, error))
+	reply chan result
+}
+
+// idleTask completes a deferred utility call once the engine has no work. run reports whether
+// it finished (it may instead create work, e.g. a flush to deliver, and run again later);
+// fail answers its caller when the engine stops first.
+type idleTask struct {
+	run  func() bool
+	fail func(error)
+}
+
+// Engine is EngineCore. Create it with New, run it with Run; every other method is safe for
+// concurrent use.
+type Engine struct {
+	cfg  Config
+	log  *slog.Logger
+	in   chan message
+	done chan struct{}
+	ran  atomic.Bool
+
+	metrics Metrics
+
+	// Owned by the Run goroutine.
+	kpool   *kernels.Pool
+	sched   *sched.Scheduler
+	blocks  *kvcache.Manager
+	kv      *kvcache.Storage
+	conn    kvconnector.Scheduler
+	worker  kvconnector.Worker
+	model   *model.Model
+	weights *model.Weights
+	version int64
+	staged  *staged
+	reqs    map[string]*reqState
+	idle    []idleTask
+	paused  PauseMode // "" when not paused
+	// sleep state: level and which tags are asleep; pausedBySleep says sleep paused the
+	// engine itself, so waking resumes it.
+	sleepLevel    int
+	sleep0        bool
+	sleepWeights  bool
+	sleepKV       bool
+	pausedBySleep bool
+	logits        []float32
+	seedCounter   uint64
+	closeOnce     sync.Once
+}
+
+type staged struct {
+	model   *model.Model
+	weights *model.Weights
+	version int64
+}
+
+// New validates cfg, packs the initial weights and allocates the KV pool.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, log: cfg.Logger, in: make(chan message, 256), done: make(chan struct{}),
+		reqs: map[string]*reqState{}, version: cfg.WeightVersion, weights: cfg.Weights}
+	e.kpool = kernels.NewPool(cfg.Workers)
+	m, err := model.New(cfg.Weights, e.kpool)
+	if err != nil {
+		e.kpool.Close()
+		return nil, err
+	}
+	e.model = m
+	e.conn, e.worker = cfg.Connector, cfg.ConnectorWorker
+	if e.conn == nil {
+		e.conn = kvconnector.Noop{}
+	}
+	if e.worker == nil {
+		e.worker = kvconnector.Noop{}
+	}
+	fail := func(err error) (*Engine, error) {
+		e.kpool.Close()
+		return nil, err
+	}
+	if e.blocks, err = kvcache.New(kvcache.Config{NumBlocks: cfg.NumBlocks, BlockSize: cfg.BlockSize, PrefixCaching: true}); err != nil {
+		return fail(err)
+	}
+	// A request may use the whole context unless the pool is smaller.
+	maxLen := min(cfg.Weights.Config.MaxPositionEmbeddings, (cfg.NumBlocks-1)*cfg.BlockSize)
+	e.sched, err = sched.New(sched.Config{
+		MaxNumSeqs: cfg.MaxNumSeqs, MaxNumBatchedTokens: cfg.MaxBatchedTokens,
+		MaxModelLen: maxLen, EOSTokenIDs: []int{cfg.Weights.Config.EOSTokenID},
+	}, e.blocks, e.conn)
+	if err != nil {
+		return fail(err)
+	}
+	if err := e.allocKV(); err != nil {
+		return fail(err)
+	}
+	e.sched.SetWeightVersion(e.version)
+	e.metrics.weightVersion.Store(e.version)
+	return e, nil
+}
+
+// Run steps the engine until ctx is cancelled, then aborts whatever is left and returns nil.
+// It may be called once.
+func (e *Engine) Run(ctx context.Context) error {
+	if !e.ran.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: Run called twice", ErrInvalidArgument)
+	}
+	defer e.shutdown()
+	e.metrics.alive.Store(true)
+	for {
+		for !e.hasWork() {
+			if e.runIdle() {
+				continue
+			}
+			select {
+			case m := <-e.in:
+				e.handle(m)
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	drain:
+		for {
+			select {
+			case m := <-e.in:
+				e.handle(m)
+			default:
+				break drain
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if e.hasWork() {
+			e.step()
+		}
+	}
+}
+
+// hasWork is the busy-loop predicate. An undelivered flush set counts through the connector.
+func (e *Engine) hasWork() bool {
+	return e.sched.HasRequests()
+}
+
+// runIdle runs the idle tasks (pause and sleep completions) in order; a task that is not done
+// stays queued. It reports whether any task ran to completion, so the caller re-checks for work.
+func (e *Engine) runIdle() bool {
+	if len(e.idle) == 0 {
+		return false
+	}
+	progressed := false
+	for len(e.idle) > 0 && !e.hasWork() {
+		if !e.idle[0].run() {
+			if !e.hasWork() {
+				// A task that is not done must have created work; anything else is a bug that
+				// would hang its caller, so fail loudly in logs and drop it.
+				e.log.Error("engine: idle task made no progress; dropping it")
+				e.idle[0].fail(fmt.Errorf("engine: internal error: deferred call made no progress"))
+				e.idle = e.idle[1:]
+			}
+			return true
+		}
+		e.idle = e.idle[1:]
+		progressed = true
+	}
+	return progressed
+}
+
+func (e *Engine) handle(m message) {
+	switch {
+	case m.add != nil:
+		m.add.reply <- e.admit(m.add)
+	case m.abort != nil:
+		e.abort(m.abort)
+	case m.call != nil:
+		e.dispatch(m.call)
+	}
+}
+
+func (e *Engine) shutdown() {
+	e.closeOnce.Do(func() {
+		e.metrics.alive.Store(false)
+		close(e.done)
+		ids := make([]string, 0, len(e.reqs))
+		for id := range e.reqs {
+			ids = append(ids, id)
+		}
+		e.abort(ids)
+		for _, t := range e.idle {
+			t.fail(ErrClosed)
+		}
+		e.idle = nil
+		// Answer whatever is still queued.
+		for {
+			select {
+			case m := <-e.in:
+				switch {
+				case m.add != nil:
+					m.add.reply <- ErrClosed
+				case m.call != nil:
+					m.call.reply <- result{nil, ErrClosed}
+				}
+			default:
+				if err := e.worker.WaitIdle(context.Background()); err != nil {
+					e.log.Error("engine: connector did not go idle at shutdown", "err", err)
+				}
+				e.kpool.Close()
+				return
+			}
+		}
+	})
+}
+
+// send queues a message for the loop, or fails once the engine stopped.
+func (e *Engine) send(ctx context.Context, m message) error {
+	select {
+	case <-e.done:
+		return ErrClosed
+	default:
+	}
+	select {
+	case e.in <- m:
+		return nil
+	case <-e.done:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Add validates and queues a request and returns its stream.
+func (e *Engine) Add(ctx context.Context, req Request) (*Stream, error) {
+	if err := e.validate(&req); err != nil {
+		return nil, err
+	}
+	s := newStream(e, req.ID, time.Now())
+	m := &addMsg{req: req, stream: s, reply: make(chan error, 1)}
+	if err := e.send(ctx, message{add: m}); err != nil {
+		return nil, err
+	}
+	select {
+	case err := <-m.reply:
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	case <-e.done:
+		// The loop may have admitted it just before stopping; its stream then ends aborted.
+		select {
+		case err := <-m.reply:
+			if err != nil {
+				return nil, err
+			}
+			return s, nil
+		default:
+			return nil, ErrClosed
+		}
+	}
+}
+
+func (e *Engine) validate(req *Request) error {
+	c := e.cfg.Weights.Config
+	if req.ID == "" {
+		return fmt.Errorf("%w: empty request id", ErrInvalidRequest)
+	}
+	if len(req.PromptTokenIDs) == 0 {
+		return fmt.Errorf("%w: empty prompt", ErrInvalidRequest)
+	}
+	if len(req.PromptTokenIDs) >= c.MaxPositionEmbeddings {
+		return fmt.Errorf("%w: prompt of %d tokens leaves no room in the context of %d", ErrInvalidRequest, len(req.PromptTokenIDs), c.MaxPositionEmbeddings)
+	}
+	for i, id := range req.PromptTokenIDs {
+		if id < 0 || id >= c.VocabSize {
+			return fmt.Errorf("%w: prompt token %d: id %d outside vocab %d", ErrInvalidRequest, i, id, c.VocabSize)
+		}
+	}
+	req.Sampling = req.Sampling.WithDefaults()
+	if err := req.Sampling.Validate(c.VocabSize); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return nil
+}
+
+func (e *Engine) admit(m *addMsg) error {
+	if _, dup := e.reqs[m.req.ID]; dup {
+		return fmt.Errorf("%w: %q", ErrDuplicateID, m.req.ID)
+	}
+	if (e.paused != "" || e.sleepLevel > 0) && e.sched.NumWaiting() >= e.cfg.MaxQueued {
+		return fmt.Errorf("%w: %d requests already wait while the engine is paused or asleep", ErrQueueFull, e.cfg.MaxQueued)
+	}
+	p := m.req.Sampling
+	e.seedCounter++
+	seed := p.SeedOr(e.cfg.Seed ^ (e.seedCounter * 0x9e3779b97f4a7c15))
+	sr := &sched.Request{
+		ID: m.req.ID, PromptTokenIDs: m.req.PromptTokenIDs, CacheSalt: m.req.CacheSalt,
+		Params: sched.Params{MaxTokens: p.MaxTokens, StopTokenIDs: p.StopTokenIDs, IgnoreEOS: p.IgnoreEOS, MinTokens: p.MinTokens},
+	}
+	if err := e.sched.Add(sr); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	e.reqs[m.req.ID] = &reqState{stream: m.stream, sampler: sample.New(p, seed), params: p,
+		prompt: len(m.req.PromptTokenIDs), stops: p.StopTokens([]int{e.cfg.Weights.Config.EOSTokenID})}
+	e.metrics.promptTokens.Add(int64(len(m.req.PromptTokenIDs)))
+	return nil
+}
+
+// Abort finishes the named requests with FinishAbort. Unknown ids are ignored.
+func (e *Engine) Abort(ids ...string) {
+	if len(ids) == 0 {
+		return
+	}
+	_ = e.send(context.Background(), message{abort: ids})
+}
+
+func (e *Engine) abort(ids []string) {
+	e.deliver(e.sched.Abort(ids...))
+}
+
+// deliver hands scheduler outputs to their streams.
+func (e *Engine) deliver(outs []sched.RequestOutput) {
+	now := time.Now()
+	for _, o := range outs {
+		st, ok := e.reqs[o.ReqID]
+		if !ok {
+			continue
+		}
+		toks := make([]Token, len(o.NewTokenIDs))
+		for i, id := range o.NewTokenIDs {
+			if i < len(o.Payloads) {
+				if t, ok := o.Payloads[i].(Token); ok {
+					toks[i] = t
+					continue
+				}
+			}
+			toks[i] = Token{ID: id, WeightVersion: o.WeightVersion}
+		}
+		st.gen += len(toks)
+		e.metrics.genTokens.Add(int64(len(toks)))
+		reason := FinishReason("")
+		if o.Finished {
+			reason = FinishReason(o.FinishReason)
+		}
+		st.stream.push(toks, o.NumCachedTokens, reason, now)
+		if o.Finished {
+			delete(e.reqs, o.ReqID)
+			e.metrics.finished(reason)
+			if h := e.cfg.Hooks.OnFinish; h != nil {
+				st.stream.mu.Lock()
+				t := st.stream.timings
+				st.stream.mu.Unlock()
+				h(o.ReqID, reason, st.prompt, st.gen, t)
+			}
+		}
+	}
+}
+
+// step runs one engine step: schedule, execute (a forward pass, or a connector-only step
+// with no tokens), update.
+func (e *Engine) step() {
+	so, err := e.sched.Schedule()
+	if err != nil {
+		// Schedule and UpdateFromOutput strictly alternate in this loop, so this is a bug.
+		e.log.Error("engine: schedule failed", "err", err)
+		return
+	}
+	mo := &sched.ModelOutput{Step: so.Step, Sampled: map[string]sched.Sample{}}
+	var forward func(context.Context) error
+	if so.NumScheduledTokens > 0 {
+		forward = func(context.Context) error { return e.execute(so, mo) }
+	}
+	ctx := context.Background()
+	kvOut, err := kvconnector.RunStep(ctx, e.worker, so.ConnectorMeta, so.FinishedReqIDs, forward)
+	if err != nil {
+		e.log.Error("engine: step failed", "step", so.Step, "err", err)
+	}
+	mo.KVConnector = kvOut
+	outs, err := e.sched.UpdateFromOutput(so, mo)
+	if err != nil {
+		e.log.Error("engine: update from output", "step", so.Step, "err", err)
+	}
+	e.deliver(outs)
+	e.metrics.steps.Add(1)
+	e.metrics.snapshot(e)
+	if h := e.cfg.Hooks.OnStep; h != nil {
+		h(so.NumScheduledTokens)
+	}
+}
+
+// execute runs the model over the scheduled tokens and samples the requests that reached the
+// end of their known tokens.
+func (e *Engine) execute(so *sched.SchedulerOutput, mo *sched.ModelOutput) error {
+	var b model.Batch
+	var sampleIDs []string
+	for i, sr := range so.Scheduled {
+		table := make([]int32, len(sr.BlockIDs))
+		for j, blk := range sr.BlockIDs {
+			table[j] = int32(blk)
+		}
+		b.BlockTables = append(b.BlockTables, table)
+		for k, id := range sr.TokenIDs {
+			b.Tokens = append(b.Tokens, int32(id))
+			b.Positions = append(b.Positions, int32(sr.StartPos+k))
+			b.Seq = append(b.Seq, int32(i))
+		}
+		if sr.Sample {
+			b.Logits = append(b.Logits, int32(len(b.Tokens)-1))
+			sampleIDs = append(sampleIDs, sr.ReqID)
+		}
+	}
+	v := e.model.Config.VocabSize
+	if need := len(b.Logits) * v; cap(e.logits) < need {
+		e.logits = make([]float32, need)
+	}
+	logits := e.logits[:len(b.Logits)*v]
+	if err := e.model.Forward(&b, e.kv, logits); err != nil {
+		return err
+	}
+	for i, id := range sampleIDs {
+		st := e.reqs[id]
+		if st == nil {
+			continue
+		}
+		row := logits[i*v : (i+1)*v]
+		var r sample.Result
+		if st.params.SuppressStops(st.gen + st.pendingGen()) {
+			r = st.sampler.SampleExcept(row, st.stops)
+		} else {
+			r = st.sampler.Sample(row)
+		}
+		tok := Token{ID: r.Token, Logprob: r.Logprob, Top: r.Top, WeightVersion: so.WeightVersion}
+		mo.Sampled[id] = sched.Sample{TokenID: r.Token, Payload: tok}
+	}
+	return nil
+}
+
+type result struct {
+	v   any
+	err error
+}
+
+// call runs fn on the engine goroutine and waits for it to call done (at once, or later from
+// an idle task). A cancelled ctx stops the wait, not the operation.
+func call[T any](ctx context.Context, e *Engine, name string, fn func(ctx context.Context, done func(T, error))) (T, error) {
+	var zero T
+	cm := &callMsg{ctx: ctx, name: name, reply: make(chan result, 1)}
+	cm.fn = func(ctx context.Context, done func(any, error)) {
+		fn(ctx, func(v T, err error) { done(v, err) })
+	}
+	if err := e.send(ctx, message{call: cm}); err != nil {
+		return zero, err
+	}
+	var r result
+	select {
+	case r = <-cm.reply:
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	case <-e.done:
+		select {
+		case r = <-cm.reply:
+		default:
+			return zero, ErrClosed
+		}
+	}
+	if r.err != nil {
+		return zero, r.err
+	}
+	v, _ := r.v.(T)
+	return v, nil
+}
+
+func (e *Engine) dispatch(cm *callMsg) {
+	ctx, span := e.cfg.Tracer.Start(cm.ctx, "engine."+cm.name)
+	var once sync.Once
+	cm.fn(ctx, func(v any, err error) {
+		once.Do(func() {
+			if err != nil {
+				span.RecordError(err)
+			}
+			span.SetAttributes(attribute.Int64("weight_version", e.version))
+			span.End()
+			cm.reply <- result{v, err}
+		})
+	})
+}
+
+func kvcacheStorage(m *model.Model, blocks, blockSize int) (*kvcache.Storage, error) {
+	return kvcache.NewStorage(m.KVLayout(blocks, blockSize))
+}

@@ -1,0 +1,539 @@
+package engine
+
+import (
+	"context"
+		"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/sample"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testEngine starts an engine on the tiny preset and stops it at cleanup.
+func testEngine(t *testing.T, mut func(*Config)) (*Engine, *model.Weights) {
+	t.Helper()
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	cfg := Config{Weights: w, WeightVersion: 1, NumBlocks: 256, Workers: 2}
+	if mut != nil {
+		mut(&cfg)
+	}
+	e, err := New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return e, w
+}
+
+func greedy(n int) sample.Params {
+	p := sample.Defaults()
+	p.Temperature = 0
+	p.MaxTokens = n
+	p.IgnoreEOS = true
+	return p
+}
+
+func prompt(n, salt int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = (i*31 + salt*17 + 5) % 256
+	}
+	return ids
+}
+
+// referenceGreedy is the greedy continuation computed by the reference forward.
+func referenceGreedy(t *testing.T, w *model.Weights, p []int, n int) []int {
+	t.Helper()
+	toks := slices.Clone(p)
+	var out []int
+	for range n {
+		lg, err := model.Reference(w, toks)
+		require.NoError(t, err)
+		last := lg[len(lg)-1]
+		best := 0
+		for i, v := range last {
+			if v > last[best] {
+				best = i
+			}
+		}
+		out = append(out, best)
+		toks = append(toks, best)
+	}
+	return out
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestGreedyMatchesReferenceUnderConcurrency(t *testing.T) {
+	e, w := testEngine(t, func(c *Config) { c.MaxBatchedTokens = 24; c.MaxNumSeqs = 4 })
+	ctx := ctxT(t)
+	type job struct {
+		p []int
+		s *Stream
+	}
+	var jobs []job
+	for i := range 6 {
+		p := prompt(5+i*7, i)
+		s, err := e.Add(ctx, Request{ID: string(rune('a' + i)), PromptTokenIDs: p, Sampling: greedy(12)})
+		require.NoError(t, err)
+		jobs = append(jobs, job{p, s})
+	}
+	for _, j := range jobs {
+		res, err := j.s.Collect(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, FinishLength, res.FinishReason)
+		assert.Equal(t, referenceGreedy(t, w, j.p, 12), res.TokenIDs())
+		for _, tok := range res.Tokens {
+			assert.EqualValues(t, 1, tok.WeightVersion)
+			assert.LessOrEqual(t, tok.Logprob, float32(0))
+		}
+	}
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.KVBlocksUsed, "finished requests hold no blocks (cached ones are free)")
+}
+
+func TestPauseAbortFinishesEverything(t *testing.T) {
+	e, _ := testEngine(t, func(c *Config) { c.MaxNumSeqs = 2 })
+	ctx := ctxT(t)
+	var streams []*Stream
+	for i := range 4 {
+		s, err := e.Add(ctx, Request{ID: string(rune('a' + i)), PromptTokenIDs: prompt(10, i), Sampling: greedy(1000)})
+		require.NoError(t, err)
+		streams = append(streams, s)
+	}
+	_, err := streams[0].Recv(ctx) // at least one step ran
+	require.NoError(t, err)
+	_, err = e.Pause(ctx, PauseAbort, false)
+	require.NoError(t, err)
+	for _, s := range streams {
+		res, err := s.Collect(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, FinishAbort, res.FinishReason)
+	}
+	paused, err := e.IsPaused(ctx)
+	require.NoError(t, err)
+	assert.True(t, paused)
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "paused", st.State)
+	assert.Zero(t, st.Running+st.Waiting)
+}
+
+func TestPauseWaitLetsRunningFinish(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(8, 1), Sampling: greedy(20)})
+	require.NoError(t, err)
+	_, err = s.Recv(ctx)
+	require.NoError(t, err)
+	_, err = e.Pause(ctx, PauseWait, false)
+	require.NoError(t, err)
+	// Pause(wait) returned, so the running request already finished normally.
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, FinishLength, res.FinishReason)
+	// A request added while paused waits until Resume.
+	s2, err := e.Add(ctx, Request{ID: "b", PromptTokenIDs: prompt(8, 2), Sampling: greedy(3)})
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = s2.Recv(short)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, e.Resume(ctx))
+	res2, err := s2.Collect(ctx)
+	require.NoError(t, err)
+	assert.Len(t, res2.Tokens, 3)
+}
+
+// long is a request that cannot finish while a test pokes at it: it is aborted once the test
+// has read what it checks.
+const long = 1500
+
+// recvAtLeast reads from s until it holds n tokens (or the stream ends).
+func recvAtLeast(t *testing.T, ctx context.Context, s *Stream, have []Token, n int) []Token {
+	t.Helper()
+	for len(have) < n {
+		out, err := s.Recv(ctx)
+		require.NoError(t, err)
+		have = append(have, out.Tokens...)
+		if out.Finished {
+			break
+		}
+	}
+	return have
+}
+
+func tokenIDs(toks []Token) []int {
+	ids := make([]int, len(toks))
+	for i, tok := range toks {
+		ids[i] = tok.ID
+	}
+	return ids
+}
+
+func TestPauseKeepFreezesAndResumeContinues(t *testing.T) {
+	e, w := testEngine(t, nil)
+	ctx := ctxT(t)
+	p := prompt(9, 3)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(long)})
+	require.NoError(t, err)
+	toks := recvAtLeast(t, ctx, s, nil, 1)
+	_, err = e.Pause(ctx, PauseKeep, false)
+	require.NoError(t, err)
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Running, "keep leaves the request running, frozen")
+	steps := st.Steps
+	time.Sleep(20 * time.Millisecond)
+	st, err = e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, steps, st.Steps, "a paused engine does not step")
+	require.NoError(t, e.Resume(ctx))
+	toks = recvAtLeast(t, ctx, s, toks, 40)
+	s.Abort()
+	assert.Equal(t, referenceGreedy(t, w, p, 40), tokenIDs(toks[:40]))
+}
+
+func TestPauseKeepClearCachePreemptsAndRecomputes(t *testing.T) {
+	e, w := testEngine(t, nil)
+	ctx := ctxT(t)
+	p := prompt(20, 4)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(long)})
+	require.NoError(t, err)
+	toks := recvAtLeast(t, ctx, s, nil, 1)
+	r, err := e.Pause(ctx, PauseKeep, true)
+	require.NoError(t, err)
+	assert.True(t, r.Success, r.Reason)
+	assert.Equal(t, 1, r.Preempted)
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.KVBlocksUsed, "clear_cache preempted the frozen request: no KV kept")
+	require.NoError(t, e.Resume(ctx))
+	toks = recvAtLeast(t, ctx, s, toks, 40)
+	s.Abort()
+	// Recompute is exact: the output equals the uninterrupted greedy continuation.
+	assert.Equal(t, referenceGreedy(t, w, p, 40), tokenIDs(toks[:40]))
+}
+
+// TestBackToBackUtilityCalls queues a pause with clear_cache and a sleep so that the loop
+// handles both with no step between them (vLLM's bug 2 scenario), then wakes and resumes.
+func TestBackToBackUtilityCalls(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(8, 1), Sampling: greedy(5)})
+	require.NoError(t, err)
+	_, err = s.Collect(ctx)
+	require.NoError(t, err)
+
+	release := e.block(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Add(2)
+	go func() { defer wg.Done(); _, errs[0] = e.Pause(ctx, PauseAbort, true) }()
+	waitQueued(t, e, 1)
+	go func() { defer wg.Done(); errs[1] = e.Sleep(ctx, 1, PauseAbort) }()
+	waitQueued(t, e, 2)
+	before := e.Metrics().Steps
+	release()
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	assert.Equal(t, before, e.Metrics().Steps, "no step was needed between or after the two calls")
+	sleeping, err := e.IsSleeping(ctx)
+	require.NoError(t, err)
+	assert.True(t, sleeping)
+	require.NoError(t, e.WakeUp(ctx, nil))
+	require.NoError(t, e.Resume(ctx))
+	s, err = e.Add(ctx, Request{ID: "b", PromptTokenIDs: prompt(8, 1), Sampling: greedy(5)})
+	require.NoError(t, err)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Len(t, res.Tokens, 5)
+}
+
+func TestResetPrefixCacheNeverClaimsFalseSuccess(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(40, 1), Sampling: greedy(long)})
+	require.NoError(t, err)
+	_, err = s.Recv(ctx)
+	require.NoError(t, err)
+	r, err := e.ResetPrefixCache(ctx, false, false)
+	require.NoError(t, err)
+	assert.False(t, r.Success, "a running request holds blocks")
+	assert.NotEmpty(t, r.Reason)
+	assert.Zero(t, r.BlocksCleared)
+	r, err = e.ResetPrefixCache(ctx, true, false)
+	require.NoError(t, err)
+	assert.True(t, r.Success, r.Reason)
+	assert.Equal(t, 1, r.Preempted)
+	s.Abort()
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, FinishAbort, res.FinishReason)
+	// Now idle with cached blocks from the finished request: reset clears them.
+	s2, err := e.Add(ctx, Request{ID: "b", PromptTokenIDs: prompt(40, 2), Sampling: greedy(2)})
+	require.NoError(t, err)
+	_, err = s2.Collect(ctx)
+	require.NoError(t, err)
+	r, err = e.ResetPrefixCache(ctx, false, false)
+	require.NoError(t, err)
+	assert.True(t, r.Success, r.Reason)
+	assert.Positive(t, r.BlocksCleared)
+}
+
+func TestSleepLevel1ReleasesKVAndQueuesGeneration(t *testing.T) {
+	e, w := testEngine(t, nil)
+	ctx := ctxT(t)
+	require.NoError(t, e.Sleep(ctx, 1, PauseAbort))
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.True(t, st.KVReleased)
+	assert.Equal(t, "sleeping", st.State)
+	p := prompt(12, 9)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(6)})
+	require.NoError(t, err, "generation while asleep queues")
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	_, err = s.Recv(short)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, e.Resume(ctx), ErrAsleep)
+	require.NoError(t, e.WakeUp(ctx, []string{TagKVCache}))
+	// The sleep paused the engine itself, so a full wake resumes it.
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, w, p, 6), res.TokenIDs())
+}
+
+func TestSleepLevel2NeedsNewWeights(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	_, err := e.Pause(ctx, PauseAbort, true)
+	require.NoError(t, err)
+	require.NoError(t, e.Sleep(ctx, 2, PauseAbort))
+	require.ErrorIs(t, e.WakeUp(ctx, []string{TagWeights}), ErrNoWeights)
+	w2, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	v, err := e.UpdateWeights(ctx, w2, 2, false)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, v)
+	require.NoError(t, e.WakeUp(ctx, nil))
+	paused, err := e.IsPaused(ctx)
+	require.NoError(t, err)
+	assert.True(t, paused, "the explicit pause before the sleep stays until Resume")
+	require.NoError(t, e.Resume(ctx))
+	p := prompt(7, 1)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(4)})
+	require.NoError(t, err)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, w2, p, 4), res.TokenIDs())
+	for _, tok := range res.Tokens {
+		assert.EqualValues(t, 2, tok.WeightVersion)
+	}
+}
+
+func TestWeightSwapNeverReusesOldKV(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	p := prompt(64, 5)
+	run := func(id string) Result {
+		s, err := e.Add(ctx, Request{ID: id, PromptTokenIDs: p, Sampling: greedy(2)})
+		require.NoError(t, err)
+		res, err := s.Collect(ctx)
+		require.NoError(t, err)
+		return res
+	}
+	assert.Zero(t, run("a").NumCachedTokens)
+	assert.Equal(t, 48, run("b").NumCachedTokens, "same prompt, same version: full blocks reused (last token recomputed)")
+	w2, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	_, err = e.UpdateWeights(ctx, w2, 2, false)
+	require.NoError(t, err)
+	assert.Zero(t, run("c").NumCachedTokens, "a new version never reuses KV of the old one")
+	assert.Equal(t, 48, run("d").NumCachedTokens)
+	// Salt isolates too.
+	s, err := e.Add(ctx, Request{ID: "e", PromptTokenIDs: p, Sampling: greedy(2), CacheSalt: "x"})
+	require.NoError(t, err)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, res.NumCachedTokens)
+}
+
+func TestPerTokenVersionsAcrossSwapDuringKeep(t *testing.T) {
+	e, w1 := testEngine(t, nil)
+	ctx := ctxT(t)
+	p := prompt(10, 6)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(long)})
+	require.NoError(t, err)
+	toks := recvAtLeast(t, ctx, s, nil, 1)
+	_, err = e.Pause(ctx, PauseKeep, true)
+	require.NoError(t, err)
+	w2, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	_, err = e.UpdateWeights(ctx, w2, 2, false)
+	require.NoError(t, err)
+	require.NoError(t, e.Resume(ctx))
+	// Read until 20 tokens past the swap.
+	const n = 20
+	for {
+		cut := slices.IndexFunc(toks, func(tok Token) bool { return tok.WeightVersion == 2 })
+		if cut >= 0 && len(toks) >= cut+n {
+			break
+		}
+		toks = recvAtLeast(t, ctx, s, toks, len(toks)+1)
+	}
+	s.Abort()
+	// Tokens before the pause carry v1; every token after carries v2 and is v2's greedy
+	// continuation of everything before it (clear_cache made it recompute under v2).
+	cut := slices.IndexFunc(toks, func(tok Token) bool { return tok.WeightVersion == 2 })
+	require.Positive(t, cut)
+	for i, tok := range toks {
+		want := int64(1)
+		if i >= cut {
+			want = 2
+		}
+		assert.Equal(t, want, tok.WeightVersion, "token %d", i)
+	}
+	ids := tokenIDs(toks)
+	assert.Equal(t, referenceGreedy(t, w1, p, cut), ids[:cut])
+	assert.Equal(t, referenceGreedy(t, w2, append(slices.Clone(p), ids[:cut]...), n), ids[cut:cut+n])
+}
+
+func TestStagedWeightsFailuresLeaveOldServing(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	_, err := e.CommitWeights(ctx)
+	require.ErrorIs(t, err, ErrNothingStaged)
+	w, err := model.Preset("tiny", 3)
+	require.NoError(t, err)
+	require.ErrorIs(t, e.StageWeights(ctx, w, 1), ErrStaleVersion)
+	big, err := model.Preset("stories15m", 1)
+	require.NoError(t, err)
+	require.ErrorIs(t, e.StageWeights(ctx, big, 5), ErrInvalidArgument)
+	assert.EqualValues(t, 1, e.Version())
+	require.NoError(t, e.StageWeights(ctx, w, 3))
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, st.StagedVersion)
+	assert.EqualValues(t, 1, st.WeightVersion)
+}
+
+func TestBadInput(t *testing.T) {
+	e, w := testEngine(t, func(c *Config) { c.MaxQueued = 2 })
+	ctx := ctxT(t)
+	ctxLen := w.Config.MaxPositionEmbeddings
+	bad := map[string]Request{
+		"empty prompt":   {ID: "x", Sampling: greedy(1)},
+		"empty id":       {PromptTokenIDs: []int{1}, Sampling: greedy(1)},
+		"too long":       {ID: "x", PromptTokenIDs: make([]int, ctxLen), Sampling: greedy(1)},
+		"token range":    {ID: "x", PromptTokenIDs: []int{w.Config.VocabSize}, Sampling: greedy(1)},
+		"negative token": {ID: "x", PromptTokenIDs: []int{-1}, Sampling: greedy(1)},
+		"max tokens 0":   {ID: "x", PromptTokenIDs: []int{1}, Sampling: func() sample.Params { p := greedy(1); p.MaxTokens = -1; return p }()},
+		"temperature":    {ID: "x", PromptTokenIDs: []int{1}, Sampling: func() sample.Params { p := greedy(1); p.Temperature = -1; return p }()},
+		"top_p":          {ID: "x", PromptTokenIDs: []int{1}, Sampling: func() sample.Params { p := greedy(1); p.TopP = 1.5; return p }()},
+	}
+	for name, r := range bad {
+		_, err := e.Add(ctx, r)
+		assert.ErrorIs(t, err, ErrInvalidRequest, name)
+	}
+	s, err := e.Add(ctx, Request{ID: "d", PromptTokenIDs: prompt(4, 1), Sampling: greedy(300)})
+	require.NoError(t, err)
+	_, err = e.Add(ctx, Request{ID: "d", PromptTokenIDs: prompt(4, 1), Sampling: greedy(5)})
+	require.ErrorIs(t, err, ErrDuplicateID)
+	e.Abort("no-such-request")
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Len(t, res.Tokens, 300, "bad requests and unknown aborts disturb nobody")
+
+	_, err = e.Pause(ctx, PauseWait, false)
+	require.NoError(t, err)
+	for i := range 2 {
+		_, err := e.Add(ctx, Request{ID: string(rune('p' + i)), PromptTokenIDs: prompt(4, i), Sampling: greedy(1)})
+		require.NoError(t, err)
+	}
+	_, err = e.Add(ctx, Request{ID: "overflow", PromptTokenIDs: prompt(4, 1), Sampling: greedy(1)})
+	require.ErrorIs(t, err, ErrQueueFull)
+	_, err = e.Pause(ctx, PauseMode("nap"), false)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorIs(t, e.Sleep(ctx, 3, ""), ErrInvalidArgument)
+	require.ErrorIs(t, e.WakeUp(ctx, []string{"brain"}), ErrInvalidArgument)
+}
+
+func TestCallsAfterShutdown(t *testing.T) {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	e, err := New(Config{Weights: w, NumBlocks: 64})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	s, err := e.Add(context.Background(), Request{ID: "a", PromptTokenIDs: prompt(4, 1), Sampling: greedy(1000)})
+	require.NoError(t, err)
+	cancel()
+	require.NoError(t, <-done)
+	res, err := s.Collect(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, FinishAbort, res.FinishReason, "shutdown aborts what is left")
+	_, err = e.Add(context.Background(), Request{ID: "b", PromptTokenIDs: prompt(4, 1), Sampling: greedy(1)})
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = e.Pause(context.Background(), PauseAbort, false)
+	require.ErrorIs(t, err, ErrClosed)
+	require.Error(t, e.Run(context.Background()))
+}
+
+func TestIdleEngineDoesNotStep(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(4, 1), Sampling: greedy(3)})
+	require.NoError(t, err)
+	_, err = s.Collect(ctx)
+	require.NoError(t, err)
+	_, err = e.Stats(ctx)
+	require.NoError(t, err)
+	before := e.Metrics().Steps
+	time.Sleep(30 * time.Millisecond)
+	assert.Equal(t, before, e.Metrics().Steps)
+}
+
+// block parks the engine loop inside a utility call until release is called, so tests can
+// queue several messages that the loop then handles back to back.
+func (e *Engine) block(t *testing.T) (release func()) {
+	t.Helper()
+	entered := make(chan struct{})
+	gate := make(chan struct{})
+	go func() {
+		_, _ = call(context.Background(), e, "test_block", func(_ context.Context, done func(struct{}, error)) {
+			close(entered)
+			<-gate
+			done(struct{}{}, nil)
+		})
+	}()
+	<-entered
+	var once sync.Once
+	return func() { once.Do(func() { close(gate) }) }
+}
+
+// waitQueued waits until n messages sit in the engine's input queue.
+func waitQueued(t *testing.T, e *Engine, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(e.in) >= n }, 5*time.Second, time.Millisecond)
+}

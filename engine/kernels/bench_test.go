@@ -1,0 +1,77 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// benchMatMul reports GFLOP/s (2·rows·cols·n flops per call) of kernel k. With copies > 1 it
+// cycles through that many copies of W, so each call reads W from further out in the memory
+// hierarchy ("cold"); 1 keeps W in cache ("hot").
+func benchMatMul(b *testing.B, k impl, workers, rows, cols, n, copies int) {
+	r := rand.New(rand.NewPCG(1, 1))
+	ms := make([]*Matrix, copies)
+	w := randSlice(r, rows*cols)
+	for i := range ms {
+		var err error
+		if ms[i], err = NewMatrix(w, rows, cols); err != nil {
+			b.Fatal(err)
+		}
+	}
+	x, y := randSlice(r, n*cols), make([]float32, n*rows)
+	pool := NewPool(workers)
+	defer pool.Close()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		matMulWith(k, pool, ms[i%copies], y, x, n)
+	}
+	b.ReportMetric(2*float64(rows*cols*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	b.ReportMetric(float64(ms[0].Bytes())*float64(b.N)/b.Elapsed().Seconds()/1e9, "W-GB/s")
+}
+
+func BenchmarkMatMul(b *testing.B) {
+	cases := []struct {
+		name                  string
+		rows, cols, n, copies int
+	}{
+		{"matvec/32000x768", 32000, 768, 1, 2}, // 2×98 MB: past L2, partly past L3's share
+		{"matvec/2048x768-cold", 2048, 768, 1, 64},
+		{"matvec/768x768-hot", 768, 768, 1, 1},
+		{"batch32/768x768", 768, 768, 32, 1},
+	}
+	for _, c := range cases {
+		for _, k := range allImpls() {
+			if k.name == "generic" && c.rows > 2048 {
+				continue // minutes of scalar work for nothing new
+			}
+			for _, workers := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%s/%s/%dT", c.name, k.name, workers), func(b *testing.B) {
+					benchMatMul(b, k, workers, c.rows, c.cols, c.n, c.copies)
+				})
+			}
+		}
+	}
+}
+
+func BenchmarkParallelForkJoin(b *testing.B) {
+	pool := NewPool(2)
+	defer pool.Close()
+	for b.Loop() {
+		pool.Parallel(2, func(int, int) {})
+	}
+}
+
+func BenchmarkStreamReadBandwidth(b *testing.B) {
+	for _, workers := range []int{1, 2} {
+		b.Run(fmt.Sprintf("%dT", workers), func(b *testing.B) {
+			pool := NewPool(workers)
+			defer pool.Close()
+			var gbs float64
+			for b.Loop() {
+				gbs = StreamReadBandwidth(pool, 512<<20)
+			}
+			b.ReportMetric(gbs, "GB/s")
+		})
+	}
+}

@@ -1,0 +1,6 @@
+//go:build !(goexperiment.simd && amd64)
+
+package kernels
+
+// simdImpls is empty: this build has only the portable kernel.
+func simdImpls() []impl { return nil }

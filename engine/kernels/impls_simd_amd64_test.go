@@ -1,0 +1,17 @@
+//go:build goexperiment.simd && amd64
+
+package kernels
+
+import "simd/archsimd"
+
+// simdImpls lists the SIMD kernels this CPU can run, so tests cover AVX2 on AVX-512 machines too.
+func simdImpls() []impl {
+	var out []impl
+	if archsimd.X86.AVX512() {
+		out = append(out, impl{"avx512", func(m *Matrix, y, x []float32, n, lo, hi int) { matmulSIMD(&avx512Kernel, m, y, x, n, lo, hi) }})
+	}
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
+		out = append(out, impl{"avx2", func(m *Matrix, y, x []float32, n, lo, hi int) { matmulSIMD(&avx2Kernel, m, y, x, n, lo, hi) }})
+	}
+	return out
+}

@@ -1,0 +1,184 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+)
+
+// PanelRows is the number of weight rows interleaved in one packed panel: one AVX-512 vector
+// (or two AVX2 vectors) of outputs.
+const PanelRows = 16
+
+// Matrix is a weight matrix W[Rows][Cols] packed into panels of PanelRows rows: panel p holds,
+// for k = 0..Cols-1, the PanelRows values W[p*PanelRows+i][k] contiguously (rows past Rows are
+// zero). A mat-vec therefore streams each panel once, front to back.
+type Matrix struct {
+	Rows, Cols int
+	data       []float32
+}
+
+// NewMatrix packs w, a row-major [rows][cols] matrix.
+func NewMatrix(w []float32, rows, cols int) (*Matrix, error) {
+	if rows <= 0 || cols <= 0 || len(w) != rows*cols {
+		return nil, fmt.Errorf("kernels: matrix %dx%d needs %d values, got %d", rows, cols, rows*cols, len(w))
+	}
+	m := &Matrix{Rows: rows, Cols: cols, data: make([]float32, m0(rows)*cols)}
+	for r := range rows {
+		p, i := r/PanelRows, r%PanelRows
+		base := p * PanelRows * cols
+		src := w[r*cols : (r+1)*cols]
+		for k, v := range src {
+			m.data[base+k*PanelRows+i] = v
+		}
+	}
+	return m, nil
+}
+
+// m0 rounds rows up to whole panels.
+func m0(rows int) int { return (rows + PanelRows - 1) / PanelRows * PanelRows }
+
+// Panels is the number of packed panels.
+func (m *Matrix) Panels() int { return m0(m.Rows) / PanelRows }
+
+// Bytes is the size of the packed weights.
+func (m *Matrix) Bytes() int64 { return int64(len(m.data)) * 4 }
+
+// Row copies row r of W into dst (len Cols); for tests and conversions, not hot paths.
+func (m *Matrix) Row(dst []float32, r int) {
+	p, i := r/PanelRows, r%PanelRows
+	base := p * PanelRows * m.Cols
+	for k := range m.Cols {
+		dst[k] = m.data[base+k*PanelRows+i]
+	}
+}
+
+// MatMul computes y[t][r] = Σ_k W[r][k]·x[t][k] for t < n: x is row-major [n][Cols], y is
+// row-major [n][Rows]. Work is split across pool by panels (load-balanced, see
+// ParallelChunks); the result does not depend on n, on the split or on which SIMD path runs
+// (see the package doc).
+func (m *Matrix) MatMul(pool *Pool, y, x []float32, n int) {
+	if n <= 0 {
+		return
+	}
+	if len(x) < n*m.Cols || len(y) < n*m.Rows {
+		panic(fmt.Sprintf("kernels: MatMul %dx%d with n=%d: len(x)=%d len(y)=%d", m.Rows, m.Cols, n, len(x), len(y)))
+	}
+	panels := m.Panels()
+	pool.ParallelChunks(panels, matmulChunk(panels, pool.Workers()), func(lo, hi int) { matmulPanels(m, y, x, n, lo, hi) })
+}
+
+// matmulChunk is the panels per load-balancing chunk: about four per worker, in multiples of
+// four panels (the widest tile), so chunks cost no tile efficiency.
+func matmulChunk(panels, workers int) int {
+	return max(4, (panels/workers/4+3)/4*4)
+}
+
+// matmulGeneric is the portable kernel, also the reference the SIMD kernels are tested against.
+// It walks each panel eight rows at a time so the accumulators stay in registers; the reduction
+// order per output is still the FMA chain over k of the package doc.
+func matmulGeneric(m *Matrix, y, x []float32, n, lo, hi int) {
+	cols, rows := m.Cols, m.Rows
+	for p := lo; p < hi; p++ {
+		panel := m.data[p*PanelRows*cols : (p+1)*PanelRows*cols]
+		r0 := p * PanelRows
+		nr := min(PanelRows, rows-r0)
+		for t := range n {
+			xt := x[t*cols : (t+1)*cols]
+			yt := y[t*rows+r0 : t*rows+r0+nr]
+			for i := 0; i < nr; i += 8 {
+				var a0, a1, a2, a3, a4, a5, a6, a7 float32
+				for k, xv := range xt {
+					w := panel[k*PanelRows+i : k*PanelRows+i+8 : k*PanelRows+i+8]
+					if s := float64(w[0])*float64(xv) + float64(a0); roundsOnce(s) {
+						a0 = float32(s)
+					} else {
+						a0 = fma32(w[0], xv, a0)
+					}
+					if s := float64(w[1])*float64(xv) + float64(a1); roundsOnce(s) {
+						a1 = float32(s)
+					} else {
+						a1 = fma32(w[1], xv, a1)
+					}
+					if s := float64(w[2])*float64(xv) + float64(a2); roundsOnce(s) {
+						a2 = float32(s)
+					} else {
+						a2 = fma32(w[2], xv, a2)
+					}
+					if s := float64(w[3])*float64(xv) + float64(a3); roundsOnce(s) {
+						a3 = float32(s)
+					} else {
+						a3 = fma32(w[3], xv, a3)
+					}
+					if s := float64(w[4])*float64(xv) + float64(a4); roundsOnce(s) {
+						a4 = float32(s)
+					} else {
+						a4 = fma32(w[4], xv, a4)
+					}
+					if s := float64(w[5])*float64(xv) + float64(a5); roundsOnce(s) {
+						a5 = float32(s)
+					} else {
+						a5 = fma32(w[5], xv, a5)
+					}
+					if s := float64(w[6])*float64(xv) + float64(a6); roundsOnce(s) {
+						a6 = float32(s)
+					} else {
+						a6 = fma32(w[6], xv, a6)
+					}
+					if s := float64(w[7])*float64(xv) + float64(a7); roundsOnce(s) {
+						a7 = float32(s)
+					} else {
+						a7 = fma32(w[7], xv, a7)
+					}
+				}
+				acc := [8]float32{a0, a1, a2, a3, a4, a5, a6, a7}
+				copy(yt[i:], acc[:])
+			}
+		}
+	}
+}
+
+// fma32 is a*b+c rounded once to float32, bit for bit what VFMADD does per lane, so the
+// portable kernel matches the SIMD ones exactly. The product is exact in float64 (24+24 bits);
+// the float64 sum s is then rounded a second time to float32, which differs from a single
+// rounding only when s lands exactly on a float32 halfway point, or in the float32 subnormal
+// range. Those rare cases take fma32Slow, kept out of line so that fma32 inlines. (No math.FMA: the explicit conversions also stop the
+// compiler from fusing differently per GOARCH.)
+func fma32(a, b, c float32) float32 {
+	p := float64(a) * float64(b)
+	s := p + float64(c)
+	if roundsOnce(s) {
+		return float32(s)
+	}
+	return fma32Slow(p, float64(c), s)
+}
+
+// roundsOnce reports whether float32(s) rounds s+ε like a single rounding of s+ε would, for
+// any ε too small to move s in float64. The low 29 of the 52 mantissa bits are what float32
+// drops (exactly 1<<28 is a halfway point); a biased exponent below 1023-126 is float32's
+// subnormal range; zero is exact. The matmul loop inlines this test and calls fma32 only when it
+// fails.
+func roundsOnce(s float64) bool {
+	u := math.Float64bits(s)
+	return u&(1<<29-1) != 1<<28 && u&(0x7ff<<52) >= (1023-126)<<52 || u<<1 == 0
+}
+
+// fma32Slow rounds p+c (s = p+c rounded to float64) to float32 via round-to-odd: if s is
+// inexact, replace it by its odd neighbour on the side of the exact sum. A round-to-odd result
+// with at least two more bits than the target rounds correctly (Boldo & Melquiond, 2008).
+//
+//go:noinline
+func fma32Slow(p, c, s float64) float32 {
+	// TwoSum: e is the exact error p+c-s.
+	bb := s - p
+	e := (p - (s - bb)) + (c - bb)
+	bits := math.Float64bits(s)
+	if e != 0 && !math.IsNaN(e) && bits&1 == 0 {
+		if (e > 0) == (s > 0) {
+			bits++
+		} else {
+			bits--
+		}
+		s = math.Float64frombits(bits)
+	}
+	return float32(s)
+}

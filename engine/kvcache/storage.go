@@ -1,0 +1,46 @@
+package kvcache
+
+import "fmt"
+
+// Layout describes the shape of the KV storage.
+type Layout struct {
+	NumLayers int // decoder layers
+	NumBlocks int // blocks in the pool, the null block (id 0) included
+	BlockSize int // tokens per block
+	KVDim     int // floats per token per layer for K (and again for V): kv_heads*head_dim
+}
+
+// BlockFloats is the number of float32 values one block holds across all layers.
+func (l Layout) BlockFloats() int { return l.NumLayers * 2 * l.BlockSize * l.KVDim }
+
+// BlockBytes is the size of one block in bytes.
+func (l Layout) BlockBytes() int { return l.BlockFloats() * 4 }
+
+// Storage is the "device" KV pool: one contiguous region per block holding, for every layer,
+// the block's K rows then its V rows ([block][layer][k|v][slot][kvdim]). Keeping a block
+// contiguous across layers lets an offload transfer move a block with a single copy.
+type Storage struct {
+	Layout
+	data []float32
+}
+
+// NewStorage allocates the pool.
+func NewStorage(l Layout) (*Storage, error) {
+	if l.NumLayers <= 0 || l.NumBlocks <= 1 || l.BlockSize <= 0 || l.KVDim <= 0 {
+		return nil, fmt.Errorf("kvcache: invalid layout %+v", l)
+	}
+	return &Storage{Layout: l, data: make([]float32, l.NumBlocks*l.BlockFloats())}, nil
+}
+
+// Block returns the whole region of a block (all layers, K and V).
+func (s *Storage) Block(block int) []float32 {
+	n := s.BlockFloats()
+	return s.data[block*n : (block+1)*n : (block+1)*n]
+}
+
+// KV returns the K and V regions ([slot][kvdim]) of one block for one layer.
+func (s *Storage) KV(block, layer int) (k, v []float32) {
+	per := s.BlockSize * s.KVDim
+	off := block*s.BlockFloats() + layer*2*per
+	return s.data[off : off+per : off+per], s.data[off+per : off+2*per : off+2*per]
+}

@@ -1,0 +1,190 @@
+package kvconnector
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/rolloutkit/rollout/engine/kvcache"
+)
+
+// BlockHash is the chained hash of one full block (see kvcache.HashBlock). Aliased here so a
+// connector can name it without importing kvcache.
+type BlockHash = kvcache.BlockHash
+
+// Defer is the token count GetNumNewMatchedTokens returns to ask the scheduler to try the request
+// again on a later step (vLLM's None).
+const Defer = -1
+
+// Request is the connector's read-only view of a scheduler request. The value stays valid (and
+// live: counts change as the request advances) until the request is finished and freed.
+type Request interface {
+	RequestID() string
+	// NumPromptTokens is the prompt length.
+	NumPromptTokens() int
+	// NumTokens is prompt plus output tokens so far.
+	NumTokens() int
+	// NumComputedTokens is the number of tokens whose KV is (or, for the current step, will be)
+	// in the request's blocks.
+	NumComputedTokens() int
+	// BlockHashes are the hashes of the request's full blocks, in order; it grows during decode.
+	BlockHashes() []BlockHash
+	// Aborted is true once the request has been finished by an abort.
+	Aborted() bool
+}
+
+// ScheduledRequest is one request of a step as the connector sees it.
+type ScheduledRequest struct {
+	Req                Request
+	NumScheduledTokens int   // tokens computed this step
+	NewBlockIDs        []int // blocks added to the request's table this step
+	BlockIDs           []int // the request's whole block table after this step's allocation
+	// Resumed is true when the request (re)starts from a fresh block table this step after a
+	// preemption: any block ids the connector remembered for it are stale.
+	Resumed bool
+}
+
+// StepInfo is the connector's view of one SchedulerOutput.
+type StepInfo struct {
+	Step               uint64
+	Scheduled          []ScheduledRequest
+	NumScheduledTokens int
+	FinishedReqIDs     []string // finished since the previous step
+	PreemptedReqIDs    []string // preempted since the previous step (their blocks are free again)
+}
+
+// Metadata is the per-step message from a connector's scheduler side to its worker side. It travels
+// only inside a step (SchedulerOutput), and every step carries one, even a step with 0 tokens:
+// that is how a flush set produced by a reset reaches the workers when no request is left.
+type Metadata struct {
+	Step uint64
+	// FlushJobIDs are transfer jobs the worker must have submitted and waited on before this step
+	// proceeds (before any load is submitted and before the forward pass). Kept outside Payload so
+	// the engine can log and trace flush delivery without knowing the connector.
+	FlushJobIDs []int64
+	// Payload is connector-specific (loads, stores, ...); nil for the Noop connector.
+	Payload any
+}
+
+// Output is the worker side's per-step report back to the scheduler side.
+type Output struct {
+	FinishedSending []string // requests whose delayed-free blocks may now be freed
+	FinishedRecving []string // requests whose asynchronous KV load completed
+	WorkerMeta      any      // connector-specific (e.g. completed job ids)
+}
+
+// Event is a cache event for consumers such as a KV-aware router.
+type Event struct {
+	Removed     bool        // false: stored
+	Medium      string      // e.g. "cpu"
+	BlockHashes []BlockHash // the blocks concerned
+}
+
+// Stats are named counters and gauges a connector exports (names are connector-specific).
+type Stats map[string]float64
+
+// BlockPool is the read-only view of the KV block pool a connector may bind to (kvcache.Manager
+// implements it). Generation may be called from any goroutine.
+type BlockPool interface {
+	BlockSize() int
+	NumBlocks() int
+	Generation(block int) uint64
+}
+
+// Scheduler is the scheduler side of a connector (vLLM KVConnectorBase_V1, SCHEDULER role). The
+// scheduler calls it from its single goroutine; implementations need no locking against it.
+type Scheduler interface {
+	// OnNewRequest is called once when a request is added.
+	OnNewRequest(req Request)
+	// GetNumNewMatchedTokens returns how many tokens beyond numComputedTokens (the local prefix
+	// hit, block aligned) the connector can load, and whether the load is asynchronous (then the
+	// request waits until its id appears in Output.FinishedRecving). async must be false when n is
+	// 0. Return n == Defer to be asked again on a later step. Called only for requests with no
+	// computed tokens.
+	GetNumNewMatchedTokens(req Request, numComputedTokens int) (n int, async bool)
+	// UpdateStateAfterAlloc is called after a successful allocation for a request taken from the
+	// waiting queue, with its whole block table and the external token count it was granted.
+	UpdateStateAfterAlloc(req Request, blockIDs []int, numExternalTokens int)
+	// BuildConnectorMeta is called exactly once per schedule, 0-token steps included, and resets
+	// the connector's per-step state. It must not mutate step (its slices are shared).
+	BuildConnectorMeta(step StepInfo) Metadata
+	// UpdateConnectorOutput consumes the worker side's output of a step.
+	UpdateConnectorOutput(out Output)
+	// RequestFinished is called exactly once per request, before its blocks return to the pool,
+	// with the blocks holding its computed tokens. Returning true keeps the blocks allocated until
+	// the request id appears in Output.FinishedSending.
+	RequestFinished(req Request, blockIDs []int) (delayFree bool)
+	// HasPendingPushWork reports work that needs more engine steps even with no request left
+	// (in-flight transfers, an undelivered flush set).
+	HasPendingPushWork() bool
+	// ResetCache drops the connector's cached KV. In-flight jobs are not cancelled but queued for
+	// flushing by the next step's metadata; jobsFlushed is how many this call queued. It must be
+	// re-entrant: two resets with no step between them are routine.
+	ResetCache() (jobsFlushed int, ok bool)
+	// TakeEvents returns the events since the previous call.
+	TakeEvents() []Event
+	// Stats returns the connector's current counters.
+	Stats() Stats
+}
+
+// PoolBinder is implemented by scheduler-side connectors that want the block pool (vLLM's
+// bind_gpu_block_pool); the scheduler binds it once, at construction.
+type PoolBinder interface {
+	BindBlockPool(pool BlockPool)
+}
+
+// Worker is the worker side of a connector (vLLM KVConnectorBase_V1, WORKER role), driven by the
+// model runner once per step in the order RunStep encodes.
+type Worker interface {
+	// BindMetadata hands over this step's metadata; it is the first call of every step.
+	BindMetadata(meta Metadata)
+	// HandlePreemptions runs before anything can overwrite KV blocks this step: it submits
+	// deferred stores and waits on the step's FlushJobIDs.
+	HandlePreemptions(ctx context.Context) error
+	// StartLoadKV submits this step's loads.
+	StartLoadKV(ctx context.Context) error
+	// WaitForSave runs after the forward pass (also on steps without one).
+	WaitForSave(ctx context.Context) error
+	// GetFinished reports requests whose transfers completed; finishedReqIDs are the step's
+	// finished requests.
+	GetFinished(finishedReqIDs []string) (finishedSending, finishedRecving []string)
+	// BuildWorkerMeta returns the worker-to-scheduler payload of this step (Output.WorkerMeta).
+	BuildWorkerMeta() any
+	// ClearMetadata ends the step.
+	ClearMetadata()
+	// WaitIdle blocks until no transfer submitted by this worker is still touching the KV pool or
+	// its own buffers, e.g. before the pool is released for sleep.
+	WaitIdle(ctx context.Context) error
+}
+
+// RunStep drives a worker through one step in the canonical order: bind the metadata, handle
+// preemptions (flush), start loads, run forward (nil or skipped for a 0-token step), wait for saves,
+// collect finished transfers and the worker metadata, clear the metadata. The metadata is cleared
+// even on error.
+func RunStep(ctx context.Context, w Worker, meta Metadata, finishedReqIDs []string, forward func(context.Context) error) (Output, error) {
+	w.BindMetadata(meta)
+	defer w.ClearMetadata()
+	if err := w.HandlePreemptions(ctx); err != nil {
+		return Output{}, fmt.Errorf("kvconnector: handle preemptions: %w", err)
+	}
+	if err := w.StartLoadKV(ctx); err != nil {
+		return Output{}, fmt.Errorf("kvconnector: start load: %w", err)
+	}
+	if forward != nil {
+		if err := forward(ctx); err != nil {
+			return Output{}, fmt.Errorf("kvconnector: forward: %w", err)
+		}
+	}
+	if err := w.WaitForSave(ctx); err != nil {
+		return Output{}, fmt.Errorf("kvconnector: wait for save: %w", err)
+	}
+	sending, recving := w.GetFinished(finishedReqIDs)
+	return Output{FinishedSending: sending, FinishedRecving: recving, WorkerMeta: w.BuildWorkerMeta()}, nil
+}
+
+// StorageBinder is implemented by worker sides that copy KV bytes: the engine binds the KV
+// storage when it allocates it (at start and on waking from sleep) and releases it before it
+// drops the storage (sleep), after WaitIdle.
+type StorageBinder interface {
+	BindKVStorage(s *kvcache.Storage) error
+	ReleaseKVStorage()
+}

@@ -1,0 +1,79 @@
+package kvconnector
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// recWorker records the order of worker-side calls.
+type recWorker struct {
+	Noop
+	calls   []string
+	failAt  string
+	meta    Metadata
+	sending []string
+}
+
+func (w *recWorker) hit(name string) error {
+	w.calls = append(w.calls, name)
+	if w.failAt == name {
+		return errors.New("boom")
+	}
+	return nil
+}
+
+func (w *recWorker) BindMetadata(m Metadata)                 { w.meta = m; _ = w.hit("bind") }
+func (w *recWorker) HandlePreemptions(context.Context) error { return w.hit("preempt") }
+func (w *recWorker) StartLoadKV(context.Context) error       { return w.hit("load") }
+func (w *recWorker) WaitForSave(context.Context) error       { return w.hit("save") }
+func (w *recWorker) GetFinished(ids []string) ([]string, []string) {
+	_ = w.hit("finished")
+	return w.sending, ids
+}
+func (w *recWorker) BuildWorkerMeta() any { _ = w.hit("meta"); return "wm" }
+func (w *recWorker) ClearMetadata()       { _ = w.hit("clear") }
+
+func TestRunStepOrder(t *testing.T) {
+	w := &recWorker{sending: []string{"s"}}
+	meta := Metadata{Step: 3, FlushJobIDs: []int64{1, 2}}
+	out, err := RunStep(t.Context(), w, meta, []string{"f"}, func(context.Context) error { return w.hit("forward") })
+	require.NoError(t, err)
+	assert.Equal(t, []string{"bind", "preempt", "load", "forward", "save", "finished", "meta", "clear"}, w.calls)
+	assert.Equal(t, meta, w.meta)
+	assert.Equal(t, Output{FinishedSending: []string{"s"}, FinishedRecving: []string{"f"}, WorkerMeta: "wm"}, out)
+
+	// A 0-token step has no forward but still runs every other hook.
+	w = &recWorker{}
+	_, err = RunStep(t.Context(), w, Metadata{}, nil, nil)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"bind", "preempt", "load", "save", "finished", "meta", "clear"}, w.calls)
+}
+
+func TestRunStepErrors(t *testing.T) {
+	for _, phase := range []string{"preempt", "load", "forward", "save"} {
+		w := &recWorker{failAt: phase}
+		_, err := RunStep(t.Context(), w, Metadata{}, nil, func(context.Context) error { return w.hit("forward") })
+		require.Error(t, err, phase)
+		assert.Equal(t, "clear", w.calls[len(w.calls)-1], "metadata cleared after a %s failure", phase)
+	}
+}
+
+func TestNoop(t *testing.T) {
+	var n Noop
+	got, async := n.GetNumNewMatchedTokens(nil, 0)
+	assert.Zero(t, got)
+	assert.False(t, async)
+	assert.False(t, n.RequestFinished(nil, nil))
+	assert.False(t, n.HasPendingPushWork())
+	jobs, ok := n.ResetCache()
+	assert.Zero(t, jobs)
+	assert.True(t, ok)
+	assert.Equal(t, uint64(9), n.BuildConnectorMeta(StepInfo{Step: 9}).Step)
+	out, err := RunStep(t.Context(), n, Metadata{}, []string{"x"}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, Output{}, out)
+}

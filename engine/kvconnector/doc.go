@@ -1,0 +1,22 @@
+// Package kvconnector defines the interfaces between the engine and a KV connector (an external
+// KV tier such as the CPU offloading connector in package offload), after vLLM's
+// KVConnectorBase_V1, and the per-step Metadata that links the connector's two sides.
+//
+// The scheduler side (Scheduler) lives inside the engine's scheduler and is called from its one
+// goroutine; the worker side (Worker) is driven by the model runner around the forward pass. The
+// two sides talk only through the step:
+//
+//	so, err := sched.Schedule()         // calls Scheduler.BuildConnectorMeta exactly once, even
+//	                                    // for a 0-token step; so carries the Metadata
+//	out, err := kvconnector.RunStep(ctx, worker, so.ConnectorMeta, so.FinishedReqIDs, forward)
+//	                                    // Bind, HandlePreemptions (flush), StartLoadKV, forward,
+//	                                    // WaitForSave, GetFinished, BuildWorkerMeta, Clear
+//	outs, err := sched.UpdateFromOutput(so, mo) // mo.KVConnector = out -> Scheduler.UpdateConnectorOutput
+//
+// Metadata reaches the worker side only inside a step and every step carries one. Because of that
+// a connector with something still to deliver (a flush set left by ResetCache, in-flight jobs)
+// must report HasPendingPushWork, which keeps the engine stepping until it is delivered.
+//
+// Everything crossing the boundary is plain data (request ids, block ids, block hashes), so a
+// connector needs to import only this package.
+package kvconnector

@@ -1,0 +1,141 @@
+package engine
+
+import (
+	"context"
+	"sync/atomic"
+)
+
+// Metrics are the engine's counters and gauges, readable at any time without waiting for the
+// engine goroutine (a scrape never queues behind a long step).
+type Metrics struct {
+	alive         atomic.Bool
+	kvReleased    atomic.Bool
+	weightVersion atomic.Int64
+	stagedVersion atomic.Int64
+	steps         atomic.Int64
+	promptTokens  atomic.Int64
+	genTokens     atomic.Int64
+	finishedStop  atomic.Int64
+	finishedLen   atomic.Int64
+	finishedAbort atomic.Int64
+	running       atomic.Int64
+	waiting       atomic.Int64
+	kvUsedBlocks  atomic.Int64
+	kvTotalBlocks atomic.Int64
+	prefixQueries atomic.Int64
+	prefixHits    atomic.Int64
+	state         atomic.Value // string
+}
+
+func (m *Metrics) finished(r FinishReason) {
+	switch r {
+	case FinishStop:
+		m.finishedStop.Add(1)
+	case FinishLength:
+		m.finishedLen.Add(1)
+	default:
+		m.finishedAbort.Add(1)
+	}
+}
+
+// snapshot refreshes the gauges from the loop's state; called by the engine goroutine.
+func (m *Metrics) snapshot(e *Engine) {
+	m.running.Store(int64(e.sched.NumRunning()))
+	m.waiting.Store(int64(e.sched.NumWaiting()))
+	m.kvUsedBlocks.Store(int64(e.usedBlocks()))
+	m.kvTotalBlocks.Store(int64(e.blocks.NumBlocks() - 1))
+	ps := e.blocks.Stats()
+	m.prefixQueries.Store(ps.PrefixQueries)
+	m.prefixHits.Store(ps.PrefixHits)
+	m.state.Store(e.stateName())
+}
+
+// MetricsSnapshot is a consistent-enough copy of the counters for exporters.
+type MetricsSnapshot struct {
+	Alive            bool
+	State            string
+	WeightVersion    int64
+	StagedVersion    int64
+	Steps            int64
+	PromptTokens     int64
+	GenerationTokens int64
+	FinishedStop     int64
+	FinishedLength   int64
+	FinishedAbort    int64
+	Running, Waiting int64
+	KVUsedBlocks     int64
+	KVTotalBlocks    int64
+	PrefixQueries    int64
+	PrefixHits       int64
+	KVReleased       bool
+}
+
+// Metrics returns the current counters without a round trip through the engine loop.
+func (e *Engine) Metrics() MetricsSnapshot {
+	m := &e.metrics
+	st, _ := m.state.Load().(string)
+	if st == "" {
+		st = "running"
+	}
+	return MetricsSnapshot{
+		Alive: m.alive.Load(), State: st, WeightVersion: m.weightVersion.Load(), StagedVersion: m.stagedVersion.Load(),
+		Steps: m.steps.Load(), PromptTokens: m.promptTokens.Load(), GenerationTokens: m.genTokens.Load(),
+		FinishedStop: m.finishedStop.Load(), FinishedLength: m.finishedLen.Load(), FinishedAbort: m.finishedAbort.Load(),
+		Running: m.running.Load(), Waiting: m.waiting.Load(), KVUsedBlocks: m.kvUsedBlocks.Load(),
+		KVTotalBlocks: m.kvTotalBlocks.Load(), PrefixQueries: m.prefixQueries.Load(), PrefixHits: m.prefixHits.Load(),
+		KVReleased: m.kvReleased.Load(),
+	}
+}
+
+// Stats is the engine state as the loop sees it, between steps.
+type Stats struct {
+	State         string `json:"state"` // running | paused | sleeping
+	WeightVersion int64  `json:"weight_version"`
+	StagedVersion int64  `json:"staged_version,omitempty"`
+	Paused        bool   `json:"paused"`
+	PauseMode     string `json:"pause_mode,omitempty"`
+	SleepLevel    int    `json:"sleep_level"`
+	Running       int    `json:"requests_running"`
+	Waiting       int    `json:"requests_waiting"`
+	KVBlocksUsed  int    `json:"kv_blocks_used"`
+	KVBlocksTotal int    `json:"kv_blocks_total"`
+	KVReleased    bool   `json:"kv_released"`
+	Steps         int64  `json:"steps"`
+	// Connector reports the connector's own state (offload jobs in flight, flush pending, …).
+	Connector map[string]float64 `json:"connector,omitempty"`
+}
+
+// Stats returns the engine state; it also checks the scheduler's and pool's invariants and
+// reports a violation as an error, which the tests rely on.
+func (e *Engine) Stats(ctx context.Context) (Stats, error) {
+	return call(ctx, e, "stats", func(_ context.Context, done func(Stats, error)) {
+		s := Stats{State: e.stateName(), WeightVersion: e.version, Paused: e.paused != "", PauseMode: string(e.paused),
+			SleepLevel: e.sleepLevel, Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting(),
+			KVBlocksUsed: e.usedBlocks(), KVBlocksTotal: e.blocks.NumBlocks() - 1, KVReleased: e.sleepKV,
+			Steps: e.metrics.steps.Load(), Connector: e.conn.Stats()}
+		if e.staged != nil {
+			s.StagedVersion = e.staged.version
+		}
+		err := e.sched.CheckInvariants()
+		if err == nil {
+			err = e.blocks.CheckInvariants()
+		}
+		done(s, err)
+	})
+}
+
+func (e *Engine) stateName() string {
+	switch {
+	case e.asleep():
+		return "sleeping"
+	case e.paused != "":
+		return "paused"
+	}
+	return "running"
+}
+
+// Version returns the serving weight version.
+func (e *Engine) Version() int64 { return e.metrics.weightVersion.Load() }
+
+// usedBlocks counts blocks owned by requests (free blocks that only hold cached KV are free).
+func (e *Engine) usedBlocks() int { return e.blocks.NumBlocks() - 1 - e.blocks.NumFreeBlocks() }

@@ -1,0 +1,94 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrInvalidConfig is returned (wrapped) for a configuration that cannot describe a model.
+var ErrInvalidConfig = errors.New("model: invalid config")
+
+// Config mirrors the fields of a Hugging Face Llama config.json that the engine uses.
+type Config struct {
+	HiddenSize            int      `json:"hidden_size"`
+	IntermediateSize      int      `json:"intermediate_size"`
+	NumHiddenLayers       int      `json:"num_hidden_layers"`
+	NumAttentionHeads     int      `json:"num_attention_heads"`
+	NumKeyValueHeads      int      `json:"num_key_value_heads"`
+	VocabSize             int      `json:"vocab_size"`
+	MaxPositionEmbeddings int      `json:"max_position_embeddings"`
+	RopeTheta             float64  `json:"rope_theta"`
+	RMSNormEps            float64  `json:"rms_norm_eps"`
+	TieWordEmbeddings     bool     `json:"tie_word_embeddings"`
+	ModelType             string   `json:"model_type,omitempty"`
+	Architectures         []string `json:"architectures,omitempty"`
+	BOSTokenID            int      `json:"bos_token_id"`
+	EOSTokenID            int      `json:"eos_token_id"`
+	TorchDtype            string   `json:"torch_dtype,omitempty"`
+}
+
+// Limits bound what Validate accepts, so that an untrusted config.json cannot make the
+// loader allocate unbounded memory.
+const (
+	MaxHidden   = 1 << 14
+	MaxLayers   = 256
+	MaxVocab    = 1 << 20
+	MaxContext  = 1 << 20
+	MaxHeads    = 1 << 10
+	maxParamsGB = 64
+)
+
+// HeadDim is the per-head width.
+func (c Config) HeadDim() int { return c.HiddenSize / c.NumAttentionHeads }
+
+// KVDim is the width of one token's keys (or values) across all KV heads.
+func (c Config) KVDim() int { return c.NumKeyValueHeads * c.HeadDim() }
+
+// NumParams counts the float parameters, the untied classifier included.
+func (c Config) NumParams() int64 {
+	h, f, kv := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.KVDim())
+	perLayer := 2*h + h*h + 2*h*kv + h*h + 3*h*f
+	n := int64(c.VocabSize)*h + int64(c.NumHiddenLayers)*perLayer + h
+	if !c.TieWordEmbeddings {
+		n += int64(c.VocabSize) * h
+	}
+	return n
+}
+
+// Validate checks that the shape is consistent and within Limits.
+func (c Config) Validate() error {
+	bad := func(field string, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.HiddenSize <= 0 || c.HiddenSize > MaxHidden:
+		return bad("hidden_size", "%d not in [1,%d]", c.HiddenSize, MaxHidden)
+	case c.IntermediateSize <= 0 || c.IntermediateSize > 8*MaxHidden:
+		return bad("intermediate_size", "%d not in [1,%d]", c.IntermediateSize, 8*MaxHidden)
+	case c.NumHiddenLayers <= 0 || c.NumHiddenLayers > MaxLayers:
+		return bad("num_hidden_layers", "%d not in [1,%d]", c.NumHiddenLayers, MaxLayers)
+	case c.NumAttentionHeads <= 0 || c.NumAttentionHeads > MaxHeads:
+		return bad("num_attention_heads", "%d not in [1,%d]", c.NumAttentionHeads, MaxHeads)
+	case c.HiddenSize%c.NumAttentionHeads != 0:
+		return bad("num_attention_heads", "%d does not divide hidden_size %d", c.NumAttentionHeads, c.HiddenSize)
+	case c.HeadDim()%2 != 0:
+		return bad("num_attention_heads", "head dim %d is odd (RoPE needs pairs)", c.HeadDim())
+	case c.NumKeyValueHeads <= 0 || c.NumAttentionHeads%c.NumKeyValueHeads != 0:
+		return bad("num_key_value_heads", "%d does not divide num_attention_heads %d", c.NumKeyValueHeads, c.NumAttentionHeads)
+	case c.VocabSize <= 0 || c.VocabSize > MaxVocab:
+		return bad("vocab_size", "%d not in [1,%d]", c.VocabSize, MaxVocab)
+	case c.MaxPositionEmbeddings <= 0 || c.MaxPositionEmbeddings > MaxContext:
+		return bad("max_position_embeddings", "%d not in [1,%d]", c.MaxPositionEmbeddings, MaxContext)
+	case !(c.RopeTheta > 0):
+		return bad("rope_theta", "%v must be > 0", c.RopeTheta)
+	case !(c.RMSNormEps > 0 && c.RMSNormEps < 1):
+		return bad("rms_norm_eps", "%v not in (0,1)", c.RMSNormEps)
+	case c.BOSTokenID < 0 || c.BOSTokenID >= c.VocabSize:
+		return bad("bos_token_id", "%d outside vocab %d", c.BOSTokenID, c.VocabSize)
+	case c.EOSTokenID < 0 || c.EOSTokenID >= c.VocabSize:
+		return bad("eos_token_id", "%d outside vocab %d", c.EOSTokenID, c.VocabSize)
+	case c.NumParams() > maxParamsGB<<30/4:
+		return bad("shape", "%d parameters exceed the %d GiB limit", c.NumParams(), maxParamsGB)
+	}
+	return nil
+}

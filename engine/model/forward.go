@@ -1,0 +1,363 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/kvcache"
+)
+
+// ErrBadBatch is returned (wrapped) when a Batch is inconsistent with the model or the pool.
+var ErrBadBatch = errors.New("model: bad batch")
+
+// Batch is one step's flat list of tokens from any number of sequences. Token i belongs to
+// sequence Seq[i], sits at position Positions[i] and has its K/V written to the block
+// BlockTables[Seq[i]][pos/BlockSize] at slot pos%BlockSize. Tokens of one sequence must appear
+// in increasing position order, and every earlier position of that sequence must already be in
+// the pool or earlier in this batch (attention reads positions 0..pos from the pool).
+type Batch struct {
+	Tokens      []int32
+	Positions   []int32
+	Seq         []int32
+	BlockTables [][]int32
+	// Logits lists the indices of the tokens whose logits are wanted (usually the last token
+	// of each sequence); the output rows follow this order.
+	Logits []int32
+}
+
+// Model is a loaded, packed model ready for the paged forward. Forward calls are serialised
+// (the engine has one stepping goroutine); the weights themselves are read-only and may be
+// shared by Reference or by a second Model.
+type Model struct {
+	Config Config
+	pool   *kernels.Pool
+
+	embed     []float32
+	layers    []packedLayer
+	finalNorm []float32
+	cls       *kernels.Matrix
+	ropeCos   []float32 // [maxPos][headDim/2]
+	ropeSin   []float32
+
+	mu sync.Mutex
+	ws workspace
+}
+
+type packedLayer struct {
+	attnNorm, ffnNorm []float32
+	qkv               *kernels.Matrix // q, k, v projections stacked: rows hidden+2*kvdim
+	wo                *kernels.Matrix
+	gateUp            *kernels.Matrix // gate then up: rows 2*intermediate
+	down              *kernels.Matrix
+}
+
+// New packs w for the paged forward. pool splits the kernels across cores; nil runs them on
+// the caller alone.
+func New(w *Weights, pool *kernels.Pool) (*Model, error) {
+	if err := w.Check(); err != nil {
+		return nil, err
+	}
+	c := w.Config
+	h, f, kvd := c.HiddenSize, c.IntermediateSize, c.KVDim()
+	if pool == nil {
+		pool = kernels.NewPool(1)
+	}
+	m := &Model{Config: c, pool: pool, embed: w.Embed, finalNorm: w.FinalNorm}
+	var err error
+	pack := func(rows, cols int, parts ...[]float32) *kernels.Matrix {
+		if err != nil {
+			return nil
+		}
+		buf := parts[0]
+		if len(parts) > 1 {
+			buf = make([]float32, 0, rows*cols)
+			for _, p := range parts {
+				buf = append(buf, p...)
+			}
+		}
+		var mat *kernels.Matrix
+		mat, err = kernels.NewMatrix(buf, rows, cols)
+		return mat
+	}
+	m.layers = make([]packedLayer, len(w.Layers))
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		m.layers[i] = packedLayer{
+			attnNorm: l.AttnNorm, ffnNorm: l.FFNNorm,
+			qkv:    pack(h+2*kvd, h, l.Wq, l.Wk, l.Wv),
+			wo:     pack(h, h, l.Wo),
+			gateUp: pack(2*f, h, l.WGate, l.WUp),
+			down:   pack(h, f, l.WDown),
+		}
+	}
+	m.cls = pack(c.VocabSize, h, w.Classifier())
+	if err != nil {
+		return nil, fmt.Errorf("model: packing weights: %w", err)
+	}
+	half := c.HeadDim() / 2
+	m.ropeCos = make([]float32, c.MaxPositionEmbeddings*half)
+	m.ropeSin = make([]float32, c.MaxPositionEmbeddings*half)
+	for p := range c.MaxPositionEmbeddings {
+		for i := range half {
+			freq := math.Pow(c.RopeTheta, -2*float64(i)/float64(c.HeadDim()))
+			s, co := math.Sincos(float64(p) * freq)
+			m.ropeCos[p*half+i], m.ropeSin[p*half+i] = float32(co), float32(s)
+		}
+	}
+	return m, nil
+}
+
+// WeightBytes is the number of weight bytes one decode step streams (the packed matrices and
+// the norms), the numerator of the bandwidth ratio the engine benchmark reports.
+func (m *Model) WeightBytes() int64 {
+	n := m.cls.Bytes()
+	for _, l := range m.layers {
+		n += l.qkv.Bytes() + l.wo.Bytes() + l.gateUp.Bytes() + l.down.Bytes()
+		n += int64(len(l.attnNorm)+len(l.ffnNorm)) * 4
+	}
+	return n
+}
+
+// KVLayout returns the pool layout this model needs for numBlocks blocks of blockSize tokens.
+func (m *Model) KVLayout(numBlocks, blockSize int) kvcache.Layout {
+	return kvcache.Layout{NumLayers: m.Config.NumHiddenLayers, NumBlocks: numBlocks, BlockSize: blockSize, KVDim: m.Config.KVDim()}
+}
+
+type workspace struct {
+	x, xn, qkv, att, o, gu, act, last []float32
+	scores                            []float32
+}
+
+func grow(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+// Forward runs one step over b, writing the K/V of every token into kv and the logits of the
+// tokens listed in b.Logits into logits (len(b.Logits) rows of VocabSize).
+func (m *Model) Forward(b *Batch, kv *kvcache.Storage, logits []float32) error {
+	if err := m.checkBatch(b, kv, logits); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.Config
+	n := len(b.Tokens)
+	h, f, kvd, hd := c.HiddenSize, c.IntermediateSize, c.KVDim(), c.HeadDim()
+	qkvW := h + 2*kvd
+	ws := &m.ws
+	ws.x = grow(ws.x, n*h)
+	ws.xn = grow(ws.xn, n*h)
+	ws.qkv = grow(ws.qkv, n*qkvW)
+	ws.att = grow(ws.att, n*h)
+	ws.o = grow(ws.o, n*h)
+	ws.gu = grow(ws.gu, n*2*f)
+	ws.act = grow(ws.act, n*f)
+	for t, id := range b.Tokens {
+		copy(ws.x[t*h:(t+1)*h], m.embed[int(id)*h:(int(id)+1)*h])
+	}
+	maxPos := 0
+	for _, p := range b.Positions {
+		maxPos = max(maxPos, int(p)+1)
+	}
+	ws.scores = grow(ws.scores, m.pool.Workers()*maxPos)
+	eps := float32(c.RMSNormEps)
+	for li := range m.layers {
+		l := &m.layers[li]
+		rmsNormRows(ws.xn, ws.x, l.attnNorm, n, h, eps)
+		l.qkv.MatMul(m.pool, ws.qkv, ws.xn, n)
+		for t := range n {
+			row := ws.qkv[t*qkvW : (t+1)*qkvW]
+			pos := int(b.Positions[t])
+			m.rope(row[:h+kvd], pos, hd)
+			table := b.BlockTables[b.Seq[t]]
+			k, v := kv.KV(int(table[pos/kv.BlockSize]), li)
+			slot := pos % kv.BlockSize
+			copy(k[slot*kvd:(slot+1)*kvd], row[h:h+kvd])
+			copy(v[slot*kvd:(slot+1)*kvd], row[h+kvd:])
+		}
+		m.attention(b, kv, li, n)
+		l.wo.MatMul(m.pool, ws.o, ws.att, n)
+		addInto(ws.x[:n*h], ws.o[:n*h])
+		rmsNormRows(ws.xn, ws.x, l.ffnNorm, n, h, eps)
+		l.gateUp.MatMul(m.pool, ws.gu, ws.xn, n)
+		for t := range n {
+			g := ws.gu[t*2*f : t*2*f+f]
+			u := ws.gu[t*2*f+f : (t+1)*2*f]
+			a := ws.act[t*f : (t+1)*f]
+			for i := range f {
+				a[i] = silu(g[i]) * u[i]
+			}
+		}
+		l.down.MatMul(m.pool, ws.o, ws.act, n)
+		addInto(ws.x[:n*h], ws.o[:n*h])
+	}
+	nl := len(b.Logits)
+	ws.last = grow(ws.last, nl*h)
+	for i, t := range b.Logits {
+		rmsNorm(ws.last[i*h:(i+1)*h], ws.x[int(t)*h:(int(t)+1)*h], m.finalNorm, eps)
+	}
+	m.cls.MatMul(m.pool, logits, ws.last, nl)
+	return nil
+}
+
+func (m *Model) checkBatch(b *Batch, kv *kvcache.Storage, logits []float32) error {
+	c := m.Config
+	n := len(b.Tokens)
+	if n == 0 || len(b.Positions) != n || len(b.Seq) != n {
+		return fmt.Errorf("%w: %d tokens, %d positions, %d seq ids", ErrBadBatch, n, len(b.Positions), len(b.Seq))
+	}
+	if kv == nil || kv.NumLayers != c.NumHiddenLayers || kv.KVDim != c.KVDim() {
+		return fmt.Errorf("%w: kv storage does not match the model", ErrBadBatch)
+	}
+	for i := range n {
+		id, pos, s := b.Tokens[i], b.Positions[i], b.Seq[i]
+		if id < 0 || int(id) >= c.VocabSize {
+			return fmt.Errorf("%w: token %d: id %d outside vocab %d", ErrBadBatch, i, id, c.VocabSize)
+		}
+		if pos < 0 || int(pos) >= c.MaxPositionEmbeddings {
+			return fmt.Errorf("%w: token %d: position %d outside context %d", ErrBadBatch, i, pos, c.MaxPositionEmbeddings)
+		}
+		if s < 0 || int(s) >= len(b.BlockTables) {
+			return fmt.Errorf("%w: token %d: sequence %d without block table", ErrBadBatch, i, s)
+		}
+		table := b.BlockTables[s]
+		if int(pos)/kv.BlockSize >= len(table) {
+			return fmt.Errorf("%w: token %d: position %d beyond its %d blocks", ErrBadBatch, i, pos, len(table))
+		}
+		for _, blk := range table[:int(pos)/kv.BlockSize+1] {
+			if blk <= 0 || int(blk) >= kv.NumBlocks {
+				return fmt.Errorf("%w: token %d: block %d outside pool (1..%d)", ErrBadBatch, i, blk, kv.NumBlocks-1)
+			}
+		}
+	}
+	for _, t := range b.Logits {
+		if t < 0 || int(t) >= n {
+			return fmt.Errorf("%w: logits index %d outside batch of %d", ErrBadBatch, t, n)
+		}
+	}
+	if len(logits) < len(b.Logits)*c.VocabSize {
+		return fmt.Errorf("%w: logits buffer %d < %d", ErrBadBatch, len(logits), len(b.Logits)*c.VocabSize)
+	}
+	return nil
+}
+
+// rope rotates every query and key head of row (q heads then k heads) in place.
+func (m *Model) rope(row []float32, pos, hd int) {
+	half := hd / 2
+	cs := m.ropeCos[pos*half : (pos+1)*half]
+	sn := m.ropeSin[pos*half : (pos+1)*half]
+	for h0 := 0; h0+hd <= len(row); h0 += hd {
+		a, b := row[h0:h0+half], row[h0+half:h0+hd]
+		for i := range half {
+			x, y := a[i], b[i]
+			a[i] = x*cs[i] - y*sn[i]
+			b[i] = y*cs[i] + x*sn[i]
+		}
+	}
+}
+
+// attention computes, for every token and head, softmax(q·K/sqrt(d))·V over positions
+// 0..pos of the token's sequence, read from the pool. Work items (token, head) are
+// independent, so the split across workers does not change any result.
+func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
+	c := m.Config
+	h, kvd, hd := c.HiddenSize, c.KVDim(), c.HeadDim()
+	heads := c.NumAttentionHeads
+	group := heads / c.NumKeyValueHeads
+	qkvW := h + 2*kvd
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	ws := &m.ws
+	stride := len(ws.scores) / m.pool.Workers()
+	chunks := m.pool.Workers()
+	items := n * heads
+	m.pool.Parallel(chunks, func(lo, hi int) {
+		for w := lo; w < hi; w++ {
+			scores := ws.scores[w*stride : (w+1)*stride]
+			for it := w * items / chunks; it < (w+1)*items/chunks; it++ {
+				t, head := it/heads, it%heads
+				kh := head / group
+				pos := int(b.Positions[t])
+				table := b.BlockTables[b.Seq[t]]
+				q := ws.qkv[t*qkvW+head*hd : t*qkvW+(head+1)*hd]
+				out := ws.att[t*h+head*hd : t*h+(head+1)*hd]
+				maxS := float32(math.Inf(-1))
+				for j := 0; j <= pos; j++ {
+					k, _ := kv.KV(int(table[j/kv.BlockSize]), layer)
+					slot := j % kv.BlockSize
+					s := dot(q, k[slot*kvd+kh*hd:slot*kvd+(kh+1)*hd]) * scale
+					scores[j] = s
+					maxS = max(maxS, s)
+				}
+				var sum float32
+				for j := 0; j <= pos; j++ {
+					e := float32(math.Exp(float64(scores[j] - maxS)))
+					scores[j] = e
+					sum += e
+				}
+				inv := 1 / sum
+				clear(out)
+				for j := 0; j <= pos; j++ {
+					_, v := kv.KV(int(table[j/kv.BlockSize]), layer)
+					slot := j % kv.BlockSize
+					axpy(out, scores[j]*inv, v[slot*kvd+kh*hd:slot*kvd+(kh+1)*hd])
+				}
+			}
+		}
+	})
+}
+
+// dot uses four accumulators in a fixed pattern: the order depends only on len(a).
+func dot(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+func axpy(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += a * x[i]
+	}
+}
+
+func addInto(y, x []float32) {
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += x[i]
+	}
+}
+
+func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
+
+func rmsNorm(dst, x, g []float32, eps float32) {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	inv := float32(1 / math.Sqrt(ss/float64(len(x))+float64(eps)))
+	for i, v := range x {
+		dst[i] = v * inv * g[i]
+	}
+}
+
+func rmsNormRows(dst, x, g []float32, n, h int, eps float32) {
+	for t := range n {
+		rmsNorm(dst[t*h:(t+1)*h], x[t*h:(t+1)*h], g, eps)
+	}
+}

@@ -1,0 +1,258 @@
+package model
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/kvcache"
+)
+
+// harness gives each sequence its own consecutive blocks and runs chunks through Forward.
+type harness struct {
+	m      *Model
+	kv     *kvcache.Storage
+	tables [][]int32
+	next   int32
+}
+
+func newHarness(t *testing.T, m *Model, blocks, blockSize int) *harness {
+	t.Helper()
+	kv, err := kvcache.NewStorage(m.KVLayout(blocks, blockSize))
+	require.NoError(t, err)
+	return &harness{m: m, kv: kv, next: 1}
+}
+
+func (h *harness) newSeq(maxTokens int) int32 {
+	nb := (maxTokens + h.kv.BlockSize - 1) / h.kv.BlockSize
+	table := make([]int32, nb)
+	// Allocate from the top down in a permuted way so block ids are not the identity.
+	for i := range table {
+		table[i] = h.next
+		h.next++
+	}
+	h.tables = append(h.tables, table)
+	return int32(len(h.tables) - 1)
+}
+
+type piece struct {
+	seq    int32
+	tokens []int
+	start  int
+}
+
+// step runs the pieces as one batch and returns the logits of each piece's last token.
+func (h *harness) step(t *testing.T, pieces []piece) [][]float32 {
+	t.Helper()
+	var b Batch
+	b.BlockTables = h.tables
+	for _, p := range pieces {
+		for i, id := range p.tokens {
+			b.Tokens = append(b.Tokens, int32(id))
+			b.Positions = append(b.Positions, int32(p.start+i))
+			b.Seq = append(b.Seq, p.seq)
+		}
+		b.Logits = append(b.Logits, int32(len(b.Tokens)-1))
+	}
+	v := h.m.Config.VocabSize
+	out := make([]float32, len(pieces)*v)
+	require.NoError(t, h.m.Forward(&b, h.kv, out))
+	rows := make([][]float32, len(pieces))
+	for i := range rows {
+		rows[i] = out[i*v : (i+1)*v]
+	}
+	return rows
+}
+
+func randomTokens(r *rand.Rand, n, vocab int) []int {
+	ts := make([]int, n)
+	for i := range ts {
+		ts[i] = r.IntN(vocab)
+	}
+	return ts
+}
+
+func maxAbsDiff(a, b []float32) float64 {
+	d := 0.0
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return d
+}
+
+func TestForwardMatchesReference(t *testing.T) {
+	w, err := Preset("tiny", 1)
+	require.NoError(t, err)
+	pool := kernels.NewPool(2)
+	defer pool.Close()
+	m, err := New(w, pool)
+	require.NoError(t, err)
+	r := rand.New(rand.NewPCG(7, 7))
+	for trial := range 6 {
+		// Several sequences of different lengths, prefilled in random chunk sizes, interleaved.
+		h := newHarness(t, m, 256, 16)
+		type seq struct {
+			id     int32
+			toks   []int
+			done   int
+			logits map[int][]float32 // position -> logits
+		}
+		var seqs []*seq
+		for range 1 + trial%4 {
+			n := 1 + r.IntN(60)
+			seqs = append(seqs, &seq{id: h.newSeq(n), toks: randomTokens(r, n, w.Config.VocabSize), logits: map[int][]float32{}})
+		}
+		for {
+			var pieces []piece
+			var owners []*seq
+			for _, s := range seqs {
+				if s.done == len(s.toks) || r.IntN(3) == 0 {
+					continue
+				}
+				k := min(len(s.toks)-s.done, 1+r.IntN(9))
+				pieces = append(pieces, piece{seq: s.id, tokens: s.toks[s.done : s.done+k], start: s.done})
+				owners = append(owners, s)
+				s.done += k
+			}
+			if len(pieces) == 0 {
+				left := false
+				for _, s := range seqs {
+					left = left || s.done < len(s.toks)
+				}
+				if !left {
+					break
+				}
+				continue
+			}
+			for i, row := range h.step(t, pieces) {
+				owners[i].logits[owners[i].done-1] = append([]float32(nil), row...)
+			}
+		}
+		for _, s := range seqs {
+			ref, err := Reference(w, s.toks)
+			require.NoError(t, err)
+			require.NotEmpty(t, s.logits)
+			for pos, got := range s.logits {
+				require.LessOrEqual(t, maxAbsDiff(got, ref[pos]), 1e-4, "trial %d seq %d pos %d", trial, s.id, pos)
+			}
+		}
+	}
+}
+
+// TestBatchInvariance: a sequence's logits are bitwise identical whatever else is in the
+// batch and however its prompt was chunked.
+func TestBatchInvariance(t *testing.T) {
+	for _, workers := range []int{1, 2, 3} {
+		w, err := Preset("tiny", 3)
+		require.NoError(t, err)
+		pool := kernels.NewPool(workers)
+		m, err := New(w, pool)
+		require.NoError(t, err)
+		r := rand.New(rand.NewPCG(11, uint64(workers)))
+		target := randomTokens(r, 40, w.Config.VocabSize)
+		decode := randomTokens(r, 8, w.Config.VocabSize)
+
+		// Baseline: the target alone, whole prompt in one chunk, then one token per step.
+		run := func(chunk int, noise int) [][]float32 {
+			h := newHarness(t, m, 512, 16)
+			id := h.newSeq(len(target) + len(decode))
+			var others []int32
+			var otherToks [][]int
+			for range noise {
+				others = append(others, h.newSeq(200))
+				otherToks = append(otherToks, randomTokens(r, 200, w.Config.VocabSize))
+			}
+			otherDone := make([]int, noise)
+			var outs [][]float32
+			all := append(append([]int(nil), target...), decode...)
+			for done := 0; done < len(all); {
+				k := 1 // decode
+				if done < len(target) {
+					k = min(chunk, len(target)-done)
+				}
+				pieces := []piece{}
+				// Noise before and after the target, of random sizes.
+				for j, o := range others {
+					if r.IntN(2) == 0 && otherDone[j] < 150 {
+						n := 1 + r.IntN(7)
+						pieces = append(pieces, piece{seq: o, tokens: otherToks[j][otherDone[j] : otherDone[j]+n], start: otherDone[j]})
+						otherDone[j] += n
+					}
+				}
+				at := r.IntN(len(pieces) + 1)
+				pieces = append(pieces[:at], append([]piece{{seq: id, tokens: all[done : done+k], start: done}}, pieces[at:]...)...)
+				rows := h.step(t, pieces)
+				done += k
+				if done >= len(target) {
+					outs = append(outs, append([]float32(nil), rows[at]...))
+				}
+			}
+			return outs
+		}
+		base := run(len(target), 0)
+		for _, cfg := range []struct{ chunk, noise int }{{1, 0}, {7, 2}, {16, 3}, {40, 4}, {3, 1}} {
+			got := run(cfg.chunk, cfg.noise)
+			require.Equal(t, len(base), len(got))
+			for i := range base {
+				require.Equal(t, base[i], got[i], "workers %d chunk %d noise %d step %d", workers, cfg.chunk, cfg.noise, i)
+			}
+		}
+		pool.Close()
+	}
+}
+
+func TestForwardRejectsBadBatch(t *testing.T) {
+	w, err := Preset("tiny", 1)
+	require.NoError(t, err)
+	m, err := New(w, nil)
+	require.NoError(t, err)
+	kv, err := kvcache.NewStorage(m.KVLayout(8, 16))
+	require.NoError(t, err)
+	out := make([]float32, 2*w.Config.VocabSize)
+	good := func() *Batch {
+		return &Batch{Tokens: []int32{1, 2}, Positions: []int32{0, 1}, Seq: []int32{0, 0}, BlockTables: [][]int32{{1}}, Logits: []int32{1}}
+	}
+	cases := map[string]func(b *Batch){
+		"empty":          func(b *Batch) { *b = Batch{} },
+		"token range":    func(b *Batch) { b.Tokens[0] = int32(w.Config.VocabSize) },
+		"negative token": func(b *Batch) { b.Tokens[0] = -1 },
+		"position":       func(b *Batch) { b.Positions[1] = int32(w.Config.MaxPositionEmbeddings) },
+		"beyond blocks":  func(b *Batch) { b.Positions[1] = 16 },
+		"null block":     func(b *Batch) { b.BlockTables[0][0] = 0 },
+		"block range":    func(b *Batch) { b.BlockTables[0][0] = 8 },
+		"seq":            func(b *Batch) { b.Seq[0] = 3 },
+		"logits index":   func(b *Batch) { b.Logits[0] = 2 },
+		"lengths":        func(b *Batch) { b.Positions = b.Positions[:1] },
+	}
+	for name, mut := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := good()
+			mut(b)
+			require.ErrorIs(t, m.Forward(b, kv, out), ErrBadBatch)
+		})
+	}
+	require.NoError(t, m.Forward(good(), kv, out))
+}
+
+func TestPresetsDeterministic(t *testing.T) {
+	a, err := Preset("tiny", 5)
+	require.NoError(t, err)
+	b, err := Preset("tiny", 5)
+	require.NoError(t, err)
+	c, err := Preset("tiny", 6)
+	require.NoError(t, err)
+	require.Equal(t, a.Layers[1].Wq, b.Layers[1].Wq)
+	require.NotEqual(t, a.Layers[1].Wq, c.Layers[1].Wq)
+	_, err = Preset("nope", 1)
+	require.ErrorIs(t, err, ErrUnknownPreset)
+	for _, name := range Presets() {
+		cfg, err := PresetConfig(name)
+		require.NoError(t, err)
+		require.NoError(t, cfg.Validate())
+	}
+	s, _ := PresetConfig("stories110m")
+	require.EqualValues(t, 109529856, s.NumParams(), "stories110m parameter count as in llama2.c (tied)")
+}

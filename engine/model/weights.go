@@ -1,0 +1,92 @@
+package model
+
+import "fmt"
+
+// Layer holds one decoder layer's tensors in Hugging Face layout: every matrix is row-major
+// [out][in] (the layout of nn.Linear.weight), and Wq/Wk use the HF rotate-half RoPE convention.
+type Layer struct {
+	AttnNorm []float32 // input_layernorm.weight [hidden]
+	Wq       []float32 // self_attn.q_proj.weight [hidden][hidden]
+	Wk       []float32 // self_attn.k_proj.weight [kvdim][hidden]
+	Wv       []float32 // self_attn.v_proj.weight [kvdim][hidden]
+	Wo       []float32 // self_attn.o_proj.weight [hidden][hidden]
+	FFNNorm  []float32 // post_attention_layernorm.weight [hidden]
+	WGate    []float32 // mlp.gate_proj.weight [inter][hidden] (llama2.c w1)
+	WDown    []float32 // mlp.down_proj.weight [hidden][inter] (llama2.c w2)
+	WUp      []float32 // mlp.up_proj.weight [inter][hidden] (llama2.c w3)
+}
+
+// Weights is a complete float32 checkpoint in Hugging Face layout.
+type Weights struct {
+	Config    Config
+	Embed     []float32 // model.embed_tokens.weight [vocab][hidden]
+	Layers    []Layer
+	FinalNorm []float32 // model.norm.weight [hidden]
+	LMHead    []float32 // lm_head.weight [vocab][hidden]; nil when tied to Embed
+}
+
+// Tensor names one tensor of a checkpoint with its shape and its storage in Weights.
+type Tensor struct {
+	Name  string
+	Shape []int
+	Data  *[]float32
+}
+
+// Tensors lists every tensor with its HF name and expected shape, in a stable order.
+// Loaders fill Data through the pointers; savers read it.
+func (w *Weights) Tensors() []Tensor {
+	c := w.Config
+	h, f, kv, v := c.HiddenSize, c.IntermediateSize, c.KVDim(), c.VocabSize
+	if len(w.Layers) != c.NumHiddenLayers {
+		w.Layers = make([]Layer, c.NumHiddenLayers)
+	}
+	ts := []Tensor{{"model.embed_tokens.weight", []int{v, h}, &w.Embed}}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		p := fmt.Sprintf("model.layers.%d.", i)
+		ts = append(ts,
+			Tensor{p + "input_layernorm.weight", []int{h}, &l.AttnNorm},
+			Tensor{p + "self_attn.q_proj.weight", []int{h, h}, &l.Wq},
+			Tensor{p + "self_attn.k_proj.weight", []int{kv, h}, &l.Wk},
+			Tensor{p + "self_attn.v_proj.weight", []int{kv, h}, &l.Wv},
+			Tensor{p + "self_attn.o_proj.weight", []int{h, h}, &l.Wo},
+			Tensor{p + "post_attention_layernorm.weight", []int{h}, &l.FFNNorm},
+			Tensor{p + "mlp.gate_proj.weight", []int{f, h}, &l.WGate},
+			Tensor{p + "mlp.down_proj.weight", []int{h, f}, &l.WDown},
+			Tensor{p + "mlp.up_proj.weight", []int{f, h}, &l.WUp},
+		)
+	}
+	ts = append(ts, Tensor{"model.norm.weight", []int{h}, &w.FinalNorm})
+	if !c.TieWordEmbeddings {
+		ts = append(ts, Tensor{"lm_head.weight", []int{v, h}, &w.LMHead})
+	}
+	return ts
+}
+
+// Check verifies that every tensor is present with the size its shape implies.
+func (w *Weights) Check() error {
+	if err := w.Config.Validate(); err != nil {
+		return err
+	}
+	for _, t := range w.Tensors() {
+		n := 1
+		for _, d := range t.Shape {
+			n *= d
+		}
+		if len(*t.Data) != n {
+			return fmt.Errorf("model: tensor %s has %d values, want %d (shape %v)", t.Name, len(*t.Data), n, t.Shape)
+		}
+	}
+	if w.Config.TieWordEmbeddings && w.LMHead != nil {
+		return fmt.Errorf("model: tie_word_embeddings is set but lm_head.weight is present")
+	}
+	return nil
+}
+
+// Classifier returns the output projection, which is the embedding when tied.
+func (w *Weights) Classifier() []float32 {
+	if w.Config.TieWordEmbeddings {
+		return w.Embed
+	}
+	return w.LMHead
+}

@@ -1,0 +1,690 @@
+package sched
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/rolloutkit/rollout/engine/kvcache"
+	"github.com/rolloutkit/rollout/engine/kvconnector"
+)
+
+// Scheduler is vLLM v1's scheduler as a pure state machine: no goroutines, clocks or randomness.
+// It is not safe for concurrent use; one goroutine (the engine core) drives it. See the package
+// documentation for the call loop.
+type Scheduler struct {
+	cfg  Config
+	pool *kvcache.Manager
+	conn kvconnector.Scheduler
+	bs   int
+
+	requests map[string]*Request // every request not yet released (incl. delayed frees)
+	waiting  []*Request          // FCFS; front first (preempted requests are put back in front)
+	running  []*Request
+
+	finished    []string        // finished since the last Schedule
+	finishedSet map[string]bool // same ids: an id cannot be reused before its finish is delivered
+	preempted   []string        // preempted since the last Schedule
+	delaySend   map[string]bool // finished; connector holds the blocks until FinishedSending
+	delayRecv   map[string]bool // finished while a load wrote into its blocks; until FinishedRecving
+	recvDone    map[string]bool // waiting-for-remote-KV requests whose load completed
+
+	pause          PauseState
+	version        int64
+	step           uint64
+	pending        bool // a SchedulerOutput awaits UpdateFromOutput
+	numPreemptions int64
+}
+
+// New builds a scheduler over a block pool and a connector (nil means kvconnector.Noop).
+func New(cfg Config, pool *kvcache.Manager, conn kvconnector.Scheduler) (*Scheduler, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil block pool", ErrInvalidConfig)
+	}
+	if cfg.MaxNumBatchedTokens <= 0 || cfg.MaxNumSeqs <= 0 || cfg.MaxModelLen <= 0 || cfg.LongPrefillTokenThreshold < 0 {
+		return nil, fmt.Errorf("%w: MaxNumBatchedTokens %d, MaxNumSeqs %d, MaxModelLen %d must be > 0, LongPrefillTokenThreshold %d >= 0",
+			ErrInvalidConfig, cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs, cfg.MaxModelLen, cfg.LongPrefillTokenThreshold)
+	}
+	bs := pool.BlockSize()
+	// A lone request must always fit, or preemption could not guarantee progress.
+	if need := (cfg.MaxModelLen + bs - 1) / bs; need > pool.NumBlocks()-1 {
+		return nil, fmt.Errorf("%w: MaxModelLen %d needs %d blocks, pool has %d", ErrInvalidConfig, cfg.MaxModelLen, need, pool.NumBlocks()-1)
+	}
+	if cfg.DisableChunkedPrefill && cfg.MaxNumBatchedTokens < cfg.MaxModelLen {
+		return nil, fmt.Errorf("%w: without chunked prefill MaxNumBatchedTokens %d must be >= MaxModelLen %d", ErrInvalidConfig, cfg.MaxNumBatchedTokens, cfg.MaxModelLen)
+	}
+	if conn == nil {
+		conn = kvconnector.Noop{}
+	}
+	if b, ok := conn.(kvconnector.PoolBinder); ok {
+		b.BindBlockPool(pool)
+	}
+	return &Scheduler{
+		cfg:         cfg,
+		pool:        pool,
+		conn:        conn,
+		bs:          bs,
+		requests:    map[string]*Request{},
+		finishedSet: map[string]bool{},
+		delaySend:   map[string]bool{},
+		delayRecv:   map[string]bool{},
+		recvDone:    map[string]bool{},
+	}, nil
+}
+
+// Pool returns the block pool.
+func (s *Scheduler) Pool() *kvcache.Manager { return s.pool }
+
+// Config returns the configuration.
+func (s *Scheduler) Config() Config { return s.cfg }
+
+// SetWeightVersion sets the weight version new prefixes are hashed under. Call it at a step
+// boundary, when the weights actually change.
+func (s *Scheduler) SetWeightVersion(v int64) { s.version = v }
+
+// WeightVersion returns the current weight version.
+func (s *Scheduler) WeightVersion() int64 { return s.version }
+
+// SetPauseState sets the pause state; it takes effect at the next Schedule.
+func (s *Scheduler) SetPauseState(p PauseState) { s.pause = p }
+
+// PauseState returns the pause state.
+func (s *Scheduler) PauseState() PauseState { return s.pause }
+
+// Get returns a live request by id (finished requests are gone once released).
+func (s *Scheduler) Get(id string) (*Request, bool) {
+	r, ok := s.requests[id]
+	return r, ok
+}
+
+// NumRunning is the size of the running batch.
+func (s *Scheduler) NumRunning() int { return len(s.running) }
+
+// NumWaiting is the size of the waiting queue (preempted and loading requests included).
+func (s *Scheduler) NumWaiting() int { return len(s.waiting) }
+
+// NumUnfinishedRequests counts requests that still need scheduling, pause-aware: 0 when
+// PausedAll, only running requests when PausedNew (vLLM get_num_unfinished_requests).
+func (s *Scheduler) NumUnfinishedRequests() int {
+	switch s.pause {
+	case PausedAll:
+		return 0
+	case PausedNew:
+		return len(s.running)
+	}
+	return len(s.waiting) + len(s.running)
+}
+
+// HasUnfinishedRequests is NumUnfinishedRequests() > 0.
+func (s *Scheduler) HasUnfinishedRequests() bool { return s.NumUnfinishedRequests() > 0 }
+
+// HasFinishedRequests reports finished requests the next step must still deliver, or whose blocks
+// a connector still holds.
+func (s *Scheduler) HasFinishedRequests() bool {
+	return len(s.finished) > 0 || len(s.delaySend) > 0 || len(s.delayRecv) > 0
+}
+
+// HasRequests reports whether the engine must keep stepping: unfinished or undelivered finished
+// requests, or connector work (the connector's only way to keep the engine alive).
+func (s *Scheduler) HasRequests() bool {
+	return s.HasUnfinishedRequests() || s.HasFinishedRequests() || s.conn.HasPendingPushWork()
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Scheduler) Stats() Stats {
+	return Stats{
+		Steps:          s.step,
+		NumRunning:     len(s.running),
+		NumWaiting:     len(s.waiting),
+		NumPreemptions: s.numPreemptions,
+		KVUsage:        s.pool.Usage(),
+		KV:             s.pool.Stats(),
+		PauseState:     s.pause,
+		WeightVersion:  s.version,
+	}
+}
+
+// Add queues a new request. The scheduler takes ownership of req.
+func (s *Scheduler) Add(req *Request) error {
+	if req == nil || req.ID == "" {
+		return fmt.Errorf("%w: nil request or empty id", ErrInvalidRequest)
+	}
+	if _, ok := s.requests[req.ID]; ok || s.finishedSet[req.ID] {
+		return fmt.Errorf("%w: %q", ErrDuplicateID, req.ID)
+	}
+	if len(req.PromptTokenIDs) == 0 {
+		return fmt.Errorf("%w: request %q", ErrEmptyPrompt, req.ID)
+	}
+	if len(req.PromptTokenIDs) > s.cfg.MaxModelLen {
+		return fmt.Errorf("%w: request %q has %d prompt tokens, context is %d", ErrPromptTooLong, req.ID, len(req.PromptTokenIDs), s.cfg.MaxModelLen)
+	}
+	if req.Params.MaxTokens <= 0 || req.Params.MinTokens < 0 {
+		return fmt.Errorf("%w: request %q: max_tokens %d must be > 0, min_tokens %d >= 0", ErrInvalidRequest, req.ID, req.Params.MaxTokens, req.Params.MinTokens)
+	}
+	req.tokens = slices.Clone(req.PromptTokenIDs)
+	req.numComputed, req.numCached, req.numPreemptions = 0, -1, 0
+	req.status, req.finishReason = StatusWaiting, FinishNone
+	req.weightVersion = s.version
+	req.rehash(s.bs)
+	s.requests[req.ID] = req
+	s.waiting = append(s.waiting, req)
+	s.conn.OnNewRequest(req)
+	return nil
+}
+
+// Abort finishes the given requests with FinishAbort and returns their final outputs. Unknown or
+// already finished ids are ignored.
+func (s *Scheduler) Abort(ids ...string) []RequestOutput { return s.FinishRequests(ids, FinishAbort) }
+
+// FinishAll finishes every unfinished request with reason (pause(abort), shutdown).
+func (s *Scheduler) FinishAll(reason FinishReason) []RequestOutput {
+	ids := make([]string, 0, len(s.running)+len(s.waiting))
+	for _, r := range s.running {
+		ids = append(ids, r.ID)
+	}
+	for _, r := range s.waiting {
+		ids = append(ids, r.ID)
+	}
+	return s.FinishRequests(ids, reason)
+}
+
+// FinishRequests finishes the given requests with reason (FinishNone counts as FinishAbort) and
+// returns one final output each. Unknown or already finished ids are ignored.
+func (s *Scheduler) FinishRequests(ids []string, reason FinishReason) []RequestOutput {
+	if reason == FinishNone {
+		reason = FinishAbort
+	}
+	var outs []RequestOutput
+	done := map[*Request]bool{}
+	for _, id := range ids {
+		r, ok := s.requests[id]
+		if !ok || r.status == StatusFinished {
+			continue
+		}
+		loading := r.status == StatusWaitingForRemoteKVs && !s.recvDone[id]
+		delete(s.recvDone, id)
+		r.status, r.finishReason = StatusFinished, reason
+		done[r] = true
+		s.release(r, loading)
+		outs = append(outs, s.finalOutput(r))
+	}
+	if len(done) > 0 {
+		s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return done[r] })
+		s.waiting = slices.DeleteFunc(s.waiting, func(r *Request) bool { return done[r] })
+	}
+	return outs
+}
+
+func (s *Scheduler) finalOutput(r *Request) RequestOutput {
+	return RequestOutput{ReqID: r.ID, WeightVersion: s.version, Finished: true, FinishReason: r.finishReason, NumCachedTokens: r.NumCachedTokens()}
+}
+
+// release tells the connector the request finished and frees its blocks unless the connector
+// delays the free or a load still writes into them (vLLM _free_request).
+func (s *Scheduler) release(r *Request, loading bool) {
+	blocks := s.pool.Blocks(r.ID)
+	blocks = blocks[:min(len(blocks), (r.numComputed+s.bs-1)/s.bs)]
+	delay := s.conn.RequestFinished(r, blocks)
+	s.finished = append(s.finished, r.ID)
+	s.finishedSet[r.ID] = true
+	if delay {
+		s.delaySend[r.ID] = true
+	}
+	if loading {
+		s.delayRecv[r.ID] = true
+	}
+	if !delay && !loading {
+		s.pool.Free(r.ID)
+		delete(s.requests, r.ID)
+	}
+}
+
+func (s *Scheduler) maybeFree(id string) {
+	if s.delaySend[id] || s.delayRecv[id] {
+		return
+	}
+	s.pool.Free(id)
+	delete(s.requests, id)
+}
+
+// preempt frees a running request's KV and puts it at the front of the waiting queue; it will
+// recompute (or reload) from scratch. The caller removes it from running.
+func (s *Scheduler) preempt(r *Request) {
+	s.pool.Free(r.ID)
+	r.status = StatusPreempted
+	r.numComputed = 0
+	r.numPreemptions++
+	s.numPreemptions++
+	s.waiting = slices.Insert(s.waiting, 0, r)
+	s.preempted = append(s.preempted, r.ID)
+}
+
+// preemptLoaded frees the blocks of the last waiting request whose asynchronous load has
+// completed (other than keep), turning it back into a request that recomputes; false if none.
+func (s *Scheduler) preemptLoaded(keep *Request) bool {
+	for i := len(s.waiting) - 1; i >= 0; i-- {
+		r := s.waiting[i]
+		if r == keep || r.status != StatusWaitingForRemoteKVs || !s.recvDone[r.ID] {
+			continue
+		}
+		delete(s.recvDone, r.ID)
+		s.pool.Free(r.ID)
+		r.status, r.numComputed = StatusPreempted, 0
+		r.numPreemptions++
+		s.numPreemptions++
+		s.preempted = append(s.preempted, r.ID)
+		return true
+	}
+	return false
+}
+
+// Schedule plans the next step (vLLM schedule()). Every call must be followed by
+// UpdateFromOutput with its result before the next Schedule; a step may schedule 0 tokens and must
+// still be executed, because it carries the connector metadata and the finished/preempted ids.
+func (s *Scheduler) Schedule() (*SchedulerOutput, error) {
+	if s.pending {
+		return nil, fmt.Errorf("%w: step %d", ErrStepPending, s.step)
+	}
+	s.step++
+	s.pending = true
+	budget := s.cfg.MaxNumBatchedTokens
+	if s.pause == PausedAll {
+		budget = 0
+	}
+	type planned struct {
+		r     *Request
+		n     int
+		added []int
+		fresh bool
+	}
+	var plan []planned
+	preemptedNow := false
+
+	// Running requests first, in order; on a block shortage preempt from the back (LIFO).
+	for i := 0; i < len(s.running) && budget > 0; i++ {
+		r := s.running[i]
+		n := r.NumTokens() - r.numComputed
+		if s.cfg.LongPrefillTokenThreshold > 0 {
+			n = min(n, s.cfg.LongPrefillTokenThreshold)
+		}
+		n = min(n, budget)
+		if n <= 0 {
+			continue
+		}
+		var added []int
+		self := false
+		for {
+			var ok bool
+			if added, ok = s.pool.AllocateSlots(r.ID, r.numComputed+n, nil); ok {
+				break
+			}
+			victim := s.running[len(s.running)-1]
+			s.running = s.running[:len(s.running)-1]
+			s.preempt(victim)
+			preemptedNow = true
+			if victim == r {
+				self = true
+				break
+			}
+		}
+		if self {
+			break
+		}
+		plan = append(plan, planned{r: r, n: n, added: added})
+		budget -= n
+	}
+
+	// Then waiting requests, unless something was preempted this step or new work is paused.
+	if !preemptedNow && s.pause == Unpaused {
+		// Requests whose load has landed go first: they already hold blocks, and a request
+		// ahead of them that cannot get blocks would otherwise wait for them forever.
+		order := make([]*Request, 0, len(s.waiting))
+		for _, r := range s.waiting {
+			if r.status == StatusWaitingForRemoteKVs && s.recvDone[r.ID] {
+				order = append(order, r)
+			}
+		}
+		for _, r := range s.waiting {
+			if !(r.status == StatusWaitingForRemoteKVs && s.recvDone[r.ID]) {
+				order = append(order, r)
+			}
+		}
+		admitted := map[*Request]bool{}
+		for _, r := range order {
+			if budget <= 0 || len(s.running) >= s.cfg.MaxNumSeqs {
+				break
+			}
+			if r.status == StatusWaitingForRemoteKVs {
+				if !s.recvDone[r.ID] {
+					continue
+				}
+				if r.weightVersion != s.version {
+					// The weights changed while the KV was loading: the loaded KV belongs to the
+					// old version, so drop it and start over like a preempted request.
+					delete(s.recvDone, r.ID)
+					s.pool.Free(r.ID)
+					r.status, r.numComputed = StatusPreempted, 0
+					r.numPreemptions++
+					s.numPreemptions++
+					s.preempted = append(s.preempted, r.ID)
+				} else {
+					// The load landed: its blocks become cacheable. The status changes only once
+					// the request is scheduled, so a failed allocation leaves it as it was.
+					s.pool.CacheBlocks(r.ID, r.hashes, r.numComputed)
+					if r.numComputed >= r.NumTokens() {
+						r.numComputed = r.NumTokens() - 1 // recompute the last token for its logits
+					}
+				}
+			}
+			fresh := r.numComputed == 0
+			var hit []int
+			local, ext, async := 0, 0, false
+			if fresh {
+				if r.weightVersion != s.version {
+					// KV for this request is computed from scratch under the current weights:
+					// hash (and so cache and look up) it under the current version.
+					r.weightVersion = s.version
+					r.rehash(s.bs)
+				}
+				if !r.SkipPrefixCache {
+					hit, local = s.pool.GetComputedBlocks(r.hashes, r.NumTokens())
+				}
+				ext, async = s.conn.GetNumNewMatchedTokens(r, local)
+				if ext == kvconnector.Defer || ext < 0 {
+					continue
+				}
+				if ext == 0 {
+					async = false
+				} else if !async && local+ext >= r.NumTokens() {
+					ext = r.NumTokens() - 1 - local
+				}
+			}
+			computed := r.numComputed + local + ext
+			n := 0
+			if !async {
+				n = r.NumTokens() - computed
+				if s.cfg.LongPrefillTokenThreshold > 0 {
+					n = min(n, s.cfg.LongPrefillTokenThreshold)
+				}
+				if n > budget {
+					if s.cfg.DisableChunkedPrefill {
+						break
+					}
+					n = budget
+				}
+			}
+			added, ok := s.pool.AllocateSlots(r.ID, computed+n, hit)
+			for !ok && len(s.running) == 0 && len(plan) == 0 && s.preemptLoaded(r) {
+				// Nothing runs, so nothing will free blocks: requests parked with loaded KV
+				// must give theirs up, or they and r could wait for each other forever.
+				added, ok = s.pool.AllocateSlots(r.ID, computed+n, hit)
+			}
+			if !ok {
+				if !fresh {
+					continue // a loaded request needs only a few more blocks; try the others
+				}
+				break
+			}
+			s.conn.UpdateStateAfterAlloc(r, s.pool.Blocks(r.ID), ext)
+			r.numComputed = computed
+			if r.numCached < 0 {
+				r.numCached = computed
+			}
+			if async {
+				r.status = StatusWaitingForRemoteKVs
+				delete(s.recvDone, r.ID)
+				continue
+			}
+			delete(s.recvDone, r.ID)
+			r.status = StatusRunning
+			admitted[r] = true
+			s.running = append(s.running, r)
+			plan = append(plan, planned{r: r, n: n, added: added, fresh: true})
+			budget -= n
+		}
+		if len(admitted) > 0 {
+			s.waiting = slices.DeleteFunc(s.waiting, func(r *Request) bool { return admitted[r] })
+		}
+	}
+
+	so := &SchedulerOutput{
+		Step:            s.step,
+		WeightVersion:   s.version,
+		FinishedReqIDs:  s.finished,
+		PreemptedReqIDs: s.preempted,
+	}
+	info := kvconnector.StepInfo{Step: s.step, FinishedReqIDs: s.finished, PreemptedReqIDs: s.preempted}
+	for _, p := range plan {
+		r := p.r
+		start := r.numComputed
+		sr := ScheduledRequest{
+			ReqID:       r.ID,
+			Req:         r,
+			TokenIDs:    r.tokens[start : start+p.n : start+p.n],
+			StartPos:    start,
+			BlockIDs:    s.pool.Blocks(r.ID),
+			NewBlockIDs: p.added,
+			Sample:      start+p.n == r.NumTokens(),
+			Fresh:       p.fresh,
+		}
+		so.Scheduled = append(so.Scheduled, sr)
+		so.NumScheduledTokens += p.n
+		info.Scheduled = append(info.Scheduled, kvconnector.ScheduledRequest{
+			Req: r, NumScheduledTokens: p.n, NewBlockIDs: sr.NewBlockIDs, BlockIDs: sr.BlockIDs, Resumed: p.fresh && r.numPreemptions > 0,
+		})
+	}
+	info.NumScheduledTokens = so.NumScheduledTokens
+	so.ConnectorMeta = s.conn.BuildConnectorMeta(info)
+	so.ConnectorMeta.Step = s.step
+
+	for _, p := range plan {
+		p.r.numComputed += p.n
+	}
+	for _, id := range s.finished {
+		delete(s.finishedSet, id)
+	}
+	s.finished, s.preempted = nil, nil
+	return so, nil
+}
+
+// UpdateFromOutput applies the result of executing so (vLLM update_from_output): it caches the
+// blocks the step filled, appends sampled tokens, finishes requests that hit a stop condition and
+// hands the connector its output. It returns one output per request that got a token or finished.
+// mo may be nil for a step that ran no model. If a request that had to sample has no token, it is
+// rolled back by one token (recomputed next step) and ErrMissingSample is returned with the outputs.
+func (s *Scheduler) UpdateFromOutput(so *SchedulerOutput, mo *ModelOutput) ([]RequestOutput, error) {
+	if so == nil || !s.pending || so.Step != s.step {
+		return nil, fmt.Errorf("%w: got step %v, pending %d (%v)", ErrOutputMismatch, stepOf(so), s.step, s.pending)
+	}
+	if mo != nil && mo.Step != 0 && mo.Step != so.Step {
+		return nil, fmt.Errorf("%w: model output for step %d, scheduler output %d", ErrOutputMismatch, mo.Step, so.Step)
+	}
+	s.pending = false
+	if mo == nil {
+		mo = &ModelOutput{}
+	}
+	var outs []RequestOutput
+	var missing []string
+	stopped := map[*Request]bool{}
+	for _, sr := range so.Scheduled {
+		r := sr.Req
+		if s.requests[sr.ReqID] != r || r.status != StatusRunning {
+			continue // finished or preempted since Schedule: its results are stale
+		}
+		s.pool.CacheBlocks(r.ID, r.hashes, r.numComputed)
+		if !sr.Sample {
+			continue
+		}
+		smp, ok := mo.Sampled[r.ID]
+		if !ok {
+			r.numComputed--
+			missing = append(missing, r.ID)
+			continue
+		}
+		r.tokens = append(r.tokens, smp.TokenID)
+		r.hashes = kvcache.ExtendHashes(r.hashes, r.tokens, s.bs, r.weightVersion, r.CacheSalt)
+		out := RequestOutput{
+			ReqID:           r.ID,
+			NewTokenIDs:     []int{smp.TokenID},
+			Payloads:        []any{smp.Payload},
+			WeightVersion:   so.WeightVersion,
+			NumCachedTokens: r.NumCachedTokens(),
+		}
+		if reason := s.checkStop(r, smp.TokenID); reason != FinishNone {
+			r.status, r.finishReason = StatusFinished, reason
+			stopped[r] = true
+			s.release(r, false)
+			out.Finished, out.FinishReason = true, reason
+		}
+		outs = append(outs, out)
+	}
+	if len(stopped) > 0 {
+		s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return stopped[r] })
+	}
+
+	kv := mo.KVConnector
+	s.conn.UpdateConnectorOutput(kv)
+	for _, id := range kv.FinishedRecving {
+		r, ok := s.requests[id]
+		if !ok {
+			continue
+		}
+		if r.status == StatusWaitingForRemoteKVs {
+			s.recvDone[id] = true
+		} else if s.delayRecv[id] {
+			delete(s.delayRecv, id)
+			s.maybeFree(id)
+		}
+	}
+	for _, id := range kv.FinishedSending {
+		if s.delaySend[id] {
+			delete(s.delaySend, id)
+			s.maybeFree(id)
+		}
+	}
+	if len(missing) > 0 {
+		return outs, fmt.Errorf("%w: step %d, requests %s", ErrMissingSample, so.Step, strings.Join(missing, ","))
+	}
+	return outs, nil
+}
+
+func stepOf(so *SchedulerOutput) any {
+	if so == nil {
+		return nil
+	}
+	return so.Step
+}
+
+// checkStop follows vLLM check_stop: length first, then (past MinTokens) EOS, then stop tokens.
+func (s *Scheduler) checkStop(r *Request, tok int) FinishReason {
+	nOut := len(r.tokens) - len(r.PromptTokenIDs)
+	if r.NumTokens() >= s.cfg.MaxModelLen || nOut >= r.Params.MaxTokens {
+		return FinishLength
+	}
+	if nOut < r.Params.MinTokens {
+		return FinishNone
+	}
+	if !r.Params.IgnoreEOS && slices.Contains(s.cfg.EOSTokenIDs, tok) {
+		return FinishStop
+	}
+	if slices.Contains(r.Params.StopTokenIDs, tok) {
+		return FinishStop
+	}
+	return FinishNone
+}
+
+// ResetPrefixCache clears the prefix cache (vLLM reset_prefix_cache, §2.6), never reporting a
+// success it did not achieve. With resetRunning every running request is preempted first (LIFO)
+// and the pool reset is forced, so it succeeds even if delayed frees still hold blocks (they keep
+// their KV but it is no longer reachable by a lookup); without it the reset is refused while any
+// block is in use. With resetConnector the connector is reset too, even if the pool reset failed.
+// ok is true only when every requested reset succeeded.
+func (s *Scheduler) ResetPrefixCache(resetRunning, resetConnector bool) (ok bool, detail ResetDetail) {
+	if resetRunning {
+		for len(s.running) > 0 {
+			r := s.running[len(s.running)-1]
+			s.running = s.running[:len(s.running)-1]
+			s.preempt(r)
+			detail.RequestsPreempted++
+		}
+	}
+	detail.BlocksInUse = s.pool.NumBlocks() - 1 - s.pool.NumFreeBlocks()
+	var reasons []string
+	gpuOK, cleared, reason := s.pool.Reset(resetRunning)
+	detail.BlocksCleared, detail.PrefixCacheReset = cleared, gpuOK
+	if reason != "" {
+		reasons = append(reasons, "prefix cache: "+reason)
+	}
+	ok = gpuOK
+	if resetConnector {
+		jobs, cok := s.conn.ResetCache()
+		detail.ConnectorJobsFlushed, detail.ConnectorReset = jobs, cok
+		if !cok {
+			reasons = append(reasons, "connector reset failed")
+		}
+		ok = ok && cok
+	}
+	detail.Reason = strings.Join(reasons, "; ")
+	return ok, detail
+}
+
+// CheckInvariants verifies the scheduler's and the pool's consistency; for property tests.
+func (s *Scheduler) CheckInvariants() error {
+	if err := s.pool.CheckInvariants(); err != nil {
+		return err
+	}
+	where := map[*Request]string{}
+	for _, r := range s.running {
+		if where[r] != "" {
+			return fmt.Errorf("request %q queued twice", r.ID)
+		}
+		where[r] = "running"
+		if r.status != StatusRunning {
+			return fmt.Errorf("running request %q has status %v", r.ID, r.status)
+		}
+		if s.pool.NumBlocksOf(r.ID) < (r.numComputed+s.bs-1)/s.bs {
+			return fmt.Errorf("running request %q: %d computed tokens in %d blocks", r.ID, r.numComputed, s.pool.NumBlocksOf(r.ID))
+		}
+	}
+	for _, r := range s.waiting {
+		if where[r] != "" {
+			return fmt.Errorf("request %q queued twice", r.ID)
+		}
+		where[r] = "waiting"
+		switch r.status {
+		case StatusWaiting, StatusPreempted:
+			if r.numComputed != 0 || s.pool.NumBlocksOf(r.ID) != 0 {
+				return fmt.Errorf("waiting request %q: %d computed, %d blocks", r.ID, r.numComputed, s.pool.NumBlocksOf(r.ID))
+			}
+		case StatusWaitingForRemoteKVs:
+		default:
+			return fmt.Errorf("waiting request %q has status %v", r.ID, r.status)
+		}
+	}
+	if len(s.running) > s.cfg.MaxNumSeqs {
+		return fmt.Errorf("%d running > MaxNumSeqs %d", len(s.running), s.cfg.MaxNumSeqs)
+	}
+	for id, r := range s.requests {
+		if r.ID != id {
+			return fmt.Errorf("request map key %q holds %q", id, r.ID)
+		}
+		if where[r] == "" && !(r.status == StatusFinished && (s.delaySend[id] || s.delayRecv[id])) {
+			return fmt.Errorf("request %q (%v) is in no queue", id, r.status)
+		}
+		if r.NumTokens() > s.cfg.MaxModelLen+1 {
+			return fmt.Errorf("request %q has %d tokens, context %d", id, r.NumTokens(), s.cfg.MaxModelLen)
+		}
+	}
+	if len(where) != len(s.running)+len(s.waiting) {
+		return fmt.Errorf("queues hold %d requests, want %d", len(where), len(s.running)+len(s.waiting))
+	}
+	for r := range where {
+		if s.requests[r.ID] != r {
+			return fmt.Errorf("queued request %q not in the request map", r.ID)
+		}
+	}
+	if n := s.pool.NumRequestsWithBlocks(); n > len(s.requests) {
+		return fmt.Errorf("pool tracks %d requests, scheduler %d", n, len(s.requests))
+	}
+	return nil
+}

@@ -1,0 +1,335 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/rolloutkit/rollout/engine/kvconnector"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/sched"
+)
+
+// PauseMode says what a pause does with requests in flight.
+type PauseMode string
+
+// Pause modes, as vLLM's.
+const (
+	PauseAbort PauseMode = "abort" // finish running and waiting requests with FinishAbort
+	PauseWait  PauseMode = "wait"  // let running requests finish; queue new ones
+	PauseKeep  PauseMode = "keep"  // freeze running requests; Resume continues them
+)
+
+// ParsePauseMode parses "abort", "wait" or "keep".
+func ParsePauseMode(s string) (PauseMode, error) {
+	switch m := PauseMode(s); m {
+	case PauseAbort, PauseWait, PauseKeep:
+		return m, nil
+	}
+	return "", fmt.Errorf("%w: pause mode %q: want abort, wait or keep", ErrInvalidArgument, s)
+}
+
+// Wake-up tags.
+const (
+	TagWeights = "weights"
+	TagKVCache = "kv_cache"
+)
+
+// ResetResult reports what a prefix-cache reset did. Success is never true when something
+// was not cleared.
+type ResetResult struct {
+	Success       bool   `json:"success"`
+	BlocksCleared int    `json:"gpu_blocks_cleared"`
+	JobsFlushed   int    `json:"offload_jobs_flushed"`
+	Preempted     int    `json:"preempted_requests"`
+	Reason        string `json:"reason,omitempty"`
+}
+
+func fromDetail(ok bool, d sched.ResetDetail) ResetResult {
+	return ResetResult{Success: ok, BlocksCleared: d.BlocksCleared, JobsFlushed: d.ConnectorJobsFlushed, Preempted: d.RequestsPreempted, Reason: d.Reason}
+}
+
+// Pause stops scheduling as mode says. With clearCache it then resets the prefix cache and
+// the connector, preempting running requests (also those frozen by keep) so that no KV
+// computed before the pause is reused; they recompute on Resume. It returns once the pause is
+// complete: at once for keep and abort, after the running requests finished for wait.
+func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (ResetResult, error) {
+	if _, err := ParsePauseMode(string(mode)); err != nil {
+		return ResetResult{}, err
+	}
+	return call(ctx, e, "pause", func(_ context.Context, done func(ResetResult, error)) {
+		e.pause(mode)
+		e.pausedBySleep = false
+		complete := func() bool {
+			var r ResetResult
+			if clearCache {
+				r = e.resetCaches()
+			}
+			done(r, nil)
+			return true
+		}
+		e.whenIdle(complete, func(err error) { done(ResetResult{}, err) })
+	})
+}
+
+func (e *Engine) pause(mode PauseMode) {
+	if mode == PauseAbort {
+		e.deliver(e.sched.FinishAll(sched.FinishAbort))
+	}
+	e.paused = mode
+	if mode == PauseKeep {
+		e.sched.SetPauseState(sched.PausedAll)
+	} else {
+		e.sched.SetPauseState(sched.PausedNew)
+	}
+}
+
+// whenIdle runs task now when the engine has no work, otherwise once it drains.
+func (e *Engine) whenIdle(task func() bool, fail func(error)) {
+	if !e.hasWork() && len(e.idle) == 0 && task() {
+		return
+	}
+	e.idle = append(e.idle, idleTask{run: task, fail: fail})
+}
+
+// resetCaches is vLLM's _reset_caches: preempt running requests, reset the prefix cache and
+// the connector.
+func (e *Engine) resetCaches() ResetResult {
+	ok, d := e.sched.ResetPrefixCache(true, true)
+	return fromDetail(ok, d)
+}
+
+// Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep.
+func (e *Engine) Resume(ctx context.Context) error {
+	_, err := call(ctx, e, "resume", func(_ context.Context, done func(struct{}, error)) {
+		if e.asleep() {
+			done(struct{}{}, fmt.Errorf("%w: wake up before resuming", ErrAsleep))
+			return
+		}
+		e.unpause()
+		done(struct{}{}, nil)
+	})
+	return err
+}
+
+func (e *Engine) unpause() {
+	e.paused = ""
+	e.pausedBySleep = false
+	e.sched.SetPauseState(sched.Unpaused)
+}
+
+// IsPaused reports whether scheduling is paused (by Pause or by Sleep).
+func (e *Engine) IsPaused(ctx context.Context) (bool, error) {
+	return call(ctx, e, "is_paused", func(_ context.Context, done func(bool, error)) { done(e.paused != "", nil) })
+}
+
+// IsSleeping reports whether the engine sleeps at any level. Unlike vLLM, a plain Pause does
+// not count as sleeping.
+func (e *Engine) IsSleeping(ctx context.Context) (bool, error) {
+	return call(ctx, e, "is_sleeping", func(_ context.Context, done func(bool, error)) { done(e.asleep(), nil) })
+}
+
+func (e *Engine) asleep() bool { return e.sleep0 || e.sleepKV || e.sleepWeights }
+
+// Sleep pauses the engine (with mode, unless it is paused already, in which case the existing
+// pause stands) and then, for level ≥ 1, resets every cache, keeps stepping until every flush
+// the reset produced has been delivered to the connector's workers, waits for every transfer
+// touching the KV pool, and only then releases the pool. Level 2 also releases the weights: a
+// wake-up then needs a new weight set (CommitWeights while asleep). Level 0 only pauses.
+func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
+	if level < 0 || level > 2 {
+		return fmt.Errorf("%w: sleep level %d: want 0, 1 or 2", ErrInvalidArgument, level)
+	}
+	if mode == "" {
+		mode = PauseAbort
+	}
+	if _, err := ParsePauseMode(string(mode)); err != nil {
+		return err
+	}
+	_, err := call(ctx, e, "sleep", func(_ context.Context, done func(struct{}, error)) {
+		if e.paused == "" {
+			e.pause(mode)
+			e.pausedBySleep = true
+		}
+		if level == 0 {
+			e.sleep0 = true
+			done(struct{}{}, nil)
+			return
+		}
+		phase := 0
+		task := func() bool {
+			if phase == 0 {
+				phase = 1
+				if r := e.resetCaches(); !r.Success {
+					e.log.Warn("engine: sleep: cache reset incomplete", "reason", r.Reason)
+				}
+				if e.hasWork() {
+					return false // deliver the flush first
+				}
+			}
+			// Every flush is delivered; wait for every transfer that touches the pool.
+			if err := e.worker.WaitIdle(context.Background()); err != nil {
+				done(struct{}{}, fmt.Errorf("engine: sleep: waiting for KV transfers: %w", err))
+				return true
+			}
+			e.releaseKV()
+			if level == 2 {
+				e.model, e.weights = nil, nil
+				e.sleepWeights = true
+			}
+			e.sleepLevel = max(e.sleepLevel, level)
+			done(struct{}{}, nil)
+			return true
+		}
+		e.whenIdle(task, func(err error) { done(struct{}{}, err) })
+	})
+	return err
+}
+
+func (e *Engine) releaseKV() {
+	if e.sleepKV {
+		return
+	}
+	if b, ok := e.worker.(kvconnector.StorageBinder); ok {
+		b.ReleaseKVStorage()
+	}
+	e.kv = nil
+	e.sleepKV = true
+	e.metrics.kvReleased.Store(true)
+}
+
+// WakeUp restores the tags asked for (nil: all). Waking the weights after a level-2 sleep needs
+// weights committed while asleep, else ErrNoWeights. Once nothing sleeps, the engine resumes if
+// the sleep paused it; a pause that was there before the sleep stays until Resume.
+func (e *Engine) WakeUp(ctx context.Context, tags []string) error {
+	for _, t := range tags {
+		if t != TagWeights && t != TagKVCache {
+			return fmt.Errorf("%w: wake-up tag %q: want %s or %s", ErrInvalidArgument, t, TagWeights, TagKVCache)
+		}
+	}
+	if len(tags) == 0 {
+		tags = []string{TagWeights, TagKVCache}
+	}
+	_, err := call(ctx, e, "wake_up", func(_ context.Context, done func(struct{}, error)) {
+		if slices.Contains(tags, TagWeights) && e.sleepWeights {
+			if e.model == nil {
+				done(struct{}{}, fmt.Errorf("%w: the level-2 sleep released them; commit new weights before waking", ErrNoWeights))
+				return
+			}
+			e.sleepWeights = false
+		}
+		if slices.Contains(tags, TagKVCache) && e.sleepKV {
+			if err := e.allocKV(); err != nil {
+				done(struct{}{}, err)
+				return
+			}
+		}
+		if !e.sleepKV && !e.sleepWeights {
+			e.sleep0 = false
+			e.sleepLevel = 0
+			if e.pausedBySleep {
+				e.unpause()
+			}
+		}
+		done(struct{}{}, nil)
+	})
+	return err
+}
+
+func (e *Engine) allocKV() error {
+	m := e.model
+	if m == nil {
+		return fmt.Errorf("%w: the KV pool's shape comes from the weights; commit weights first", ErrNoWeights)
+	}
+	kv, err := kvcacheStorage(m, e.cfg.NumBlocks, e.cfg.BlockSize)
+	if err != nil {
+		return err
+	}
+	if b, ok := e.worker.(kvconnector.StorageBinder); ok {
+		if err := b.BindKVStorage(kv); err != nil {
+			return fmt.Errorf("engine: connector: %w", err)
+		}
+	}
+	e.kv = kv
+	e.sleepKV = false
+	e.metrics.kvReleased.Store(false)
+	return nil
+}
+
+// ResetPrefixCache resets the engine's prefix cache and, with resetConnector, the connector's
+// (the offloaded KV). Without resetRunning it refuses while requests hold blocks, and says so.
+func (e *Engine) ResetPrefixCache(ctx context.Context, resetRunning, resetConnector bool) (ResetResult, error) {
+	return call(ctx, e, "reset_prefix_cache", func(_ context.Context, done func(ResetResult, error)) {
+		ok, d := e.sched.ResetPrefixCache(resetRunning, resetConnector)
+		done(fromDetail(ok, d), nil)
+	})
+}
+
+// StageWeights packs w (on the caller's goroutine, while the old weights keep serving) and
+// stages it as version. It must have the serving model's shape and a version newer than the
+// serving one; a later stage replaces an earlier one.
+func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int64) error {
+	if w == nil {
+		return fmt.Errorf("%w: nil weights", ErrInvalidArgument)
+	}
+	if !sameShape(w.Config, e.cfg.Weights.Config) {
+		return fmt.Errorf("%w: staged weights have shape %+v, the engine serves %+v", ErrInvalidArgument, w.Config, e.cfg.Weights.Config)
+	}
+	m, err := model.New(w, e.kpool)
+	if err != nil {
+		return err
+	}
+	_, err = call(ctx, e, "stage_weights", func(_ context.Context, done func(struct{}, error)) {
+		if version <= e.version {
+			done(struct{}{}, fmt.Errorf("%w: %d <= %d", ErrStaleVersion, version, e.version))
+			return
+		}
+		e.staged = &staged{model: m, weights: w, version: version}
+		e.metrics.stagedVersion.Store(version)
+		done(struct{}{}, nil)
+	})
+	return err
+}
+
+// CommitWeights swaps the staged weights in at a step boundary and returns the new version.
+// Requests keep running (use Pause first for a clean cut); their later tokens carry the new
+// version, and the new version enters the prefix hashes, so no new request reuses old KV.
+func (e *Engine) CommitWeights(ctx context.Context) (int64, error) {
+	return call(ctx, e, "commit_weights", func(_ context.Context, done func(int64, error)) {
+		if e.staged == nil {
+			done(0, ErrNothingStaged)
+			return
+		}
+		s := e.staged
+		e.staged = nil
+		e.model, e.weights, e.version = s.model, s.weights, s.version
+		e.sched.SetWeightVersion(s.version)
+		e.metrics.weightVersion.Store(s.version)
+		e.metrics.stagedVersion.Store(0)
+		done(s.version, nil)
+	})
+}
+
+// UpdateWeights stages w as version and, unless stageOnly, commits it.
+func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version int64, stageOnly bool) (int64, error) {
+	if err := e.StageWeights(ctx, w, version); err != nil {
+		return 0, err
+	}
+	if stageOnly {
+		return e.Version(), nil
+	}
+	return e.CommitWeights(ctx)
+}
+
+// Weights returns the serving weight set (nil after a level-2 sleep), e.g. for a trainer
+// that starts from the served policy.
+func (e *Engine) Weights(ctx context.Context) (*model.Weights, error) {
+	return call(ctx, e, "weights", func(_ context.Context, done func(*model.Weights, error)) { done(e.weights, nil) })
+}
+
+func sameShape(a, b model.Config) bool {
+	return a.HiddenSize == b.HiddenSize && a.IntermediateSize == b.IntermediateSize &&
+		a.NumHiddenLayers == b.NumHiddenLayers && a.NumAttentionHeads == b.NumAttentionHeads &&
+		a.NumKeyValueHeads == b.NumKeyValueHeads && a.VocabSize == b.VocabSize &&
+		a.MaxPositionEmbeddings == b.MaxPositionEmbeddings && a.TieWordEmbeddings == b.TieWordEmbeddings
+}

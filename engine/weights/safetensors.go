@@ -1,0 +1,270 @@
+package weights
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strconv"
+
+	"github.com/nlpodyssey/safetensors"
+
+	"github.com/rolloutkit/rollout/engine/model"
+)
+
+// maxHeaderBytes caps a safetensors JSON header (the reference implementation uses 100 MB).
+const maxHeaderBytes = 100 << 20
+
+// chunkBytes is the read/convert granularity, so conversion never needs a second copy of a
+// whole tensor's bytes.
+const chunkBytes = 1 << 20
+
+// stTensor is one validated header entry; offsets are relative to the data section.
+type stTensor struct {
+	name       string
+	dtype      DType
+	shape      []int
+	begin, end int64
+}
+
+// stHeader is a validated safetensors header.
+type stHeader struct {
+	file      string // for error messages
+	headerLen int64  // length of the JSON header (the value of the 8-byte prefix)
+	tensors   []stTensor
+	byName    map[string]int
+}
+
+func (h *stHeader) dataStart() int64 { return 8 + h.headerLen }
+
+func badf(file, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrBadCheckpoint, file, fmt.Sprintf(format, args...))
+}
+
+// readSTHeader reads and validates the header of a safetensors file of the given total size
+// from r, leaving r at the start of the data section. Every offset is checked against size
+// before any tensor memory is allocated: entries must be known float dtypes, sizes must equal
+// shape × element size, and the entries must tile the data section exactly (no overlaps, no
+// holes, nothing past the end), as the format specification requires.
+func readSTHeader(r io.Reader, size int64, file string) (*stHeader, error) {
+	if size < 8 {
+		return nil, badf(file, "truncated: %d bytes, need at least 8 for the header length", size)
+	}
+	var prefix [8]byte
+	if _, err := io.ReadFull(r, prefix[:]); err != nil {
+		return nil, badf(file, "reading header length: %v", err)
+	}
+	n := binary.LittleEndian.Uint64(prefix[:])
+	if n > maxHeaderBytes {
+		return nil, badf(file, "header length %d exceeds the %d byte limit", n, maxHeaderBytes)
+	}
+	if int64(n) > size-8 {
+		return nil, badf(file, "header length %d beyond file size %d", n, size)
+	}
+	js := make([]byte, n)
+	if _, err := io.ReadFull(r, js); err != nil {
+		return nil, badf(file, "reading %d byte header: %v", n, err)
+	}
+	h, err := parseSTHeader(js, size-8-int64(n), file)
+	if err != nil {
+		return nil, err
+	}
+	h.headerLen = int64(n)
+	return h, nil
+}
+
+// parseSTHeader validates the JSON header against a data section of dataLen bytes.
+func parseSTHeader(js []byte, dataLen int64, file string) (*stHeader, error) {
+	if t := bytes.TrimLeft(js, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		return nil, badf(file, "header is not a JSON object")
+	}
+	var md safetensors.Metadata
+	if err := json.Unmarshal(js, &md); err != nil {
+		return nil, badf(file, "header: %v", err)
+	}
+	infos := md.Tensors()
+	h := &stHeader{file: file, tensors: make([]stTensor, 0, len(infos)), byName: make(map[string]int, len(infos))}
+	for name, info := range infos {
+		var d DType
+		switch info.DType {
+		case safetensors.F32:
+			d = F32
+		case safetensors.F16:
+			d = F16
+		case safetensors.BF16:
+			d = BF16
+		default:
+			return nil, badf(file, "tensor %q: unsupported dtype %s (want F32, F16 or BF16)", name, info.DType)
+		}
+		shape := make([]int, len(info.Shape))
+		elems := uint64(1)
+		for i, dim := range info.Shape {
+			if dim > math.MaxInt32 {
+				return nil, badf(file, "tensor %q: dimension %d is %d", name, i, dim)
+			}
+			shape[i] = int(dim)
+			if dim != 0 && elems > (1<<62)/dim {
+				return nil, badf(file, "tensor %q: shape %v overflows", name, info.Shape)
+			}
+			elems *= dim
+		}
+		b, e := info.DataOffsets[0], info.DataOffsets[1]
+		switch {
+		case e < b:
+			return nil, badf(file, "tensor %q: data_offsets [%d,%d] end before start", name, b, e)
+		case e > uint64(dataLen):
+			return nil, badf(file, "tensor %q: data_offsets [%d,%d] beyond the %d byte data section", name, b, e, dataLen)
+		case e-b != elems*uint64(d.Size()):
+			return nil, badf(file, "tensor %q: data_offsets [%d,%d] hold %d bytes, shape %v of %s needs %d",
+				name, b, e, e-b, shape, d, elems*uint64(d.Size()))
+		}
+		h.tensors = append(h.tensors, stTensor{name: name, dtype: d, shape: shape, begin: int64(b), end: int64(e)})
+	}
+	sort.Slice(h.tensors, func(i, j int) bool {
+		a, b := h.tensors[i], h.tensors[j]
+		if a.begin != b.begin {
+			return a.begin < b.begin
+		}
+		if a.end != b.end {
+			return a.end < b.end
+		}
+		return a.name < b.name
+	})
+	var pos int64
+	for i, t := range h.tensors {
+		switch {
+		case t.begin < pos:
+			return nil, badf(file, "tensor %q: data_offsets [%d,%d] overlap tensor %q", t.name, t.begin, t.end, h.tensors[i-1].name)
+		case t.begin > pos:
+			return nil, badf(file, "tensor %q: hole of %d bytes before its data_offsets [%d,%d]", t.name, t.begin-pos, t.begin, t.end)
+		}
+		pos = t.end
+		h.byName[t.name] = i
+	}
+	if pos != dataLen {
+		return nil, badf(file, "tensors cover %d bytes but the data section has %d", pos, dataLen)
+	}
+	return h, nil
+}
+
+// sameShape reports whether a and b are equal.
+func sameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// readSTData streams the data section of h from r (positioned at its start), decoding the
+// tensors named in dst into freshly allocated float32 slices and discarding the rest (which
+// are still read, so that a hashing reader sees the whole file). Shapes in dst must already
+// have been checked against h. It then requires r to be at EOF.
+func readSTData(ctx context.Context, r io.Reader, h *stHeader, dst map[string]*[]float32) error {
+	var largest int64
+	for _, t := range h.tensors {
+		largest = max(largest, t.end-t.begin)
+	}
+	buf := make([]byte, min(chunkBytes, largest))
+	for _, t := range h.tensors {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := t.end - t.begin
+		p, ok := dst[t.name]
+		if !ok {
+			if _, err := io.CopyN(io.Discard, r, n); err != nil {
+				return badf(h.file, "tensor %q: reading data: %v", t.name, err)
+			}
+			continue
+		}
+		es := int64(t.dtype.Size())
+		out := make([]float32, n/es)
+		for off := int64(0); off < n; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			c := min(n-off, int64(len(buf)))
+			if _, err := io.ReadFull(r, buf[:c]); err != nil {
+				return badf(h.file, "tensor %q: reading data: %v", t.name, err)
+			}
+			seg := out[off/es : (off+c)/es]
+			decode(seg, buf[:c], t.dtype)
+			if i := firstNonFinite(seg); i >= 0 {
+				return badf(h.file, "tensor %q: element %d is %v", t.name, off/es+int64(i), seg[i])
+			}
+			off += c
+		}
+		*p = out
+	}
+	var one [1]byte
+	if k, err := r.Read(one[:]); k > 0 || (err != nil && !errors.Is(err, io.EOF)) {
+		return badf(h.file, "unexpected data after the last tensor (file changed while reading?)")
+	}
+	return nil
+}
+
+// writeST writes tensors as one safetensors file in dtype d, streaming the conversion.
+// It returns the number of bytes written.
+func writeST(w io.Writer, ts []model.Tensor, d DType) (int64, error) {
+	var hdr bytes.Buffer
+	hdr.WriteString(`{"__metadata__":{"format":"pt"}`)
+	var off int64
+	for _, t := range ts {
+		name, err := json.Marshal(t.Name)
+		if err != nil {
+			return 0, err
+		}
+		end := off + int64(len(*t.Data))*int64(d.Size())
+		hdr.WriteByte(',')
+		hdr.Write(name)
+		hdr.WriteString(`:{"dtype":"` + d.String() + `","shape":[`)
+		for i, s := range t.Shape {
+			if i > 0 {
+				hdr.WriteByte(',')
+			}
+			hdr.WriteString(strconv.Itoa(s))
+		}
+		fmt.Fprintf(&hdr, `],"data_offsets":[%d,%d]}`, off, end)
+		off = end
+	}
+	hdr.WriteByte('}')
+	// Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
+	for hdr.Len()%8 != 0 {
+		hdr.WriteByte(' ')
+	}
+	bw := bufio.NewWriterSize(w, chunkBytes)
+	var prefix [8]byte
+	binary.LittleEndian.PutUint64(prefix[:], uint64(hdr.Len()))
+	if _, err := bw.Write(prefix[:]); err != nil {
+		return 0, err
+	}
+	if _, err := bw.Write(hdr.Bytes()); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 0, chunkBytes)
+	per := chunkBytes / d.Size()
+	for _, t := range ts {
+		data := *t.Data
+		for i := 0; i < len(data); i += per {
+			buf = encode(buf[:0], data[i:min(i+per, len(data))], d)
+			if _, err := bw.Write(buf); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return 0, err
+	}
+	return 8 + int64(hdr.Len()) + off, nil
+}
