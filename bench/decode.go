@@ -110,8 +110,12 @@ func argmax(x []float32) int {
 
 // EngineReport is what `rollout bench engine` prints.
 type EngineReport struct {
-	GOMAXPROCS       int            `json:"gomaxprocs"`
-	Kernel           string         `json:"kernel"`
-	ReadBandwidthGBs float64        `json:"read_bandwidth_gb_per_s"`
-	Decode           []DecodeResult `json:"decode"`
+	GOMAXPROCS       int                `json:"gomaxprocs"`
+	Kernel           string             `json:"kernel"`
+	ReadBandwidthGBs float64            `json:"read_bandwidth_gb_per_s"`
+	Decode           []DecodeResult     `json:"decode"`
+	Concurrent       []ConcurrentResult `json:"concurrent,omitempty"`
+	Prefix           *PrefixResult      `json:"prefix_cache,omitempty"`
+	Pause            *PauseResult       `json:"pause_keep_clear_cache,omitempty"`
+	Idle             *IdleResult        `json:"idle,omitempty"`
 }

@@ -2,7 +2,7 @@ package engine
 
 import (
 	"context"
-		"slices"
+	"slices"
 	"sync"
 	"testing"
 	"time"

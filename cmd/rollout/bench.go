@@ -1,15 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"runtime"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/rolloutkit/rollout/bench"
 	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/model"
 )
 
 func newBenchCmd() *cobra.Command {
@@ -20,16 +24,20 @@ func newBenchCmd() *cobra.Command {
 
 func newBenchEngineCmd() *cobra.Command {
 	var (
-		asJSON  bool
-		presets []string
-		tokens  int
-		prefill int
-		bwBytes int
-		workers int
+		asJSON   bool
+		presets  []string
+		tokens   int
+		prefill  int
+		bwBytes  int
+		workers  int
+		conc     []int
+		concToks int
+		idleFor  time.Duration
+		quick    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
-		Short: "Model and engine throughput: batch-1 decode, prefill, read bandwidth",
+		Short: "Model and engine throughput: batch-1 and concurrent decode, prefill, bandwidth, prefix cache, pause, idle CPU",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pool := kernels.NewPool(workers)
@@ -42,6 +50,11 @@ func newBenchEngineCmd() *cobra.Command {
 					return err
 				}
 				rep.Decode = append(rep.Decode, r)
+			}
+			if !quick {
+				if err := engineFigures(cmd.Context(), &rep, presets, conc, concToks, workers, idleFor); err != nil {
+					return err
+				}
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
@@ -57,7 +70,11 @@ func newBenchEngineCmd() *cobra.Command {
 					r.Llama2CTokensPerSec[0], r.Llama2CTokensPerSec[1], r.DecodeTokensPerSec/r.Llama2CTokensPerSec[1],
 					r.WeightGBPerSec, r.BandwidthRatio, r.PrefillTokensPerSec)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			printEngineFigures(out, &rep)
+			return nil
 		},
 	}
 	f := cmd.Flags()
@@ -67,5 +84,86 @@ func newBenchEngineCmd() *cobra.Command {
 	f.IntVar(&prefill, "prefill", 256, "prefill chunk in tokens")
 	f.IntVar(&bwBytes, "bandwidth-bytes", 1<<30, "bytes streamed by the bandwidth probe")
 	f.IntVar(&workers, "workers", runtime.GOMAXPROCS(0), "kernel workers")
+	f.IntSliceVar(&conc, "concurrency", []int{1, 8, 32, 64}, "concurrent greedy requests for the aggregate decode figures")
+	f.IntVar(&concToks, "concurrent-tokens", 64, "tokens per request in the aggregate decode figures")
+	f.DurationVar(&idleFor, "idle", 5*time.Second, "how long to measure idle CPU")
+	f.BoolVar(&quick, "quick", false, "only batch-1 decode, prefill and bandwidth")
 	return cmd
+}
+
+// engineFigures adds the engine-level figures: aggregate decode at each concurrency, prefix
+// cache TTFT, pause latency and idle CPU.
+func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []string, conc []int, tokens, workers int, idle time.Duration) error {
+	for _, p := range presets {
+		w, err := model.Preset(p, 1)
+		if err != nil {
+			return err
+		}
+		var base float64
+		for _, c := range conc {
+			r, err := bench.Concurrent(ctx, w, p, c, tokens, workers)
+			if err != nil {
+				return err
+			}
+			if c == 1 {
+				base = r.TokensPerSec
+			}
+			if base > 0 {
+				r.SpeedupVsBatch1 = r.TokensPerSec / base
+			}
+			rep.Concurrent = append(rep.Concurrent, r)
+		}
+	}
+	// A 1,024-token shared prefix needs a longer context than the stories presets have: the
+	// stories15m shape with a 2,048-token context.
+	cfg, err := model.PresetConfig("stories15m")
+	if err != nil {
+		return err
+	}
+	cfg.MaxPositionEmbeddings = 2048
+	w, err := model.Random(cfg, 1)
+	if err != nil {
+		return err
+	}
+	pr, err := bench.PrefixTTFT(ctx, w, "stories15m@2048", 1024, workers)
+	if err != nil {
+		return err
+	}
+	rep.Prefix = &pr
+	pl, err := bench.PauseLatency(ctx, w, 32, workers)
+	if err != nil {
+		return err
+	}
+	rep.Pause = &pl
+	if idle > 0 {
+		ir, err := bench.IdleCPU(ctx, w, idle, workers)
+		if err != nil {
+			return err
+		}
+		rep.Idle = &ir
+	}
+	return nil
+}
+
+func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
+	if len(rep.Concurrent) > 0 {
+		fmt.Fprintln(out, "\naggregate greedy decode (engine, 8-token prompts)")
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "preset\tconcurrent\ttok/s\tvs batch 1")
+		for _, r := range rep.Concurrent {
+			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2fx\n", r.Preset, r.Concurrency, r.TokensPerSec, r.SpeedupVsBatch1)
+		}
+		_ = tw.Flush()
+	}
+	if p := rep.Prefix; p != nil {
+		fmt.Fprintf(out, "\nTTFT with a %d-token shared prefix on %s: miss %.1f ms, hit %.1f ms (%d cached) = %.3fx (goal <= 0.1x)\n",
+			p.PrefixTokens, p.Preset, p.MissTTFTms, p.HitTTFTms, p.CachedTokens, p.Ratio)
+	}
+	if p := rep.Pause; p != nil {
+		fmt.Fprintf(out, "Pause(keep, clear_cache) with %d running: %d engine steps, %.2f ms (mean step %.2f ms; goal <= 2 steps)\n",
+			p.Running, p.Steps, p.Milliseconds, p.StepMillis)
+	}
+	if i := rep.Idle; i != nil {
+		fmt.Fprintf(out, "idle engine CPU over %.1f s: %.2f%% of one core (goal < 1%%)\n", i.Seconds, i.CPUCorePercent)
+	}
 }

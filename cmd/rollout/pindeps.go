@@ -9,6 +9,7 @@ package main
 import (
 	_ "github.com/gin-gonic/gin"
 	_ "github.com/nlpodyssey/safetensors"
+	_ "github.com/openai/openai-go/v3"
 	_ "github.com/prometheus/client_golang/prometheus"
 	_ "github.com/redis/go-redis/v9"
 	_ "github.com/spf13/cobra"

@@ -181,10 +181,19 @@ func RunStep(ctx context.Context, w Worker, meta Metadata, finishedReqIDs []stri
 	return Output{FinishedSending: sending, FinishedRecving: recving, WorkerMeta: w.BuildWorkerMeta()}, nil
 }
 
+// KVStorage is the worker side's view of the KV pool's memory (kvcache.Storage implements it):
+// block i is one contiguous region holding every layer's K and V for that block.
+type KVStorage interface {
+	// Block returns block i's region; it aliases the pool memory.
+	Block(i int) []float32
+	// BlockFloats is the length of every block's region.
+	BlockFloats() int
+}
+
 // StorageBinder is implemented by worker sides that copy KV bytes: the engine binds the KV
 // storage when it allocates it (at start and on waking from sleep) and releases it before it
-// drops the storage (sleep), after WaitIdle.
+// drops the storage (sleep), after WaitIdle. No copy may touch a storage after its release.
 type StorageBinder interface {
-	BindKVStorage(s *kvcache.Storage) error
+	BindKVStorage(s KVStorage) error
 	ReleaseKVStorage()
 }

@@ -287,25 +287,31 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 				q := ws.qkv[t*qkvW+head*hd : t*qkvW+(head+1)*hd]
 				out := ws.att[t*h+head*hd : t*h+(head+1)*hd]
 				maxS := float32(math.Inf(-1))
-				for j := 0; j <= pos; j++ {
-					k, _ := kv.KV(int(table[j/kv.BlockSize]), layer)
-					slot := j % kv.BlockSize
-					s := dot(q, k[slot*kvd+kh*hd:slot*kvd+(kh+1)*hd]) * scale
-					scores[j] = s
-					maxS = max(maxS, s)
+				nb := pos/kv.BlockSize + 1
+				for bi := range nb {
+					k, _ := kv.KV(int(table[bi]), layer)
+					n := min(kv.BlockSize, pos+1-bi*kv.BlockSize)
+					sc := scores[bi*kv.BlockSize : bi*kv.BlockSize+n]
+					for slot := range sc {
+						s := dot(q, k[slot*kvd+kh*hd:slot*kvd+(kh+1)*hd]) * scale
+						sc[slot] = s
+						maxS = max(maxS, s)
+					}
 				}
 				var sum float32
-				for j := 0; j <= pos; j++ {
-					e := float32(math.Exp(float64(scores[j] - maxS)))
+				for j, sv := range scores[:pos+1] {
+					e := float32(kernels.ExpNeg(float64(sv - maxS)))
 					scores[j] = e
 					sum += e
 				}
 				inv := 1 / sum
 				clear(out)
-				for j := 0; j <= pos; j++ {
-					_, v := kv.KV(int(table[j/kv.BlockSize]), layer)
-					slot := j % kv.BlockSize
-					axpy(out, scores[j]*inv, v[slot*kvd+kh*hd:slot*kvd+(kh+1)*hd])
+				for bi := range nb {
+					_, v := kv.KV(int(table[bi]), layer)
+					n := min(kv.BlockSize, pos+1-bi*kv.BlockSize)
+					for slot, p := range scores[bi*kv.BlockSize : bi*kv.BlockSize+n] {
+						axpy(out, p*inv, v[slot*kvd+kh*hd:slot*kvd+(kh+1)*hd])
+					}
 				}
 			}
 		}

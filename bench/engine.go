@@ -1,0 +1,233 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/sample"
+)
+
+// runEngine starts an engine on w and returns it with its stop function.
+func runEngine(ctx context.Context, cfg engine.Config) (*engine.Engine, func(), error) {
+	e, err := engine.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = e.Run(ctx); close(done) }()
+	return e, func() { cancel(); <-done }, nil
+}
+
+func greedyParams(n int) sample.Params {
+	p := sample.Defaults()
+	p.Temperature = 0
+	p.MaxTokens = n
+	p.IgnoreEOS = true
+	return p
+}
+
+func benchPrompt(n, salt, vocab int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = (i*7919 + salt*104729 + 3) % vocab
+	}
+	return ids
+}
+
+// ConcurrentResult is aggregate greedy decode throughput at one concurrency.
+type ConcurrentResult struct {
+	Preset       string  `json:"preset"`
+	Concurrency  int     `json:"concurrency"`
+	Tokens       int     `json:"tokens_per_request"`
+	TokensPerSec float64 `json:"tokens_per_s"`
+	// SpeedupVsBatch1 is TokensPerSec over the same run's concurrency-1 figure.
+	SpeedupVsBatch1 float64 `json:"speedup_vs_batch1"`
+}
+
+// Concurrent measures aggregate decode tokens/s with c concurrent greedy requests of tokens
+// tokens each (8-token prompts), through the real engine.
+func Concurrent(ctx context.Context, w *model.Weights, preset string, c, tokens, workers int) (ConcurrentResult, error) {
+	e, stop, err := runEngine(ctx, engine.Config{Weights: w, MaxNumSeqs: c, MaxBatchedTokens: 2048, Workers: workers})
+	if err != nil {
+		return ConcurrentResult{}, err
+	}
+	defer stop()
+	// Warm up: one short request.
+	if _, err := generate(ctx, e, "warm", benchPrompt(8, 999, w.Config.VocabSize), 2); err != nil {
+		return ConcurrentResult{}, err
+	}
+	start := time.Now()
+	errs := make(chan error, c)
+	for i := range c {
+		go func() {
+			_, err := generate(ctx, e, fmt.Sprintf("r%d", i), benchPrompt(8, i, w.Config.VocabSize), tokens)
+			errs <- err
+		}()
+	}
+	for range c {
+		if err := <-errs; err != nil {
+			return ConcurrentResult{}, err
+		}
+	}
+	el := time.Since(start).Seconds()
+	return ConcurrentResult{Preset: preset, Concurrency: c, Tokens: tokens, TokensPerSec: float64(c*tokens) / el}, nil
+}
+
+func generate(ctx context.Context, e *engine.Engine, id string, p []int, n int) (engine.Result, error) {
+	s, err := e.Add(ctx, engine.Request{ID: id, PromptTokenIDs: p, Sampling: greedyParams(n)})
+	if err != nil {
+		return engine.Result{}, err
+	}
+	return s.Collect(ctx)
+}
+
+// PrefixResult compares time to first token with and without a prefix-cache hit.
+type PrefixResult struct {
+	Preset       string  `json:"preset"`
+	PrefixTokens int     `json:"prefix_tokens"`
+	MissTTFTms   float64 `json:"miss_ttft_ms"`
+	HitTTFTms    float64 `json:"hit_ttft_ms"`
+	Ratio        float64 `json:"hit_over_miss"`
+	CachedTokens int     `json:"cached_tokens"`
+}
+
+// PrefixTTFT measures TTFT of a prompt sharing a prefix of prefix tokens with a previous
+// request (hit) against the first such prompt (miss). The model needs a context > prefix+8.
+func PrefixTTFT(ctx context.Context, w *model.Weights, preset string, prefix, workers int) (PrefixResult, error) {
+	e, stop, err := runEngine(ctx, engine.Config{Weights: w, MaxNumSeqs: 4, MaxBatchedTokens: 2048, Workers: workers})
+	if err != nil {
+		return PrefixResult{}, err
+	}
+	defer stop()
+	v := w.Config.VocabSize
+	shared := benchPrompt(prefix, 1, v)
+	ttft := func(id string, suffixSalt int) (float64, int, error) {
+		p := append(append([]int(nil), shared...), benchPrompt(8, suffixSalt, v)...)
+		s, err := e.Add(ctx, engine.Request{ID: id, PromptTokenIDs: p, Sampling: greedyParams(1)})
+		if err != nil {
+			return 0, 0, err
+		}
+		r, err := s.Collect(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		return r.Timings.FirstToken.Sub(r.Timings.Arrival).Seconds() * 1e3, r.NumCachedTokens, nil
+	}
+	if _, _, err := ttft("warm", 50); err != nil { // warm the kernels on another prefix
+		return PrefixResult{}, err
+	}
+	if _, err := e.ResetPrefixCache(ctx, false, false); err != nil {
+		return PrefixResult{}, err
+	}
+	miss, _, err := ttft("miss", 2)
+	if err != nil {
+		return PrefixResult{}, err
+	}
+	hit, cached, err := ttft("hit", 3)
+	if err != nil {
+		return PrefixResult{}, err
+	}
+	return PrefixResult{Preset: preset, PrefixTokens: prefix, MissTTFTms: miss, HitTTFTms: hit, Ratio: hit / miss, CachedTokens: cached}, nil
+}
+
+// PauseResult is the latency of Pause(keep, clear_cache) with requests running.
+type PauseResult struct {
+	Running        int     `json:"running"`
+	Steps          int64   `json:"engine_steps"`
+	Milliseconds   float64 `json:"ms"`
+	StepMillis     float64 `json:"mean_step_ms"`
+	ResumeVerified bool    `json:"resumed_all"`
+}
+
+// PauseLatency starts running requests, calls Pause(keep, clearCache) and counts the engine
+// steps and time until it returns.
+func PauseLatency(ctx context.Context, w *model.Weights, running, workers int) (PauseResult, error) {
+	e, stop, err := runEngine(ctx, engine.Config{Weights: w, MaxNumSeqs: running, MaxBatchedTokens: 2048, Workers: workers})
+	if err != nil {
+		return PauseResult{}, err
+	}
+	defer stop()
+	var streams []*engine.Stream
+	for i := range running {
+		s, err := e.Add(ctx, engine.Request{ID: fmt.Sprintf("p%d", i), PromptTokenIDs: benchPrompt(8, i, w.Config.VocabSize), Sampling: greedyParams(100000)})
+		if err != nil {
+			return PauseResult{}, err
+		}
+		streams = append(streams, s)
+	}
+	for _, s := range streams { // everyone is decoding
+		if _, err := s.Recv(ctx); err != nil {
+			return PauseResult{}, err
+		}
+	}
+	m0 := e.Metrics().Steps
+	t0 := time.Now()
+	for e.Metrics().Steps < m0+5 { // mean step time from five steps
+		time.Sleep(100 * time.Microsecond)
+	}
+	stepMs := time.Since(t0).Seconds() * 1e3 / float64(e.Metrics().Steps-m0)
+	before := e.Metrics().Steps
+	start := time.Now()
+	if _, err := e.Pause(ctx, engine.PauseKeep, true); err != nil {
+		return PauseResult{}, err
+	}
+	r := PauseResult{Running: running, Steps: e.Metrics().Steps - before, Milliseconds: time.Since(start).Seconds() * 1e3, StepMillis: stepMs}
+	if err := e.Resume(ctx); err != nil {
+		return r, err
+	}
+	e.Abort(func() []string {
+		ids := make([]string, len(streams))
+		for i, s := range streams {
+			ids[i] = s.ID()
+		}
+		return ids
+	}()...)
+	r.ResumeVerified = true
+	for _, s := range streams {
+		if _, err := s.Collect(ctx); err != nil {
+			r.ResumeVerified = false
+		}
+	}
+	return r, nil
+}
+
+// IdleResult is the engine's CPU use while idle.
+type IdleResult struct {
+	Seconds        float64 `json:"seconds"`
+	CPUCorePercent float64 `json:"cpu_percent_of_one_core"`
+}
+
+// IdleCPU runs a request, lets the engine go idle and measures the process's CPU time over d.
+func IdleCPU(ctx context.Context, w *model.Weights, d time.Duration, workers int) (IdleResult, error) {
+	e, stop, err := runEngine(ctx, engine.Config{Weights: w, Workers: workers})
+	if err != nil {
+		return IdleResult{}, err
+	}
+	defer stop()
+	if _, err := generate(ctx, e, "a", benchPrompt(8, 1, w.Config.VocabSize), 16); err != nil {
+		return IdleResult{}, err
+	}
+	time.Sleep(50 * time.Millisecond) // let spinning workers park
+	c0 := cpuTime()
+	t0 := time.Now()
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+		return IdleResult{}, ctx.Err()
+	}
+	wall := time.Since(t0).Seconds()
+	return IdleResult{Seconds: wall, CPUCorePercent: 100 * (cpuTime() - c0) / wall}, nil
+}
+
+func cpuTime() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}

@@ -1,0 +1,54 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/engine/model"
+)
+
+func tinyWeights(t testing.TB) *model.Weights {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	return w
+}
+
+// The figures are checked for shape, not speed: tests assert behaviour, benchmarks measure.
+func TestEngineFigures(t *testing.T) {
+	ctx := context.Background()
+	w := tinyWeights(t)
+	c, err := Concurrent(ctx, w, "tiny", 4, 8, 2)
+	require.NoError(t, err)
+	assert.Positive(t, c.TokensPerSec)
+	p, err := PrefixTTFT(ctx, w, "tiny", 64, 2)
+	require.NoError(t, err)
+	assert.Equal(t, 64, p.CachedTokens, "the whole shared prefix is a hit")
+	pl, err := PauseLatency(ctx, w, 8, 2)
+	require.NoError(t, err)
+	assert.True(t, pl.ResumeVerified)
+	assert.LessOrEqual(t, pl.Steps, int64(2), "Pause(keep) completes at the next step boundary")
+	i, err := IdleCPU(ctx, w, 10*time.Millisecond, 2)
+	require.NoError(t, err)
+	assert.Positive(t, i.Seconds)
+}
+
+func BenchmarkConcurrentDecode(b *testing.B) {
+	for _, preset := range []string{"stories15m", "stories110m"} {
+		w, err := model.Preset(preset, 1)
+		require.NoError(b, err)
+		for _, c := range []int{1, 8, 32, 64} {
+			b.Run(fmt.Sprintf("%s/c=%d", preset, c), func(b *testing.B) {
+				for range b.N {
+					r, err := Concurrent(context.Background(), w, preset, c, 32, 2)
+					require.NoError(b, err)
+					b.ReportMetric(r.TokensPerSec, "tok/s")
+				}
+			})
+		}
+	}
+}
