@@ -653,6 +653,9 @@ func (e *Engine) dispatch(cm *callMsg) {
 			}
 			span.SetAttributes(attribute.Int64("weight_version", e.version))
 			span.End()
+			// Utility calls change the state without a step (pause, sleep, a swap while idle):
+			// refresh the lock-free snapshot (/ready, /metrics) before the caller hears back.
+			e.metrics.snapshot(e)
 			cm.reply <- result{v, err}
 		})
 	})

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"time"
@@ -139,7 +140,7 @@ func (s *Stream) Collect(ctx context.Context) (Result, error) {
 	var r Result
 	for {
 		out, err := s.Recv(ctx)
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			s.mu.Lock()
 			r.FinishReason, r.NumCachedTokens, r.Timings = s.reason, s.cached, s.timings
 			s.mu.Unlock()

@@ -92,6 +92,19 @@ func (e *Engine) whenIdle(task func() bool, fail func(error)) {
 	e.idle = append(e.idle, idleTask{run: task, fail: fail})
 }
 
+// afterPending runs task now or, while a Pause or Sleep handled earlier has not completed,
+// right after it does: a call queued behind them takes effect after them, as if each had been
+// handled alone. Otherwise a WakeUp or Resume handled before a pending sleep released the pool
+// would leave the engine running without KV, and a pending level-2 sleep would drop weights
+// committed after it.
+func (e *Engine) afterPending(task func(), fail func(error)) {
+	if len(e.idle) == 0 {
+		task()
+		return
+	}
+	e.idle = append(e.idle, idleTask{run: func() bool { task(); return true }, fail: fail})
+}
+
 // resetCaches is vLLM's _reset_caches: preempt running requests, reset the prefix cache and
 // the connector.
 func (e *Engine) resetCaches() ResetResult {
@@ -102,12 +115,14 @@ func (e *Engine) resetCaches() ResetResult {
 // Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep.
 func (e *Engine) Resume(ctx context.Context) error {
 	_, err := call(ctx, e, "resume", func(_ context.Context, done func(struct{}, error)) {
-		if e.asleep() {
-			done(struct{}{}, fmt.Errorf("%w: wake up before resuming", ErrAsleep))
-			return
-		}
-		e.unpause()
-		done(struct{}{}, nil)
+		e.afterPending(func() {
+			if e.asleep() {
+				done(struct{}{}, fmt.Errorf("%w: wake up before resuming", ErrAsleep))
+				return
+			}
+			e.unpause()
+			done(struct{}{}, nil)
+		}, func(err error) { done(struct{}{}, err) })
 	})
 	return err
 }
@@ -211,29 +226,34 @@ func (e *Engine) WakeUp(ctx context.Context, tags []string) error {
 		tags = []string{TagWeights, TagKVCache}
 	}
 	_, err := call(ctx, e, "wake_up", func(_ context.Context, done func(struct{}, error)) {
-		if slices.Contains(tags, TagWeights) && e.sleepWeights {
-			if e.model == nil {
-				done(struct{}{}, fmt.Errorf("%w: the level-2 sleep released them; commit new weights before waking", ErrNoWeights))
-				return
-			}
-			e.sleepWeights = false
-		}
-		if slices.Contains(tags, TagKVCache) && e.sleepKV {
-			if err := e.allocKV(); err != nil {
-				done(struct{}{}, err)
-				return
-			}
-		}
-		if !e.sleepKV && !e.sleepWeights {
-			e.sleep0 = false
-			e.sleepLevel = 0
-			if e.pausedBySleep {
-				e.unpause()
-			}
-		}
-		done(struct{}{}, nil)
+		e.afterPending(func() { e.wakeUp(tags, done) }, func(err error) { done(struct{}{}, err) })
 	})
 	return err
+}
+
+// wakeUp is WakeUp's effect, on the engine goroutine.
+func (e *Engine) wakeUp(tags []string, done func(struct{}, error)) {
+	if slices.Contains(tags, TagWeights) && e.sleepWeights {
+		if e.model == nil {
+			done(struct{}{}, fmt.Errorf("%w: the level-2 sleep released them; commit new weights before waking", ErrNoWeights))
+			return
+		}
+		e.sleepWeights = false
+	}
+	if slices.Contains(tags, TagKVCache) && e.sleepKV {
+		if err := e.allocKV(); err != nil {
+			done(struct{}{}, err)
+			return
+		}
+	}
+	if !e.sleepKV && !e.sleepWeights {
+		e.sleep0 = false
+		e.sleepLevel = 0
+		if e.pausedBySleep {
+			e.unpause()
+		}
+	}
+	done(struct{}{}, nil)
 }
 
 func (e *Engine) allocKV() error {
@@ -280,13 +300,15 @@ func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int
 		return err
 	}
 	_, err = call(ctx, e, "stage_weights", func(_ context.Context, done func(struct{}, error)) {
-		if version <= e.version {
-			done(struct{}{}, fmt.Errorf("%w: %d <= %d", ErrStaleVersion, version, e.version))
-			return
-		}
-		e.staged = &staged{model: m, weights: w, version: version}
-		e.metrics.stagedVersion.Store(version)
-		done(struct{}{}, nil)
+		e.afterPending(func() {
+			if version <= e.version {
+				done(struct{}{}, fmt.Errorf("%w: %d <= %d", ErrStaleVersion, version, e.version))
+				return
+			}
+			e.staged = &staged{model: m, weights: w, version: version}
+			e.metrics.stagedVersion.Store(version)
+			done(struct{}{}, nil)
+		}, func(err error) { done(struct{}{}, err) })
 	})
 	return err
 }
@@ -296,17 +318,19 @@ func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int
 // version, and the new version enters the prefix hashes, so no new request reuses old KV.
 func (e *Engine) CommitWeights(ctx context.Context) (int64, error) {
 	return call(ctx, e, "commit_weights", func(_ context.Context, done func(int64, error)) {
-		if e.staged == nil {
-			done(0, ErrNothingStaged)
-			return
-		}
-		s := e.staged
-		e.staged = nil
-		e.model, e.weights, e.version = s.model, s.weights, s.version
-		e.sched.SetWeightVersion(s.version)
-		e.metrics.weightVersion.Store(s.version)
-		e.metrics.stagedVersion.Store(0)
-		done(s.version, nil)
+		e.afterPending(func() {
+			if e.staged == nil {
+				done(0, ErrNothingStaged)
+				return
+			}
+			s := e.staged
+			e.staged = nil
+			e.model, e.weights, e.version = s.model, s.weights, s.version
+			e.sched.SetWeightVersion(s.version)
+			e.metrics.weightVersion.Store(s.version)
+			e.metrics.stagedVersion.Store(0)
+			done(s.version, nil)
+		}, func(err error) { done(0, err) })
 	})
 }
 

@@ -190,6 +190,7 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Storage, logits []float32) error {
 			g := ws.gu[t*2*f : t*2*f+f]
 			u := ws.gu[t*2*f+f : (t+1)*2*f]
 			a := ws.act[t*f : (t+1)*f]
+			kernels.ClearUpper()
 			for i := range f {
 				a[i] = silu(g[i]) * u[i]
 			}
@@ -250,6 +251,7 @@ func (m *Model) checkBatch(b *Batch, kv *kvcache.Storage, logits []float32) erro
 // rope rotates every query and key head of row (q heads then k heads) in place.
 func (m *Model) rope(row []float32, pos, hd int) {
 	half := hd / 2
+	kernels.ClearUpper()
 	cs := m.ropeCos[pos*half : (pos+1)*half]
 	sn := m.ropeSin[pos*half : (pos+1)*half]
 	for h0 := 0; h0+hd <= len(row); h0 += hd {
@@ -286,63 +288,34 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 				table := b.BlockTables[b.Seq[t]]
 				q := ws.qkv[t*qkvW+head*hd : t*qkvW+(head+1)*hd]
 				out := ws.att[t*h+head*hd : t*h+(head+1)*hd]
-				maxS := float32(math.Inf(-1))
+				// Scores block by block, then the softmax over all of them, then the weighted
+				// sum of V block by block, normalised once at the end. Every step has one fixed
+				// order per (token, head), so the result does not depend on the batch.
 				nb := pos/kv.BlockSize + 1
 				for bi := range nb {
 					k, _ := kv.KV(int(table[bi]), layer)
 					n := min(kv.BlockSize, pos+1-bi*kv.BlockSize)
-					sc := scores[bi*kv.BlockSize : bi*kv.BlockSize+n]
-					for slot := range sc {
-						s := dot(q, k[slot*kvd+kh*hd:slot*kvd+(kh+1)*hd]) * scale
-						sc[slot] = s
-						maxS = max(maxS, s)
-					}
+					kernels.AttnScores(scores[bi*kv.BlockSize:], q, k, kvd, kh*hd, n, scale)
 				}
-				var sum float32
-				for j, sv := range scores[:pos+1] {
-					e := float32(kernels.ExpNeg(float64(sv - maxS)))
-					scores[j] = e
-					sum += e
-				}
-				inv := 1 / sum
+				sc := scores[:pos+1]
+				sum := kernels.ExpShifted(sc, sc, kernels.MaxF32(sc))
+				inv := float32(1 / sum)
 				clear(out)
 				for bi := range nb {
 					_, v := kv.KV(int(table[bi]), layer)
 					n := min(kv.BlockSize, pos+1-bi*kv.BlockSize)
-					for slot, p := range scores[bi*kv.BlockSize : bi*kv.BlockSize+n] {
-						axpy(out, p*inv, v[slot*kvd+kh*hd:slot*kvd+(kh+1)*hd])
-					}
+					kernels.AttnAccum(out, scores[bi*kv.BlockSize:], v, kvd, kh*hd, n)
+				}
+				for i := range out {
+					out[i] *= inv
 				}
 			}
 		}
 	})
 }
 
-// dot uses four accumulators in a fixed pattern: the order depends only on len(a).
-func dot(a, b []float32) float32 {
-	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
-	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
-	}
-	return (s0 + s1) + (s2 + s3)
-}
-
-func axpy(y []float32, a float32, x []float32) {
-	x = x[:len(y)]
-	for i := range y {
-		y[i] += a * x[i]
-	}
-}
-
 func addInto(y, x []float32) {
+	kernels.ClearUpper()
 	x = x[:len(y)]
 	for i := range y {
 		y[i] += x[i]
@@ -352,6 +325,7 @@ func addInto(y, x []float32) {
 func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
 
 func rmsNorm(dst, x, g []float32, eps float32) {
+	kernels.ClearUpper()
 	var ss float64
 	for _, v := range x {
 		ss += float64(v) * float64(v)

@@ -3,6 +3,8 @@ package sample
 import (
 	"math"
 	"math/rand/v2"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
 )
 
 // TokenLogprob is one entry of a top-logprobs list.
@@ -140,17 +142,33 @@ func (s *Sampler) SampleExcept(logits []float32, exclude []int) Result {
 
 	// Pass A: global max (for raw logprobs), max and argmax over sampleable tokens.
 	maxAll, maxOK, arg, nOK := negInf32, negInf32, -1, 0
-	for i, x := range logits {
-		x = clean(x)
-		if x > maxAll {
-			maxAll = x
+	if !hasBan {
+		// Nothing excluded: the sampleable max is the global one, found by the vector kernel
+		// (which cleans like clean). nOK is exact only
+		// where a filter reads it (top-k); elsewhere only nOK == 0 matters.
+		maxAll = kernels.MaxF32(logits)
+		if maxAll != negInf32 {
+			// The first token at least the max is the argmax, lowest id on ties (+Inf
+			// counting as MaxFloat32, NaN never).
+			maxOK, arg = maxAll, kernels.FirstAtLeast(logits, maxAll)
+			nOK = 1
+			if s.topK > 0 && !s.greedy {
+				nOK = countValid(logits)
+			}
 		}
-		if x == negInf32 || (hasBan && s.ban[i] == s.epoch) {
-			continue
-		}
-		nOK++
-		if x > maxOK { // strict: lowest id wins ties
-			maxOK, arg = x, i
+	} else {
+		for i, x := range logits {
+			x = clean(x)
+			if x > maxAll {
+				maxAll = x
+			}
+			if x == negInf32 || s.ban[i] == s.epoch {
+				continue
+			}
+			nOK++
+			if x > maxOK { // strict: lowest id wins ties
+				maxOK, arg = x, i
+			}
 		}
 	}
 
@@ -381,16 +399,20 @@ func (s *Sampler) setBan(exclude []int, n int) bool {
 
 // logSumExp returns log(sum(exp(x - maxAll))) over valid logits. It is kept relative to the
 // maximum because adding a small log-sum to a logit near MaxFloat32 would lose it entirely.
+// The sum runs in the vector kernel, which cleans like clean and skips -Inf.
 func (s *Sampler) logSumExp(logits []float32, maxAll float32) float64 {
-	m := float64(maxAll)
-	sum := 0.0
+	return math.Log(kernels.SumExpShifted(logits, maxAll))
+}
+
+// countValid counts the logits that are neither NaN nor -Inf.
+func countValid(logits []float32) int {
+	n := 0
 	for _, x := range logits {
-		x = clean(x)
-		if x != negInf32 {
-			sum += expNeg(float64(x) - m)
+		if clean(x) != negInf32 {
+			n++
 		}
 	}
-	return math.Log(sum)
+	return n
 }
 
 // selectTopK returns the topK best sampleable tokens (unordered) using a size-k min-heap whose

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+// TestServeGenerateOverHTTPAndShutdown runs `rollout serve`, checks that `generate --server`
+// prints what in-process `generate` prints, then stops the server as SIGINT would and expects
+// exit code 0.
+func TestServeGenerateOverHTTPAndShutdown(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var serveOut, serveErr bytes.Buffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, []string{"serve", "--addr", addr, "--kv-blocks", "512", "--log-level", "warn"}, &serveOut, &serveErr)
+	}()
+	url := "http://" + addr
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(url + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 20*time.Second, 10*time.Millisecond, "server did not come up: %s", serveErr.String())
+
+	gen := func(args ...string) generateResult {
+		var out, errb bytes.Buffer
+		code := run(t.Context(), append([]string{"generate", "--json", "--max-tokens", "12", "--seed", "5", "--temperature", "0.8"}, args...), &out, &errb)
+		require.Equal(t, 0, code, errb.String())
+		var r generateResult
+		require.NoError(t, json.Unmarshal(out.Bytes(), &r), out.String())
+		return r
+	}
+	local := gen("Once upon a time")
+	remote := gen("--server", url, "Once upon a time")
+	assert.Equal(t, local.Model, remote.Model)
+	assert.Equal(t, local.PromptTokenIDs, remote.PromptTokenIDs)
+	assert.Equal(t, local.TokenIDs, remote.TokenIDs)
+	assert.Equal(t, local.Text, remote.Text)
+	assert.Equal(t, local.Logprobs, remote.Logprobs)
+	assert.Equal(t, local.FinishReason, remote.FinishReason)
+	assert.Len(t, remote.WeightVersions, len(remote.TokenIDs))
+
+	// Text mode streams.
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, run(t.Context(), []string{"generate", "--server", url, "--max-tokens", "4", "hi"}, &out, &errb), errb.String())
+	assert.Contains(t, out.String(), "[4 tokens")
+
+	cancel()
+	select {
+	case code := <-exited:
+		assert.Equal(t, 0, code, serveErr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not exit after cancellation")
+	}
+}
+
+func TestServeAndGenerateRefuseWhatIsNotBuilt(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "--redis", "redis://127.0.0.1:6379", "--fleet", "demo", "--addr", "127.0.0.1:0"},
+		{"generate", "--redis", "redis://127.0.0.1:6379", "--fleet", "demo", "hi"},
+	} {
+		var out, errb bytes.Buffer
+		assert.Equal(t, 1, run(t.Context(), args, &out, &errb), args)
+		assert.Contains(t, errb.String(), "fleet control plane not built yet")
+		assert.Equal(t, 1, bytes.Count(errb.Bytes(), []byte("\n")), errb.String())
+	}
+	var out, errb bytes.Buffer
+	assert.Equal(t, 1, run(t.Context(), []string{"generate", "--server", "http://127.0.0.1:1", "--model", "builtin:tiny", "hi"}, &out, &errb))
+	assert.Contains(t, errb.String(), "exclusive")
+	errb.Reset()
+	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--kv-bytes", "lots"}, &out, &errb))
+	assert.Contains(t, errb.String(), "--kv-bytes")
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "1048576": 1 << 20, "512MiB": 512 << 20, "2GB": 2e9, "1.5k": 1536, "8 MB": 8e6, "3G": 3 << 30} {
+		got, err := parseSize(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "lots", "-1", "5XB", "MiB"} {
+		_, err := parseSize(in)
+		assert.Error(t, err, in)
+	}
+}

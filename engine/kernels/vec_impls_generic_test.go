@@ -1,0 +1,6 @@
+//go:build !(goexperiment.simd && amd64)
+
+package kernels
+
+// vecImpls is the portable kernels alone: this build has no SIMD.
+func vecImpls() []vecImpl { return []vecImpl{genericVecImpl()} }

@@ -1,0 +1,247 @@
+package offload
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rolloutkit/rollout/engine/kvconnector"
+	"github.com/rolloutkit/rollout/offload/cpu"
+)
+
+// ErrInvalidConfig is returned for a configuration that cannot work.
+var ErrInvalidConfig = errors.New("offload: invalid config")
+
+// Config configures a Connector.
+type Config struct {
+	// CPUBytes sizes the CPU tier; it must hold at least one chunk.
+	CPUBytes int64
+	// BlockSize is the pool's block size in tokens; the bound pool must match it.
+	BlockSize int
+	// BlocksPerChunk is the number of pool blocks per offloaded chunk (default 1).
+	BlocksPerChunk int
+	// Policy is the CPU eviction policy, "lru" (default) or "arc".
+	Policy string
+	// Delay is added to every transfer and BandwidthBytesPerSec (0: none) caps each transfer's
+	// rate, so copies stay in flight: for tests and benchmarks only.
+	Delay                time.Duration
+	BandwidthBytesPerSec float64
+	// BlockBytes is the size of one pool block in bytes (all layers, K and V). Optional: when
+	// set, New checks CPUBytes against it; otherwise the check happens at BindKVStorage.
+	BlockBytes int64
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Connector is the offloading connector; its two sides are Scheduler and Worker.
+type Connector struct {
+	cfg   Config
+	log   *slog.Logger
+	stats counters
+
+	mu      sync.Mutex // guards pool, mgr and bindErr across the sides
+	pool    kvconnector.BlockPool
+	mgr     *cpu.Manager
+	bindErr error
+
+	sched  *schedSide
+	worker *workerSide
+	delay  atomic.Int64 // current per-transfer delay (Config.Delay, SetDelay)
+}
+
+// SetDelay changes the per-transfer delay for transfers that start from now on: for tests and
+// benchmarks only.
+func (c *Connector) SetDelay(d time.Duration) { c.delay.Store(int64(d)) }
+
+// counters are readable from any goroutine.
+type counters struct {
+	jobsInflight      atomic.Int64
+	xfersInflight     atomic.Int64
+	flushPending      atomic.Int64
+	flushDelivered    atomic.Int64
+	resets            atomic.Int64
+	resetsMerged      atomic.Int64
+	storedBytes       atomic.Int64
+	loadedBytes       atomic.Int64
+	hitTokens         atomic.Int64
+	storesDiscarded   atomic.Int64
+	allocFailures     atomic.Int64
+	lookupMisses      atomic.Int64
+	staleCompletions  atomic.Int64
+	unknownCompletes  atomic.Int64
+	duplicateComplete atomic.Int64
+	cpuSlots          atomic.Int64
+	cpuSlotsUsed      atomic.Int64
+	violations        atomic.Int64
+}
+
+// New validates cfg and builds a connector. The CPU tier is allocated when the worker side is
+// bound to the KV storage (the chunk size in bytes comes from it).
+func New(cfg Config) (*Connector, error) {
+	if cfg.BlocksPerChunk == 0 {
+		cfg.BlocksPerChunk = 1
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = cpu.PolicyLRU
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	switch {
+	case cfg.BlockSize <= 0:
+		return nil, fmt.Errorf("%w: block size %d tokens", ErrInvalidConfig, cfg.BlockSize)
+	case cfg.BlocksPerChunk < 0:
+		return nil, fmt.Errorf("%w: %d blocks per chunk", ErrInvalidConfig, cfg.BlocksPerChunk)
+	case cfg.CPUBytes <= 0:
+		return nil, fmt.Errorf("%w: CPU bytes %d: the CPU tier needs room for at least one chunk", ErrInvalidConfig, cfg.CPUBytes)
+	case cfg.Policy != cpu.PolicyLRU && cfg.Policy != cpu.PolicyARC:
+		return nil, fmt.Errorf("%w: eviction policy %q: want lru or arc", ErrInvalidConfig, cfg.Policy)
+	case cfg.Delay < 0 || cfg.BandwidthBytesPerSec < 0:
+		return nil, fmt.Errorf("%w: negative delay %v or bandwidth %v", ErrInvalidConfig, cfg.Delay, cfg.BandwidthBytesPerSec)
+	}
+	if cfg.BlockBytes > 0 {
+		if chunk := cfg.BlockBytes * int64(cfg.BlocksPerChunk); cfg.CPUBytes < chunk {
+			return nil, fmt.Errorf("%w: CPU bytes %d smaller than one chunk (%d bytes: %d blocks of %d)", ErrInvalidConfig, cfg.CPUBytes, chunk, cfg.BlocksPerChunk, cfg.BlockBytes)
+		}
+	}
+	c := &Connector{cfg: cfg, log: cfg.Logger}
+	c.delay.Store(int64(cfg.Delay))
+	c.sched = newSchedSide(c)
+	c.worker = newWorkerSide(c)
+	return c, nil
+}
+
+// Scheduler returns the scheduler side (engine.Config.Connector).
+func (c *Connector) Scheduler() kvconnector.Scheduler { return c.sched }
+
+// Worker returns the worker side (engine.Config.ConnectorWorker).
+func (c *Connector) Worker() kvconnector.Worker { return c.worker }
+
+// Err returns the binding error, if the bound pool or storage does not fit the configuration.
+func (c *Connector) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bindErr
+}
+
+// Violations is the number of safety violations detected so far.
+func (c *Connector) Violations() int64 { return c.stats.violations.Load() }
+
+// Stats returns the counters under their documented names.
+func (c *Connector) Stats() kvconnector.Stats {
+	s := &c.stats
+	return kvconnector.Stats{
+		"offload_jobs_inflight":             float64(s.jobsInflight.Load()),
+		"offload_flush_pending":             float64(s.flushPending.Load()),
+		"offload_transfers_inflight":        float64(s.xfersInflight.Load()),
+		"offload_flush_delivered_total":     float64(s.flushDelivered.Load()),
+		"offload_resets_total":              float64(s.resets.Load()),
+		"offload_resets_merged_total":       float64(s.resetsMerged.Load()),
+		"offload_stored_bytes_total":        float64(s.storedBytes.Load()),
+		"offload_loaded_bytes_total":        float64(s.loadedBytes.Load()),
+		"offload_hit_tokens_total":          float64(s.hitTokens.Load()),
+		"offload_stores_discarded_total":    float64(s.storesDiscarded.Load()),
+		"offload_alloc_failures_total":      float64(s.allocFailures.Load()),
+		"offload_lookup_misses_total":       float64(s.lookupMisses.Load()),
+		"offload_stale_completions_total":   float64(s.staleCompletions.Load()),
+		"offload_unknown_completions_total": float64(s.unknownCompletes.Load()),
+		"offload_duplicate_completes_total": float64(s.duplicateComplete.Load()),
+		"offload_cpu_slots":                 float64(s.cpuSlots.Load()),
+		"offload_cpu_slots_used":            float64(s.cpuSlotsUsed.Load()),
+		"safety_violations_total":           float64(s.violations.Load()),
+	}
+}
+
+// violation counts and logs one safety violation.
+func (c *Connector) violation(jobID int64, what string, args ...any) {
+	c.stats.violations.Add(1)
+	c.log.Error("offload: safety violation", append([]any{"job", jobID, "what", what}, args...)...)
+}
+
+// bindPool is the scheduler side's BindBlockPool.
+func (c *Connector) bindPool(p kvconnector.BlockPool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p.BlockSize() != c.cfg.BlockSize {
+		c.bindErr = fmt.Errorf("%w: the KV pool has %d-token blocks, the connector is configured for %d", ErrInvalidConfig, p.BlockSize(), c.cfg.BlockSize)
+		c.log.Error("offload: connector disabled", "err", c.bindErr)
+		return
+	}
+	c.pool = p
+}
+
+// bindStorage sizes (first time) or checks (on wake) the CPU tier for a storage.
+func (c *Connector) bindStorage(blockFloats int) (slots int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bindErr != nil {
+		return 0, c.bindErr
+	}
+	if c.pool == nil {
+		return 0, fmt.Errorf("%w: storage bound before the block pool", ErrInvalidConfig)
+	}
+	chunk := int64(blockFloats) * 4 * int64(c.cfg.BlocksPerChunk)
+	if c.cfg.CPUBytes < chunk {
+		c.bindErr = fmt.Errorf("%w: CPU bytes %d smaller than one chunk (%d bytes: %d blocks of %d)", ErrInvalidConfig, c.cfg.CPUBytes, chunk, c.cfg.BlocksPerChunk, blockFloats*4)
+		return 0, c.bindErr
+	}
+	n := int(c.cfg.CPUBytes / chunk)
+	if c.mgr == nil {
+		m, err := cpu.New(n, c.cfg.Policy)
+		if err != nil {
+			return 0, fmt.Errorf("offload: %w", err)
+		}
+		c.mgr = m
+		c.stats.cpuSlots.Store(int64(n))
+	} else if c.mgr.NumSlots() != n {
+		return 0, fmt.Errorf("%w: storage with %d-float blocks does not match the CPU tier of %d slots", ErrInvalidConfig, blockFloats, c.mgr.NumSlots())
+	}
+	return n, nil
+}
+
+// manager returns the CPU manager, nil while unbound or misconfigured.
+func (c *Connector) manager() (*cpu.Manager, kvconnector.BlockPool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bindErr != nil {
+		return nil, nil
+	}
+	return c.mgr, c.pool
+}
+
+// Transfer is one job as the worker side receives it. It is immutable once built.
+type Transfer struct {
+	ID     int64
+	ReqID  string
+	Store  bool
+	Chunks []ChunkTransfer
+}
+
+// ChunkTransfer moves one chunk: pool blocks Blocks (with the generations they had when the job
+// was created) to or from CPU slot Slot. Offset is the index within the chunk of Blocks[0]; a
+// load of a chunk partly covered by the engine's own prefix hit skips the covered blocks.
+type ChunkTransfer struct {
+	Index  int // chunk index within the request
+	Slot   cpu.Slot
+	Offset int
+	Blocks []int
+	Gens   []uint64
+}
+
+// Payload is this connector's kvconnector.Metadata.Payload.
+type Payload struct {
+	Loads  []*Transfer // submit this step
+	Stores []*Transfer // submit at the start of the next step (unless flushed now)
+	// Release are finished requests whose delayed block free may happen now: the worker reports
+	// them in FinishedSending.
+	Release            []string
+	NumScheduledTokens int
+}
+
+// WorkerMeta is this connector's kvconnector.Output.WorkerMeta: completed job ids with success.
+type WorkerMeta struct {
+	Completed map[int64]bool
+}

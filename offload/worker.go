@@ -1,0 +1,443 @@
+package offload
+
+import (
+	"context"
+	"hash/crc32"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/rolloutkit/rollout/engine/kvconnector"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// slotState is the worker's record of one CPU slot: which allocation's content it holds, its
+// checksum, and who is touching it right now.
+type slotState struct {
+	gen     uint64 // generation of the allocation whose store last wrote it
+	sum     uint32
+	valid   bool // a store of gen completed (sum is set)
+	writer  bool
+	readers int
+}
+
+// xfer is a submitted transfer.
+type xfer struct {
+	t    *Transfer
+	prev *xfer // the previous transfer in the same direction: FIFO
+	done chan struct{}
+	ok   bool
+}
+
+// workerSide implements kvconnector.Worker and kvconnector.StorageBinder. The step methods run
+// on the engine goroutine; copies run on one goroutine per transfer, chained FIFO per direction.
+type workerSide struct {
+	c *Connector
+
+	mu          sync.Mutex
+	storage     kvconnector.KVStorage
+	blockFloats int
+	buf         []float32
+	slots       []slotState
+	inflight    map[int64]*xfer
+	last        [2]*xfer // per direction: 0 load, 1 store
+	unsubmitted []*Transfer
+	completed   map[int64]bool
+	recv        []string
+
+	// Current step (engine goroutine only).
+	meta    kvconnector.Metadata
+	payload *Payload
+	popped  map[int64]bool
+}
+
+var (
+	_ kvconnector.Worker        = (*workerSide)(nil)
+	_ kvconnector.StorageBinder = (*workerSide)(nil)
+)
+
+func newWorkerSide(c *Connector) *workerSide {
+	return &workerSide{c: c, inflight: map[int64]*xfer{}, completed: map[int64]bool{}, popped: map[int64]bool{}}
+}
+
+// BindKVStorage implements kvconnector.StorageBinder: it sizes the CPU tier on the first bind
+// and fails clearly when the configuration does not fit the pool.
+func (w *workerSide) BindKVStorage(s kvconnector.KVStorage) error {
+	n, err := w.c.bindStorage(s.BlockFloats())
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	chunk := s.BlockFloats() * w.c.cfg.BlocksPerChunk
+	if w.buf == nil {
+		w.buf = make([]float32, n*chunk)
+		w.slots = make([]slotState, n)
+	}
+	w.storage, w.blockFloats = s, s.BlockFloats()
+	return nil
+}
+
+// ReleaseKVStorage implements kvconnector.StorageBinder. The engine calls it after WaitIdle; a
+// transfer still in flight here is a violation (and is waited for before the storage goes).
+func (w *workerSide) ReleaseKVStorage() {
+	w.mu.Lock()
+	var busy []*xfer
+	for _, x := range w.inflight {
+		busy = append(busy, x)
+	}
+	w.mu.Unlock()
+	for _, x := range busy {
+		w.c.violation(x.t.ID, "KV storage released while the transfer is in flight")
+		<-x.done
+	}
+	w.mu.Lock()
+	w.storage = nil
+	w.mu.Unlock()
+}
+
+// BindMetadata implements kvconnector.Worker.
+func (w *workerSide) BindMetadata(meta kvconnector.Metadata) {
+	w.meta = meta
+	w.payload, _ = meta.Payload.(*Payload)
+	if w.payload == nil {
+		w.payload = &Payload{}
+	}
+	clear(w.popped)
+}
+
+// HandlePreemptions implements kvconnector.Worker: stores of this step that are in the flush set
+// join the deferred stores; all of them are submitted; then it waits on the flush set.
+func (w *workerSide) HandlePreemptions(ctx context.Context) error {
+	flush := map[int64]bool{}
+	for _, id := range w.meta.FlushJobIDs {
+		flush[id] = true
+	}
+	w.mu.Lock()
+	for _, t := range w.payload.Stores {
+		if flush[t.ID] {
+			w.unsubmitted = append(w.unsubmitted, t)
+			w.popped[t.ID] = true
+		}
+	}
+	w.submitDeferredLocked()
+	w.mu.Unlock()
+	return w.wait(ctx, w.meta.FlushJobIDs)
+}
+
+// StartLoadKV implements kvconnector.Worker.
+func (w *workerSide) StartLoadKV(context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.submitDeferredLocked()
+	for _, t := range w.payload.Loads {
+		w.submitLocked(t)
+	}
+	return nil
+}
+
+// WaitForSave implements kvconnector.Worker: stores are deferred to the next step, so there is
+// nothing to wait for.
+func (w *workerSide) WaitForSave(context.Context) error { return nil }
+
+// GetFinished implements kvconnector.Worker: it defers this step's stores to the next step and
+// reports completed loads and the requests the scheduler side released.
+func (w *workerSide) GetFinished([]string) (finishedSending, finishedRecving []string) {
+	w.mu.Lock()
+	for _, t := range w.payload.Stores {
+		if !w.popped[t.ID] {
+			w.unsubmitted = append(w.unsubmitted, t)
+		}
+	}
+	var oldest *xfer
+	if w.payload.NumScheduledTokens == 0 && len(w.completed) == 0 {
+		for _, x := range w.inflight {
+			if oldest == nil || x.t.ID < oldest.t.ID {
+				oldest = x
+			}
+		}
+	}
+	w.mu.Unlock()
+	if oldest != nil {
+		// A step without a forward pass is only polling transfers: wait a little for one to
+		// land rather than spin (vLLM sleeps 1 ms in the same case).
+		select {
+		case <-oldest.done:
+		case <-time.After(time.Millisecond):
+		}
+	}
+	w.mu.Lock()
+	recv := w.recv
+	w.recv = nil
+	w.mu.Unlock()
+	return slices.Clone(w.payload.Release), recv
+}
+
+// BuildWorkerMeta implements kvconnector.Worker.
+func (w *workerSide) BuildWorkerMeta() any {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.completed) == 0 {
+		return nil
+	}
+	wm := &WorkerMeta{Completed: w.completed}
+	w.completed = map[int64]bool{}
+	return wm
+}
+
+// ClearMetadata implements kvconnector.Worker.
+func (w *workerSide) ClearMetadata() {
+	w.meta, w.payload = kvconnector.Metadata{}, nil
+}
+
+// WaitIdle implements kvconnector.Worker: deferred stores are submitted, then every transfer is
+// waited for.
+func (w *workerSide) WaitIdle(ctx context.Context) error {
+	w.mu.Lock()
+	w.submitDeferredLocked()
+	ids := make([]int64, 0, len(w.inflight))
+	for id := range w.inflight {
+		ids = append(ids, id)
+	}
+	w.mu.Unlock()
+	return w.wait(ctx, ids)
+}
+
+// wait blocks until the listed transfers finished; unknown or finished ids are no-ops.
+func (w *workerSide) wait(ctx context.Context, ids []int64) error {
+	for _, id := range ids {
+		w.mu.Lock()
+		x := w.inflight[id]
+		w.mu.Unlock()
+		if x == nil {
+			continue
+		}
+		select {
+		case <-x.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (w *workerSide) submitDeferredLocked() {
+	for _, t := range w.unsubmitted {
+		w.submitLocked(t)
+	}
+	w.unsubmitted = w.unsubmitted[:0]
+}
+
+func (w *workerSide) submitLocked(t *Transfer) {
+	dir := 0
+	if t.Store {
+		dir = 1
+	}
+	x := &xfer{t: t, prev: w.last[dir], done: make(chan struct{})}
+	w.last[dir] = x
+	w.inflight[t.ID] = x
+	w.c.stats.xfersInflight.Add(1)
+	storage, buf := w.storage, w.buf
+	go w.run(x, storage, buf)
+}
+
+// run performs one transfer after the previous one in its direction.
+func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) {
+	if x.prev != nil {
+		<-x.prev.done
+		x.prev = nil // let it be collected
+	}
+	_, pool := w.c.manager()
+	ok := true
+	switch {
+	case storage == nil || buf == nil || pool == nil:
+		w.c.violation(x.t.ID, "transfer submitted without bound KV storage")
+		ok = false
+	default:
+		w.throttle(x.t, storage.BlockFloats())
+		for i := range x.t.Chunks {
+			var cok bool
+			if x.t.Store {
+				cok = w.storeChunk(x.t, &x.t.Chunks[i], storage, buf, pool)
+			} else {
+				cok = w.loadChunk(x.t, &x.t.Chunks[i], storage, buf, pool)
+			}
+			ok = ok && cok
+		}
+	}
+	w.mu.Lock()
+	x.ok = ok
+	w.completed[x.t.ID] = ok
+	if !x.t.Store {
+		w.recv = append(w.recv, x.t.ReqID)
+	}
+	delete(w.inflight, x.t.ID)
+	w.c.stats.xfersInflight.Add(-1)
+	if w.last[boolDir(x.t.Store)] == x {
+		w.last[boolDir(x.t.Store)] = nil
+	}
+	w.mu.Unlock()
+	close(x.done)
+}
+
+func boolDir(store bool) int {
+	if store {
+		return 1
+	}
+	return 0
+}
+
+// throttle applies the test-only delay and bandwidth cap.
+func (w *workerSide) throttle(t *Transfer, blockFloats int) {
+	d := time.Duration(w.c.delay.Load())
+	if bw := w.c.cfg.BandwidthBytesPerSec; bw > 0 {
+		n := 0
+		for _, c := range t.Chunks {
+			n += len(c.Blocks)
+		}
+		d += time.Duration(float64(n*blockFloats*4) / bw * float64(time.Second))
+	}
+	if d > 0 {
+		time.Sleep(d)
+	}
+}
+
+func (w *workerSide) chunkRegion(buf []float32, slot, blockFloats int) []float32 {
+	n := blockFloats * w.c.cfg.BlocksPerChunk
+	return buf[slot*n : (slot+1)*n : (slot+1)*n]
+}
+
+// sumPiece is the granularity of copySum: small enough that a piece is still in L1/L2 when it
+// is checksummed right after being copied.
+const sumPiece = 4096 // floats (16 KiB)
+
+// copySum copies src into dst (equal lengths) and extends crc over the copied bytes, piece by
+// piece, so checksumming costs no second pass over memory.
+func copySum(dst, src []float32, crc uint32) uint32 {
+	for off := 0; off < len(src); off += sumPiece {
+		end := min(off+sumPiece, len(src))
+		copy(dst[off:end], src[off:end])
+		crc = checksumUpdate(crc, src[off:end])
+	}
+	return crc
+}
+
+// checksumUpdate extends a CRC-32C over the bytes of f.
+func checksumUpdate(crc uint32, f []float32) uint32 {
+	if len(f) == 0 {
+		return crc
+	}
+	return crc32.Update(crc, castagnoli, unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), len(f)*4))
+}
+
+func gensMatch(pool kvconnector.BlockPool, c *ChunkTransfer) bool {
+	for i, b := range c.Blocks {
+		if pool.Generation(b) != c.Gens[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// storeChunk copies a chunk's pool blocks into its slot. A source block whose generation
+// changed (its request was preempted and the block freed) makes the result unusable but is not a
+// violation: the store fails and its key never becomes readable.
+func (w *workerSide) storeChunk(t *Transfer, c *ChunkTransfer, storage kvconnector.KVStorage, buf []float32, pool kvconnector.BlockPool) bool {
+	bf := storage.BlockFloats()
+	if c.Slot.ID < 0 || c.Slot.ID >= len(w.slots) {
+		w.c.violation(t.ID, "store to a slot outside the CPU tier", "slot", c.Slot.ID)
+		return false
+	}
+	w.mu.Lock()
+	s := &w.slots[c.Slot.ID]
+	if s.writer || s.readers > 0 {
+		w.mu.Unlock()
+		w.c.violation(t.ID, "store to a CPU slot another transfer is using", "slot", c.Slot.ID, "writer", s.writer, "readers", s.readers)
+		return false
+	}
+	s.writer, s.gen, s.valid = true, c.Slot.Gen, false
+	w.mu.Unlock()
+
+	dst := w.chunkRegion(buf, c.Slot.ID, bf)
+	fresh := gensMatch(pool, c)
+	var sum uint32
+	if fresh {
+		// The checksum is taken block by block right after each copy, while the block is
+		// still in cache: one pass over memory instead of two.
+		for i, b := range c.Blocks {
+			sum = copySum(dst[i*bf:(i+1)*bf], storage.Block(b), sum)
+		}
+		fresh = gensMatch(pool, c)
+	}
+	w.mu.Lock()
+	s.writer = false
+	stolen := s.gen != c.Slot.Gen
+	if fresh && !stolen {
+		s.sum, s.valid = sum, true
+	}
+	w.mu.Unlock()
+	switch {
+	case stolen:
+		w.c.violation(t.ID, "CPU slot reassigned during a store", "slot", c.Slot.ID)
+		return false
+	case !fresh:
+		w.c.stats.storesDiscarded.Add(1)
+		return false
+	}
+	w.c.stats.storedBytes.Add(int64(len(c.Blocks) * bf * 4))
+	return true
+}
+
+// loadChunk copies a slot into the request's pool blocks after verifying the slot still holds
+// the content the job was created for and its checksum.
+func (w *workerSide) loadChunk(t *Transfer, c *ChunkTransfer, storage kvconnector.KVStorage, buf []float32, pool kvconnector.BlockPool) bool {
+	bf := storage.BlockFloats()
+	if c.Slot.ID < 0 || c.Slot.ID >= len(w.slots) {
+		w.c.violation(t.ID, "load from a slot outside the CPU tier", "slot", c.Slot.ID)
+		return false
+	}
+	w.mu.Lock()
+	s := &w.slots[c.Slot.ID]
+	if s.writer || !s.valid || s.gen != c.Slot.Gen {
+		writer, valid, gen := s.writer, s.valid, s.gen
+		w.mu.Unlock()
+		w.c.violation(t.ID, "load from a CPU slot that does not hold the stored chunk", "slot", c.Slot.ID, "writer", writer, "valid", valid, "gen", gen, "want_gen", c.Slot.Gen)
+		return false
+	}
+	s.readers++
+	want := s.sum
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		s.readers--
+		w.mu.Unlock()
+	}()
+
+	src := w.chunkRegion(buf, c.Slot.ID, bf)
+	if !gensMatch(pool, c) {
+		w.c.violation(t.ID, "load into pool blocks the request no longer owns", "blocks", c.Blocks)
+		return false
+	}
+	// One pass: each block is checksummed right after it was copied (still in cache). A
+	// mismatch is found only after the copy, but the blocks belong to this job's request and
+	// the failed job is a violation either way.
+	var got uint32
+	for i := range c.Offset {
+		got = checksumUpdate(got, src[i*bf:(i+1)*bf])
+	}
+	for i, b := range c.Blocks {
+		got = copySum(storage.Block(b), src[(c.Offset+i)*bf:(c.Offset+i+1)*bf], got)
+	}
+	if got != want {
+		w.c.violation(t.ID, "checksum mismatch on load", "slot", c.Slot.ID, "want", want, "got", got)
+		return false
+	}
+	if !gensMatch(pool, c) {
+		w.c.violation(t.ID, "pool blocks reassigned during a load", "blocks", c.Blocks)
+		return false
+	}
+	w.c.stats.loadedBytes.Add(int64(len(c.Blocks) * bf * 4))
+	return true
+}
