@@ -69,7 +69,7 @@ fuzz: ## Run every Fuzz target in the repo briefly (FUZZTIME each, default 10s)
 		for name in $$(grep -hoE '^func Fuzz[A-Za-z0-9_]*\(' "$$file" | sed -E 's/^func //; s/\($$//'); do \
 			found=$$((found+1)); \
 			echo "== $$dir $$name ($(FUZZTIME))"; \
-			$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) "$$dir"; \
+			$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 0 "$$dir"; \
 		done; \
 	done < <(grep -rlE --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*\(' . | grep -v '/vendor/' | sort); \
 	echo "fuzz: $$found target(s) run"

@@ -10,5 +10,6 @@ func addCommands(root *cobra.Command) {
 		newModelCmd(),
 		newGenerateCmd(),
 		newBenchCmd(),
+		newServeCmd(),
 	)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -17,6 +18,8 @@ import (
 
 type generateOpts struct {
 	model, tokenizer string
+	server, apiKey   string
+	redis, fleet     string
 	maxTokens        int
 	temperature      float64
 	topP             float64
@@ -29,15 +32,28 @@ func newGenerateCmd() *cobra.Command {
 	var o generateOpts
 	cmd := &cobra.Command{
 		Use:   "generate [flags] PROMPT",
-		Short: "Generate text from a prompt (in-process engine with --model)",
+		Short: "Generate text from a prompt (in-process engine with --model, or a server with --server)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.redis != "" || o.fleet != "" {
+				return fmt.Errorf("--redis/--fleet: fleet control plane not built yet; use --model or --server")
+			}
+			if o.server != "" {
+				if cmd.Flags().Changed("model") || cmd.Flags().Changed("tokenizer") {
+					return fmt.Errorf("--server and --model/--tokenizer are exclusive: the server has its own model")
+				}
+				return runGenerateHTTP(cmd.Context(), cmd, o, args[0])
+			}
 			return runGenerate(cmd.Context(), cmd, o, args[0])
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.model, "model", "builtin:tiny", "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file")
 	f.StringVar(&o.tokenizer, "tokenizer", "", "tokenizer file overriding the one beside the checkpoint")
+	f.StringVar(&o.server, "server", "", "generate on a running server (its base URL, e.g. http://127.0.0.1:8000) instead of in-process")
+	f.StringVar(&o.apiKey, "api-key", "", "API key of the --server (sent as a bearer token)")
+	f.StringVar(&o.redis, "redis", "", "Redis URL of a fleet to generate on")
+	f.StringVar(&o.fleet, "fleet", "", "fleet name (with --redis)")
 	f.IntVar(&o.maxTokens, "max-tokens", 64, "tokens to generate at most")
 	f.Float64Var(&o.temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	f.Float64Var(&o.topP, "top-p", 1, "nucleus sampling mass in (0,1]")
@@ -87,7 +103,12 @@ func runGenerate(ctx context.Context, cmd *cobra.Command, o generateOpts, prompt
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			loggerFrom(cmd).Warn("engine stopped with an error", "err", err)
+		}
+	}()
 
 	start := time.Now()
 	s, err := e.Add(ctx, engine.Request{ID: "generate", PromptTokenIDs: ids, Sampling: p})
@@ -103,7 +124,7 @@ func runGenerate(ctx context.Context, cmd *cobra.Command, o generateOpts, prompt
 	}
 	for {
 		o2, err := s.Recv(ctx)
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/spf13/cobra"
+
+	"github.com/rolloutkit/rollout/server"
+)
+
+func newServeCmd() *cobra.Command {
+	var (
+		cfg                   server.Config
+		kvBytes, offloadBytes sizeValue
+		maxBody               sizeValue
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the engine over HTTP: OpenAI-compatible and native RL routes, admin plane, metrics",
+		Long: "Serve one engine (and its KV offloading connector) over HTTP until SIGINT or SIGTERM, then\n" +
+			"shut down gracefully: stop intake, let in-flight requests finish within --shutdown-grace,\n" +
+			"abort the rest, exit 0. With no flags it serves builtin:tiny on 127.0.0.1:8000.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.KVBytes = int64(kvBytes)
+			cfg.OffloadCPUBytes = int64(offloadBytes)
+			cfg.MaxBodyBytes = int64(maxBody)
+			cfg.Version = currentVersion().Version
+			cfg.Logger = loggerFrom(cmd)
+			if os.Getenv(gin.EnvGinMode) == "" {
+				// gin's debug mode prints every route at startup; the server logs through slog.
+				gin.SetMode(gin.ReleaseMode)
+			}
+			if cfg.KVBlocks > 0 && cfg.KVBytes > 0 {
+				return fmt.Errorf("--kv-blocks and --kv-bytes are exclusive")
+			}
+			return server.Run(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Model, "model", "builtin:tiny", "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file")
+	f.StringVar(&cfg.Tokenizer, "tokenizer", "", "tokenizer file overriding the one beside the checkpoint")
+	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:8000", "listen address")
+	f.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV pool size in blocks (0: derived)")
+	f.Var(&kvBytes, "kv-bytes", "KV pool size in bytes, e.g. 256MiB (0: derived)")
+	f.IntVar(&cfg.BlockSize, "block-size", 16, "KV block size in tokens")
+	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 64, "maximum running sequences")
+	f.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", 2048, "maximum tokens per engine step")
+	f.Var(&offloadBytes, "offload-cpu-bytes", "CPU memory for KV offloading, e.g. 1GiB (0: off)")
+	f.DurationVar(&cfg.OffloadDelay, "offload-delay", 0, "extra delay per offload transfer (tests and benchmarks only)")
+	f.StringVar(&cfg.Redis, "redis", "", "Redis URL of the fleet control plane")
+	f.StringVar(&cfg.Fleet, "fleet", "", "fleet name to join")
+	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: derived)")
+	f.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "URL the fleet routes requests to (default: from --addr)")
+	f.StringVar(&cfg.FleetSecret, "fleet-secret", "", "HMAC secret of the fleet's control commands")
+	f.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token of the admin routes (unset: loopback clients only)")
+	f.StringVar(&cfg.APIKey, "api-key", "", "bearer token of the generation routes (unset: open)")
+	f.StringVar(&cfg.WeightsRoot, "weights-root", "", "directory file:// weight sources must lie in (unset: anywhere)")
+	f.StringVar(&cfg.OTel, "otel", "none", "trace exporter: none, stdout or otlp")
+	f.IntVar(&cfg.MaxConcurrent, "max-concurrent", 256, "generation requests served at once")
+	f.IntVar(&cfg.MaxQueue, "max-queue", 1024, "generation requests waiting for a slot before 429")
+	maxBody = 8 << 20
+	f.Var(&maxBody, "max-body-bytes", "largest request body (413 beyond)")
+	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "time in-flight requests get to finish on shutdown")
+	f.Int64Var(&cfg.WeightVersion, "weight-version", 0, "version number of the initial weights")
+	return cmd
+}
+
+// sizeValue is a byte count flag: a plain number or one with a unit (K, M, G, T: powers of
+// 1024, also written KiB…; KB, MB, GB, TB: powers of 1000).
+type sizeValue int64
+
+func (s *sizeValue) String() string { return strconv.FormatInt(int64(*s), 10) }
+
+func (s *sizeValue) Type() string { return "size" }
+
+func (s *sizeValue) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	*s = sizeValue(n)
+	return nil
+}
+
+func parseSize(v string) (int64, error) {
+	t := strings.TrimSpace(v)
+	i := len(t)
+	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
+		i--
+	}
+	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	mult := map[string]float64{"": 1, "b": 1,
+		"k": 1 << 10, "kib": 1 << 10, "kb": 1e3, "m": 1 << 20, "mib": 1 << 20, "mb": 1e6,
+		"g": 1 << 30, "gib": 1 << 30, "gb": 1e9, "t": 1 << 40, "tib": 1 << 40, "tb": 1e12}[unit]
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || mult == 0 || f < 0 {
+		return 0, fmt.Errorf("size %q: want a byte count such as 1048576, 512MiB or 2GB", v)
+	}
+	return int64(f * mult), nil
+}

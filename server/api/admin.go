@@ -1,0 +1,295 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/weights"
+)
+
+// queryBool parses an optional boolean query parameter.
+func queryBool(c *gin.Context, name string, def bool) (bool, error) {
+	v, ok := c.GetQuery(name)
+	if !ok || v == "" {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badRequest("invalid_value", name, "query parameter %s=%q: want true or false", name, v)
+	}
+	return b, nil
+}
+
+func queryMode(c *gin.Context) (engine.PauseMode, error) {
+	v := c.DefaultQuery("mode", string(engine.PauseAbort))
+	m, err := engine.ParsePauseMode(v)
+	if err != nil {
+		return "", badRequest("invalid_value", "mode", "query parameter mode=%q: want abort, wait or keep", v)
+	}
+	return m, nil
+}
+
+func (a *API) handlePause(c *gin.Context) {
+	mode, err := queryMode(c)
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	clearCache, err := queryBool(c, "clear_cache", true)
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	r, err := a.eng.Pause(c.Request.Context(), mode, clearCache)
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	body := gin.H{"status": "paused", "mode": string(mode), "clear_cache": clearCache}
+	if clearCache {
+		body["reset"] = r
+	}
+	c.PureJSON(http.StatusOK, body)
+}
+
+func (a *API) handleResume(c *gin.Context) {
+	if err := a.eng.Resume(c.Request.Context()); err != nil {
+		writeError(c, err)
+		return
+	}
+	c.PureJSON(http.StatusOK, gin.H{"status": "resumed"})
+}
+
+func (a *API) handleIsPaused(c *gin.Context) {
+	p, err := a.eng.IsPaused(c.Request.Context())
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	c.PureJSON(http.StatusOK, gin.H{"is_paused": p})
+}
+
+func (a *API) handleSleep(c *gin.Context) {
+	lv := c.DefaultQuery("level", "1")
+	level, err := strconv.Atoi(lv)
+	if err != nil || level < 0 || level > 2 {
+		writeError(c, badRequest("invalid_value", "level", "query parameter level=%q: want 0, 1 or 2", lv))
+		return
+	}
+	mode, err := queryMode(c)
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	if err := a.eng.Sleep(c.Request.Context(), level, mode); err != nil {
+		writeError(c, err)
+		return
+	}
+	c.PureJSON(http.StatusOK, gin.H{"status": "sleeping", "level": level})
+}
+
+func (a *API) handleWakeUp(c *gin.Context) {
+	tags := c.QueryArray("tags")
+	for _, t := range tags {
+		if t != engine.TagWeights && t != engine.TagKVCache {
+			writeError(c, badRequest("invalid_value", "tags", "query parameter tags=%q: want weights or kv_cache", t))
+			return
+		}
+	}
+	if err := a.eng.WakeUp(c.Request.Context(), tags); err != nil {
+		writeError(c, err)
+		return
+	}
+	c.PureJSON(http.StatusOK, gin.H{"status": "awake", "tags": tags})
+}
+
+func (a *API) handleIsSleeping(c *gin.Context) {
+	s, err := a.eng.IsSleeping(c.Request.Context())
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	c.PureJSON(http.StatusOK, gin.H{"is_sleeping": s})
+}
+
+func (a *API) handleResetPrefixCache(c *gin.Context) {
+	running, err := queryBool(c, "reset_running_requests", false)
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	external, err := queryBool(c, "reset_external", false)
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	r, err := a.eng.ResetPrefixCache(c.Request.Context(), running, external)
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	c.PureJSON(http.StatusOK, r)
+}
+
+// updateWeightsRequest is POST /update_weights. An empty source commits the weights staged
+// earlier (with stage_only) as version.
+type updateWeightsRequest struct {
+	Version   int64  `json:"version"`
+	Source    string `json:"source"`
+	SHA256    string `json:"sha256"`
+	StageOnly bool   `json:"stage_only"`
+}
+
+type updateWeightsResponse struct {
+	WeightVersion int64   `json:"weight_version"`
+	Staged        bool    `json:"staged"`
+	StagedVersion int64   `json:"staged_version,omitempty"`
+	Bytes         int64   `json:"bytes"`
+	Seconds       float64 `json:"seconds"`
+	Digest        string  `json:"sha256,omitempty"`
+}
+
+func (a *API) handleUpdateWeights(c *gin.Context) {
+	var req updateWeightsRequest
+	if err := readJSON(c, &req); err != nil {
+		writeError(c, err)
+		return
+	}
+	if req.Version <= 0 {
+		writeError(c, badRequest("invalid_value", "version", "version must be > 0 (got %d)", req.Version))
+		return
+	}
+	if cur := a.eng.Version(); req.Version <= cur {
+		writeError(c, &Error{Status: http.StatusConflict, Type: typeConflict, Code: "stale_version", Param: "version",
+			Message: fmt.Sprintf("version %d is not newer than the serving version %d", req.Version, cur)})
+		return
+	}
+	a.updateMu.Lock()
+	defer a.updateMu.Unlock()
+	a.updating.Store(true)
+	defer a.updating.Store(false)
+	resp, err := a.updateWeights(c.Request.Context(), req)
+	if err != nil {
+		a.log.Warn("api: weight update failed; the old weights keep serving", "version", req.Version, "source", req.Source, "err", err)
+		writeError(c, err)
+		return
+	}
+	c.PureJSON(http.StatusOK, resp)
+}
+
+func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (updateWeightsResponse, error) {
+	start := time.Now()
+	var resp updateWeightsResponse
+	if req.Source == "" {
+		if req.StageOnly {
+			return resp, badRequest("missing_field", "source", "stage_only needs a source")
+		}
+		st, err := a.eng.Stats(ctx)
+		if err != nil {
+			return resp, err
+		}
+		if st.StagedVersion != req.Version {
+			return resp, &Error{Status: http.StatusConflict, Type: typeConflict, Code: "nothing_staged", Param: "version",
+				Message: fmt.Sprintf("no source given and version %d is not staged (staged: %d)", req.Version, st.StagedVersion)}
+		}
+	} else {
+		w, info, err := weights.LoadWithInfo(ctx, weights.Ref{Version: req.Version, URI: req.Source, SHA256: req.SHA256},
+			weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient})
+		if err != nil {
+			return resp, err
+		}
+		a.metrics.observeUpdate("fetch", time.Since(start))
+		resp.Bytes, resp.Digest = info.Bytes, info.Digest
+		t := time.Now()
+		if err := a.eng.StageWeights(ctx, w, req.Version); err != nil {
+			if errors.Is(err, engine.ErrInvalidArgument) {
+				return resp, &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "shape_mismatch", Param: "source", Message: err.Error()}
+			}
+			return resp, err
+		}
+		a.metrics.observeUpdate("stage", time.Since(t))
+	}
+	if req.StageOnly {
+		resp.WeightVersion, resp.Staged, resp.StagedVersion = a.eng.Version(), true, req.Version
+	} else {
+		t := time.Now()
+		v, err := a.eng.CommitWeights(ctx)
+		if err != nil {
+			return resp, err
+		}
+		a.metrics.observeUpdate("commit", time.Since(t))
+		resp.WeightVersion = v
+	}
+	resp.Seconds = time.Since(start).Seconds()
+	a.metrics.observeUpdate("total", time.Since(start))
+	return resp, nil
+}
+
+type abortRequest struct {
+	RequestIDs []string `json:"request_ids"`
+}
+
+func (a *API) handleAbortRequests(c *gin.Context) {
+	var req abortRequest
+	if c.Request.ContentLength != 0 {
+		if err := readJSON(c, &req); err != nil {
+			// An empty body means "all", like vLLM.
+			var ae *Error
+			if !errors.As(err, &ae) || ae.Code != "empty_body" {
+				writeError(c, err)
+				return
+			}
+		}
+	}
+	ids := a.engineIDs(req.RequestIDs)
+	a.eng.Abort(ids...)
+	c.PureJSON(http.StatusOK, gin.H{"status": "aborted", "aborted": len(ids)})
+}
+
+// stateResponse is GET /state.
+type stateResponse struct {
+	State            string             `json:"state"`
+	WeightVersion    int64              `json:"weight_version"`
+	StagedVersion    int64              `json:"staged_version"`
+	PauseMode        string             `json:"pause_mode,omitempty"`
+	SleepLevel       int                `json:"sleep_level"`
+	RequestsRunning  int                `json:"requests_running"`
+	RequestsWaiting  int                `json:"requests_waiting"`
+	HTTPInflight     int                `json:"http_inflight"`
+	HTTPQueued       int                `json:"http_queued"`
+	KVBlocksUsed     int                `json:"kv_blocks_used"`
+	KVBlocksTotal    int                `json:"kv_blocks_total"`
+	KVUsage          float64            `json:"kv_usage_ratio"`
+	KVReleased       bool               `json:"kv_released"`
+	OffloadInflight  float64            `json:"offload_jobs_inflight"`
+	FlushPending     float64            `json:"offload_flush_pending"`
+	SafetyViolations float64            `json:"safety_violations"`
+	Steps            int64              `json:"steps"`
+	Connector        map[string]float64 `json:"connector,omitempty"`
+}
+
+func (a *API) handleState(c *gin.Context) {
+	st, err := a.eng.Stats(c.Request.Context())
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	r := stateResponse{State: a.stateName(st.State), WeightVersion: st.WeightVersion, StagedVersion: st.StagedVersion,
+		PauseMode: st.PauseMode, SleepLevel: st.SleepLevel, RequestsRunning: st.Running, RequestsWaiting: st.Waiting,
+		HTTPInflight: a.Inflight(), HTTPQueued: int(a.limit.queued.Load()), KVBlocksUsed: st.KVBlocksUsed, KVBlocksTotal: st.KVBlocksTotal, KVReleased: st.KVReleased,
+		Steps: st.Steps, Connector: st.Connector}
+	if st.KVBlocksTotal > 0 {
+		r.KVUsage = float64(st.KVBlocksUsed) / float64(st.KVBlocksTotal)
+	}
+	r.OffloadInflight = st.Connector["offload_jobs_inflight"]
+	r.FlushPending = st.Connector["offload_flush_pending"]
+	r.SafetyViolations = st.Connector["safety_violations_total"]
+	c.PureJSON(http.StatusOK, r)
+}

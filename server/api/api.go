@@ -1,0 +1,373 @@
+package api
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/tokenizer"
+)
+
+// Defaults of the Config limits.
+const (
+	DefaultMaxConcurrent = 256
+	DefaultMaxQueue      = 1024
+	DefaultMaxBodyBytes  = 8 << 20
+	DefaultMaxN          = 64
+)
+
+var errShuttingDown = errors.New("api: server is shutting down")
+
+// Config configures the HTTP API. Engine, Tokenizer and ModelConfig are required; zero limits
+// take the defaults above.
+type Config struct {
+	// Engine serves the requests; it must be running (or about to run).
+	Engine *engine.Engine
+	// Tokenizer and ModelConfig describe the served model; ModelConfig is the config of the
+	// initial weights (weight updates keep the shape).
+	Tokenizer   tokenizer.Tokenizer
+	ModelConfig model.Config
+	// ModelName is the id /v1/models lists and requests must name (empty "model" is accepted).
+	ModelName string
+	// ChatTemplate is the checkpoint's chat template; only ChatML is rendered (see doc.go).
+	ChatTemplate string
+	// APIKey, when set, is required as a bearer token on the generation routes. AdminToken,
+	// when set, is required on the admin routes; unset, they answer loopback clients only.
+	APIKey, AdminToken string
+	// WeightsRoot confines file sources of /update_weights (weights.Options.Root).
+	WeightsRoot string
+	// WeightsHTTPClient fetches http(s) weight sources (nil: http.DefaultClient).
+	WeightsHTTPClient *http.Client
+	// MaxConcurrent generation requests run at once; up to MaxQueue more wait for a slot;
+	// beyond that a request gets 429.
+	MaxConcurrent int
+	MaxQueue      int
+	// MaxBodyBytes bounds a request body (413 beyond).
+	MaxBodyBytes int64
+	// MaxN bounds n (choices per prompt) times the number of prompts.
+	MaxN int
+	// Metrics exports the Prometheus metrics (nil: a private set, not shared with the engine
+	// hooks, so the TTFT histogram stays empty).
+	Metrics *Metrics
+	// ConnectorStats returns the KV connector's counters (nil: none), read at scrape time and
+	// by /state; it must be safe to call from any goroutine.
+	ConnectorStats func() map[string]float64
+	// Ready reports extra readiness conditions (e.g. the fleet's desired version); nil error
+	// means ready. Nil means no extra condition.
+	Ready func() error
+	// Version is the build version /version reports.
+	Version string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// API is the HTTP surface of one server. Create it with New and serve Handler.
+type API struct {
+	cfg     Config
+	eng     *engine.Engine
+	tok     tokenizer.Tokenizer
+	log     *slog.Logger
+	metrics *Metrics
+	router  *gin.Engine
+	limit   *limiter
+	created int64
+
+	idPrefix string
+	nextID   atomic.Uint64
+
+	// updating is set while /update_weights runs (for /state and the engine_state metric);
+	// updateMu serialises updates.
+	updating atomic.Bool
+	updateMu sync.Mutex
+
+	closing atomic.Bool
+
+	mu   sync.Mutex
+	live map[string][]string // request id (as the client sees it) → engine request ids
+}
+
+// New builds the API and its routes.
+func New(cfg Config) (*API, error) {
+	if cfg.Engine == nil || cfg.Tokenizer == nil {
+		return nil, fmt.Errorf("api: Config.Engine and Config.Tokenizer are required")
+	}
+	if cfg.ModelConfig.VocabSize <= 0 || cfg.ModelConfig.MaxPositionEmbeddings <= 0 {
+		return nil, fmt.Errorf("api: Config.ModelConfig has no vocabulary or context size")
+	}
+	if cfg.MaxConcurrent <= 0 {
+		cfg.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if cfg.MaxQueue < 0 {
+		cfg.MaxQueue = 0
+	} else if cfg.MaxQueue == 0 {
+		cfg.MaxQueue = DefaultMaxQueue
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxN <= 0 {
+		cfg.MaxN = DefaultMaxN
+	}
+	if cfg.ModelName == "" {
+		cfg.ModelName = "rollout"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics()
+	}
+	a := &API{cfg: cfg, eng: cfg.Engine, tok: cfg.Tokenizer, log: cfg.Logger, metrics: cfg.Metrics,
+		limit: newLimiter(cfg.MaxConcurrent, cfg.MaxQueue), created: time.Now().Unix(),
+		idPrefix: fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff), live: map[string][]string{}}
+	if cfg.ChatTemplate != "" && !isChatML(cfg.ChatTemplate) {
+		a.log.Warn("api: the checkpoint's chat template is not ChatML; Jinja templates are not rendered, using ChatML")
+	}
+	a.metrics.bind(a)
+	a.router = a.routes()
+	return a, nil
+}
+
+// Handler is the http.Handler serving every route.
+func (a *API) Handler() http.Handler { return a.router }
+
+// Metrics returns the metric set the API exports.
+func (a *API) Metrics() *Metrics { return a.metrics }
+
+// BeginShutdown makes new generation requests fail with 503 and /ready answer 503; requests
+// already admitted continue.
+func (a *API) BeginShutdown() { a.closing.Store(true) }
+
+// AbortAll aborts every engine request the API started and returns how many.
+func (a *API) AbortAll() int {
+	ids := a.engineIDs(nil)
+	a.eng.Abort(ids...)
+	return len(ids)
+}
+
+// Inflight is the number of generation requests admitted and not yet answered.
+func (a *API) Inflight() int { return a.limit.inflight() }
+
+func (a *API) routes() *gin.Engine {
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.ContextWithFallback = true
+	r.Use(gin.CustomRecoveryWithWriter(nil, func(c *gin.Context, rec any) {
+		a.log.Error("api: panic in handler", "path", c.Request.URL.Path, "panic", rec)
+		writeError(c, &Error{Status: http.StatusInternalServerError, Type: typeInternal, Code: "internal", Message: "internal error"})
+	}))
+	r.NoRoute(func(c *gin.Context) {
+		writeError(c, &Error{Status: http.StatusNotFound, Type: typeNotFound, Code: "not_found", Message: "no route " + c.Request.URL.Path})
+	})
+	r.NoMethod(func(c *gin.Context) {
+		writeError(c, &Error{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: "method_not_allowed",
+			Message: c.Request.Method + " not allowed on " + c.Request.URL.Path})
+	})
+	r.Use(a.bodyLimit)
+
+	gen := r.Group("/", a.requireKey(a.cfg.APIKey, "API key"))
+	gen.GET("/v1/models", a.handleModels)
+	gen.POST("/tokenize", a.handleTokenize)
+	gen.POST("/detokenize", a.handleDetokenize)
+	limited := gen.Group("/", a.admit)
+	limited.POST("/v1/completions", a.handleCompletions)
+	limited.POST("/v1/chat/completions", a.handleChat)
+	limited.POST("/generate", a.handleGenerate)
+
+	adm := r.Group("/", a.requireAdmin)
+	adm.POST("/pause", a.handlePause)
+	adm.POST("/resume", a.handleResume)
+	adm.GET("/is_paused", a.handleIsPaused)
+	adm.POST("/sleep", a.handleSleep)
+	adm.POST("/wake_up", a.handleWakeUp)
+	adm.GET("/is_sleeping", a.handleIsSleeping)
+	adm.POST("/reset_prefix_cache", a.handleResetPrefixCache)
+	adm.POST("/update_weights", a.handleUpdateWeights)
+	adm.POST("/abort_requests", a.handleAbortRequests)
+	adm.GET("/state", a.handleState)
+
+	r.GET("/health", a.handleHealth)
+	r.GET("/ready", a.handleReady)
+	r.GET("/version", a.handleVersion)
+	r.GET("/metrics", gin.WrapH(a.metrics.handler()))
+	return r
+}
+
+// bodyLimit caps every request body; reading past it fails and readBody answers 413.
+func (a *API) bodyLimit(c *gin.Context) {
+	if c.Request.ContentLength > a.cfg.MaxBodyBytes {
+		writeError(c, tooLarge(a.cfg.MaxBodyBytes))
+		return
+	}
+	c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, a.cfg.MaxBodyBytes)
+	c.Next()
+}
+
+func tooLarge(limit int64) *Error {
+	return &Error{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest, Code: "request_too_large",
+		Message: fmt.Sprintf("request body larger than %d bytes", limit)}
+}
+
+// tokenEqual compares in constant time; hashing first makes the time independent of the
+// lengths as well.
+func tokenEqual(got, want string) bool {
+	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
+}
+
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	const p = "Bearer "
+	if len(h) < len(p) || !strings.EqualFold(h[:len(p)], p) {
+		return "", false
+	}
+	return strings.TrimSpace(h[len(p):]), true
+}
+
+func unauthorized(msg string) *Error {
+	return &Error{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: "invalid_api_key", Message: msg}
+}
+
+func (a *API) requireKey(key, what string) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if key == "" {
+			c.Next()
+			return
+		}
+		got, ok := bearer(c.Request)
+		if !ok {
+			writeError(c, unauthorized("missing "+what+": send Authorization: Bearer <key>"))
+			return
+		}
+		if !tokenEqual(got, key) {
+			writeError(c, unauthorized("wrong "+what))
+			return
+		}
+		c.Next()
+	}
+}
+
+// requireAdmin checks the admin token, or, when none is configured, that the client is on
+// the loopback interface.
+func (a *API) requireAdmin(c *gin.Context) {
+	if a.cfg.AdminToken != "" {
+		a.requireKey(a.cfg.AdminToken, "admin token")(c)
+		return
+	}
+	host, _, err := net.SplitHostPort(c.Request.RemoteAddr)
+	if err != nil {
+		host = c.Request.RemoteAddr
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		writeError(c, &Error{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: "admin_loopback_only",
+			Message: "admin routes answer only loopback clients when no admin token is configured"})
+		return
+	}
+	c.Next()
+}
+
+// admit applies the concurrency limit to generation routes.
+func (a *API) admit(c *gin.Context) {
+	if a.closing.Load() {
+		writeError(c, errShuttingDown)
+		return
+	}
+	release, err := a.limit.acquire(c.Request.Context())
+	if err != nil {
+		if errors.Is(err, errTooMany) {
+			writeError(c, &Error{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: "too_many_requests", Message: err.Error()})
+		} else {
+			// The client went away while queued: nobody reads the answer.
+			c.Abort()
+		}
+		return
+	}
+	defer release()
+	c.Next()
+}
+
+// newID returns a fresh request id with the given prefix.
+func (a *API) newID(prefix string) string {
+	return fmt.Sprintf("%s-%s-%d", prefix, a.idPrefix, a.nextID.Add(1))
+}
+
+// track records that the client-visible id runs as the engine ids; the returned func forgets it.
+func (a *API) track(id string, engineIDs []string) func() {
+	a.mu.Lock()
+	a.live[id] = append(a.live[id], engineIDs...)
+	a.mu.Unlock()
+	return func() {
+		a.mu.Lock()
+		delete(a.live, id)
+		a.mu.Unlock()
+	}
+}
+
+// engineIDs maps client ids to engine ids (nil: all live requests). An id that is not a
+// tracked client id is passed through, so engine ids work too.
+func (a *API) engineIDs(ids []string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	if len(ids) == 0 {
+		for _, e := range a.live {
+			out = append(out, e...)
+		}
+		return out
+	}
+	for _, id := range ids {
+		if e, ok := a.live[id]; ok {
+			out = append(out, e...)
+		} else {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+var errTooMany = errors.New("too many concurrent requests: the queue is full")
+
+// limiter admits up to n requests at once and queues up to q more.
+type limiter struct {
+	slots  chan struct{}
+	queued atomic.Int64
+	maxQ   int64
+}
+
+func newLimiter(n, q int) *limiter {
+	return &limiter{slots: make(chan struct{}, n), maxQ: int64(q)}
+}
+
+func (l *limiter) acquire(ctx interface{ Done() <-chan struct{} }) (func(), error) {
+	release := func() { <-l.slots }
+	select {
+	case l.slots <- struct{}{}:
+		return release, nil
+	default:
+	}
+	if l.queued.Add(1) > l.maxQ {
+		l.queued.Add(-1)
+		return nil, errTooMany
+	}
+	defer l.queued.Add(-1)
+	select {
+	case l.slots <- struct{}{}:
+		return release, nil
+	case <-ctx.Done():
+		return nil, errors.New("client gone while queued")
+	}
+}
+
+func (l *limiter) inflight() int { return len(l.slots) }

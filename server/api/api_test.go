@@ -1,0 +1,155 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/tokenizer"
+)
+
+func TestMain(m *testing.M) {
+	gin.SetMode(gin.TestMode)
+	goleak.VerifyTestMain(m)
+}
+
+func TestTextProcStopStrings(t *testing.T) {
+	tok := tokenizer.NewByte()
+	push := func(p *textProc, s string) (out string, stopped bool) {
+		for i := 0; i < len(s); i++ {
+			d, st := p.push(int(s[i]))
+			out += d
+			if st {
+				return out, true
+			}
+		}
+		return out + p.flush(), false
+	}
+	tests := []struct {
+		stops       []string
+		in, want    string
+		wantStopped bool
+	}{
+		{nil, "hello world", "hello world", false},
+		{[]string{"wor"}, "hello world", "hello ", true},
+		{[]string{"xyz"}, "hello world", "hello world", false},
+		{[]string{"ld", "lo"}, "hello world", "hel", true},
+		{[]string{"aab"}, "aaaab", "aa", true},
+		{[]string{"end"}, "the en", "the en", false}, // held back, then flushed at the end
+	}
+	for _, tt := range tests {
+		p := newTextProc(tok, tt.stops)
+		got, stopped := push(p, tt.in)
+		assert.Equal(t, tt.want, got, "%v %q", tt.stops, tt.in)
+		assert.Equal(t, tt.wantStopped, stopped)
+		assert.Equal(t, tt.want, p.String())
+	}
+	// Held-back text is released only once it cannot start a stop string.
+	p := newTextProc(tok, []string{"abc"})
+	d, _ := p.push('x')
+	assert.Equal(t, "x", d)
+	d, _ = p.push('a')
+	assert.Empty(t, d)
+	d, _ = p.push('b')
+	assert.Empty(t, d)
+	d, _ = p.push('z')
+	assert.Equal(t, "abz", d)
+	// Multi-byte characters split over tokens come out whole.
+	p = newTextProc(tok, nil)
+	d, _ = p.push(0xc3)
+	assert.Empty(t, d)
+	d, _ = p.push(0xa9)
+	assert.Equal(t, "é", d)
+}
+
+func TestLogprobJSON(t *testing.T) {
+	b, err := json.Marshal([]logprob{-0.5, logprob(math.Inf(-1)), logprob(float32(math.NaN()))})
+	require.NoError(t, err)
+	assert.Equal(t, "[-0.5,null,null]", string(b))
+}
+
+func testAPI(t *testing.T, cfg Config) *API {
+	t.Helper()
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	e, err := engine.New(engine.Config{Weights: w, NumBlocks: 64})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	cfg.Engine, cfg.Tokenizer, cfg.ModelConfig = e, tokenizer.NewByte(), w.Config
+	a, err := New(cfg)
+	require.NoError(t, err)
+	return a
+}
+
+func TestAdminLoopbackOnlyWithoutToken(t *testing.T) {
+	a := testAPI(t, Config{})
+	for _, tc := range []struct {
+		remote string
+		want   int
+	}{{"127.0.0.1:5000", 200}, {"[::1]:5000", 200}, {"10.1.2.3:5000", 401}, {"192.168.0.9:1", 401}} {
+		req := httptest.NewRequest(http.MethodGet, "/is_paused", nil)
+		req.RemoteAddr = tc.remote
+		w := httptest.NewRecorder()
+		a.Handler().ServeHTTP(w, req)
+		assert.Equal(t, tc.want, w.Code, "%s: %s", tc.remote, w.Body)
+	}
+	// Generation routes stay open from anywhere when no API key is set.
+	req := httptest.NewRequest(http.MethodGet, "/v1/models", nil)
+	req.RemoteAddr = "10.1.2.3:5000"
+	w := httptest.NewRecorder()
+	a.Handler().ServeHTTP(w, req)
+	assert.Equal(t, 200, w.Code)
+}
+
+func TestAdminTokenAcceptedFromAnywhere(t *testing.T) {
+	a := testAPI(t, Config{AdminToken: "s3cret", APIKey: "k"})
+	for _, tc := range []struct {
+		path, auth string
+		want       int
+	}{
+		{"/is_paused", "Bearer s3cret", 200},
+		{"/is_paused", "bearer s3cret", 200},
+		{"/is_paused", "Bearer s3cre", 401},
+		{"/is_paused", "Basic s3cret", 401},
+		{"/is_paused", "", 401},
+		{"/v1/models", "Bearer k", 200},
+		{"/v1/models", "Bearer s3cret", 401},
+		{"/health", "", 200},
+		{"/metrics", "", 200},
+	} {
+		req := httptest.NewRequest(http.MethodGet, tc.path, nil)
+		req.RemoteAddr = "10.1.2.3:5000"
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		w := httptest.NewRecorder()
+		a.Handler().ServeHTTP(w, req)
+		assert.Equal(t, tc.want, w.Code, "%s %q: %s", tc.path, tc.auth, w.Body)
+		if w.Code == 401 {
+			assert.True(t, strings.Contains(w.Body.String(), `"type":"authentication_error"`), w.Body.String())
+		}
+	}
+}
+
+func TestRenderChatML(t *testing.T) {
+	s, err := renderChatML([]chatMessage{{Role: "system", Content: json.RawMessage(`"a"`)},
+		{Role: "user", Content: json.RawMessage(`[{"type":"text","text":"b"},{"type":"text","text":"c"}]`)}})
+	require.NoError(t, err)
+	assert.Equal(t, "<|im_start|>system\na<|im_end|>\n<|im_start|>user\nbc<|im_end|>\n<|im_start|>assistant\n", s)
+	assert.True(t, isChatML("{% for m in messages %}<|im_start|>{{m.role}}{% endfor %}"))
+	assert.False(t, isChatML("[INST] {{ m }} [/INST]"))
+}

@@ -1,0 +1,49 @@
+// Package api is the HTTP surface of a rollout server (gin): the OpenAI-compatible routes
+// (/v1/completions, /v1/chat/completions, /v1/models), the native token-level routes for RL
+// (/generate, /tokenize, /detokenize), the admin plane (/pause, /resume, /sleep, /wake_up,
+// /reset_prefix_cache, /update_weights, /abort_requests, /state, ...), the probes (/health,
+// /ready, /version) and /metrics. The contract is API.md; this comment records the choices
+// it leaves open.
+//
+// Usage:
+//
+//	m := api.NewMetrics()
+//	e, _ := engine.New(engine.Config{Weights: w, Hooks: m.Hooks()})
+//	go e.Run(ctx)
+//	a, _ := api.New(api.Config{Engine: e, Tokenizer: tok, ModelConfig: w.Config, Metrics: m})
+//	srv := &http.Server{Handler: a.Handler()}
+//
+// Choices:
+//   - Text prompts (completions, chat, /tokenize) get the vocabulary's BOS first, as
+//     `rollout generate` does, so greedy output over HTTP equals the in-process output.
+//     Token-id prompts are used as given.
+//   - Chat uses ChatML. A checkpoint with another (Jinja) template is served with ChatML too,
+//     and a warning is logged at startup: Jinja is not evaluated here.
+//   - Logprobs are the engine's (raw log-softmax by default; "logprob_mode":"processed" for the
+//     sampled distribution). A processed-mode logprob of a token outside the kept set is -Inf,
+//     which JSON cannot carry: it is encoded as null.
+//   - "logprobs": 0 on /v1/completions returns the sampled tokens' logprobs without top
+//     alternatives; an omitted field returns none. With echo, only the text is echoed (no
+//     prompt logprobs).
+//   - Stop strings are applied to the decoded text here (the engine stops on token ids):
+//     the matched string is not included, the engine request is aborted at once, and the
+//     finish reason is "stop". Streaming holds back text that may still become a stop string.
+//   - Per-choice "weight_versions" (one per generated token) are always present; the
+//     response's "weight_version" is the newest version any of its tokens was produced with
+//     (the serving version when none was generated). "finish_reason" may be "abort" (a pause
+//     with mode=abort, /abort_requests, shutdown).
+//   - With n > 1 and a seed, sample i uses seed+i. Engine request ids are the request id, or
+//     "<id>-<k>" for the k-th sequence of a multi-sequence request; /abort_requests accepts
+//     either.
+//   - /generate with min_version above the serving version answers 409 (code stale_version).
+//   - Admin routes without --admin-token answer loopback clients only; others get 401.
+//   - /update_weights: file:// and http(s):// sources (file sources confined to the weights
+//     root when one is set), SHA-256 verified while parsing. A bad ref or scheme is 400, a
+//     missing file 404, a digest mismatch, unreadable source, bad checkpoint or wrong shape
+//     422, a version not newer than the serving one 409; in every case the old weights keep
+//     serving. An empty source commits weights staged earlier with stage_only.
+//   - Limits: MaxConcurrent generation requests at once, MaxQueue more waiting, then 429; a
+//     body over MaxBodyBytes is 413.
+//   - A client that disconnects aborts its engine requests (blocks are freed at once).
+//   - Errors are {"error":{"message","type","code","param"}}; bad input never yields a 500.
+package api

@@ -1,0 +1,107 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/sample"
+	"github.com/rolloutkit/rollout/engine/weights"
+)
+
+// Error types of the JSON error body, as OpenAI names them.
+const (
+	typeInvalidRequest = "invalid_request_error"
+	typeAuthentication = "authentication_error"
+	typeNotFound       = "not_found_error"
+	typeConflict       = "conflict_error"
+	typeRateLimit      = "rate_limit_error"
+	typeUnavailable    = "service_unavailable_error"
+	typeInternal       = "internal_error"
+)
+
+// Error is an API error: the HTTP status and the body's type, code and message. Handlers return
+// it (or any error, which [classify] maps) and one place renders it.
+type Error struct {
+	Status  int
+	Type    string
+	Code    string
+	Message string
+	// Param names the offending request field, when one is known.
+	Param string
+}
+
+// Error implements error.
+func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Type, e.Message) }
+
+func badRequest(code, param, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: code, Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+// errorBody is the JSON error shape of API.md.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Code    any     `json:"code"`
+	Param   *string `json:"param"`
+}
+
+// classify maps any error to an *Error: the engine's and the loaders' sentinels to the status
+// API.md documents, anything unknown to a 500 (a bug, never bad input).
+func classify(err error) *Error {
+	var ae *Error
+	if errors.As(err, &ae) {
+		return ae
+	}
+	var fe *sample.FieldError
+	switch {
+	case errors.As(err, &fe):
+		return badRequest("invalid_value", fe.Field, "%s", err.Error())
+	case errors.Is(err, engine.ErrInvalidRequest), errors.Is(err, engine.ErrInvalidArgument):
+		return badRequest("invalid_value", "", "%s", err.Error())
+	case errors.Is(err, engine.ErrQueueFull):
+		return &Error{Status: http.StatusTooManyRequests, Type: typeRateLimit, Code: "queue_full", Message: err.Error()}
+	case errors.Is(err, engine.ErrDuplicateID):
+		return &Error{Status: http.StatusConflict, Type: typeConflict, Code: "duplicate_request_id", Message: err.Error()}
+	case errors.Is(err, engine.ErrAsleep), errors.Is(err, engine.ErrNoWeights),
+		errors.Is(err, engine.ErrNothingStaged), errors.Is(err, engine.ErrStaleVersion):
+		return &Error{Status: http.StatusConflict, Type: typeConflict, Code: "conflict", Message: err.Error()}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The client went away or gave up; nobody may read this, but it is no server error.
+		return &Error{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "cancelled", Message: err.Error()}
+	case errors.Is(err, engine.ErrClosed), errors.Is(err, errShuttingDown):
+		return &Error{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "unavailable", Message: err.Error()}
+	case errors.Is(err, weights.ErrDigestMismatch):
+		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "digest_mismatch", Param: "sha256", Message: err.Error()}
+	case errors.Is(err, weights.ErrInvalidRef), errors.Is(err, weights.ErrUnsupportedSource):
+		return badRequest("invalid_source", "source", "%s", err.Error())
+	case errors.Is(err, weights.ErrFetch) && errors.Is(err, fs.ErrNotExist):
+		return &Error{Status: http.StatusNotFound, Type: typeNotFound, Code: "source_not_found", Param: "source", Message: err.Error()}
+	case errors.Is(err, weights.ErrFetch), errors.Is(err, weights.ErrBadCheckpoint), errors.Is(err, weights.ErrUnsupportedFormat):
+		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "bad_checkpoint", Param: "source", Message: err.Error()}
+	}
+	return &Error{Status: http.StatusInternalServerError, Type: typeInternal, Code: "internal", Message: err.Error()}
+}
+
+// writeError renders err as the JSON error body and aborts the gin chain.
+func writeError(c *gin.Context, err error) {
+	e := classify(err)
+	d := errorDetail{Message: e.Message, Type: e.Type, Code: e.Code}
+	if e.Code == "" {
+		d.Code = nil
+	}
+	if e.Param != "" {
+		p := e.Param
+		d.Param = &p
+	}
+	c.AbortWithStatusJSON(e.Status, errorBody{Error: d})
+}

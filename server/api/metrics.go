@@ -1,0 +1,158 @@
+package api
+
+import (
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/rolloutkit/rollout/engine"
+)
+
+// Metrics is the server's Prometheus registry: histograms fed by engine hooks and the API,
+// and a collector that reads the engine's lock-free counters at scrape time (a scrape never
+// waits for the engine loop).
+type Metrics struct {
+	reg           *prometheus.Registry
+	ttft          prometheus.Histogram
+	updateWeights *prometheus.HistogramVec
+}
+
+// NewMetrics creates the registry with the Go and process collectors and the histograms.
+func NewMetrics() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "rollout_time_to_first_token_seconds", Help: "Time from arrival to the first generated token.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	})
+	m.updateWeights = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "rollout_update_weights_seconds", Help: "Duration of the phases of a weight update (fetch, stage, commit, total).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	}, []string{"phase"})
+	m.reg.MustRegister(m.ttft, m.updateWeights, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry is the registry, for callers that add their own collectors (the fleet agent).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Hooks are the engine hooks that feed the TTFT histogram; pass them in engine.Config.
+func (m *Metrics) Hooks() engine.Hooks {
+	return engine.Hooks{OnFinish: func(_ string, _ engine.FinishReason, _, gen int, t engine.Timings) {
+		if gen > 0 && !t.FirstToken.IsZero() {
+			m.ttft.Observe(t.FirstToken.Sub(t.Arrival).Seconds())
+		}
+	}}
+}
+
+func (m *Metrics) observeUpdate(phase string, d time.Duration) {
+	m.updateWeights.WithLabelValues(phase).Observe(d.Seconds())
+}
+
+func (m *Metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// bind registers the scrape-time collector of a's engine and connector.
+func (m *Metrics) bind(a *API) { _ = m.reg.Register(&engineCollector{a: a}) }
+
+var (
+	descRunning      = prometheus.NewDesc("rollout_requests_running", "Requests in the running batch.", nil, nil)
+	descWaiting      = prometheus.NewDesc("rollout_requests_waiting", "Requests waiting to be scheduled.", nil, nil)
+	descRequests     = prometheus.NewDesc("rollout_requests_total", "Finished requests by finish reason.", []string{"finish_reason"}, nil)
+	descPromptTok    = prometheus.NewDesc("rollout_prompt_tokens_total", "Prompt tokens of admitted requests.", nil, nil)
+	descGenTok       = prometheus.NewDesc("rollout_generation_tokens_total", "Generated tokens.", nil, nil)
+	descKVUsage      = prometheus.NewDesc("rollout_kv_usage_ratio", "Fraction of KV blocks owned by requests.", nil, nil)
+	descPrefixQ      = prometheus.NewDesc("rollout_prefix_cache_queries_total", "Prefix cache queries, in tokens.", nil, nil)
+	descPrefixH      = prometheus.NewDesc("rollout_prefix_cache_hits_total", "Prefix cache hits, in tokens.", nil, nil)
+	descSteps        = prometheus.NewDesc("rollout_engine_steps_total", "Engine steps.", nil, nil)
+	descVersion      = prometheus.NewDesc("rollout_weight_version", "Serving weight version.", nil, nil)
+	descState        = prometheus.NewDesc("rollout_engine_state", "1 for the engine's current state.", []string{"state"}, nil)
+	descHTTPInflight = prometheus.NewDesc("rollout_http_requests_inflight", "Generation requests admitted by the HTTP API.", nil, nil)
+)
+
+// connectorHelp documents the connector counters API.md names; every other key the connector
+// reports is exported as rollout_<key> too.
+var connectorHelp = map[string]string{
+	"offload_jobs_inflight":         "Offload transfer jobs in flight.",
+	"offload_flush_pending":         "Job ids in the flush set not yet delivered to the workers.",
+	"offload_flush_delivered_total": "Flush sets delivered to the workers.",
+	"offload_resets_total":          "Connector resets.",
+	"offload_stored_bytes_total":    "Bytes stored to CPU.",
+	"offload_loaded_bytes_total":    "Bytes loaded from CPU.",
+	"offload_hit_tokens_total":      "Prompt tokens served from offloaded KV.",
+	"safety_violations_total":       "Transfers that touched a released or reassigned block or slot.",
+}
+
+var engineStates = []string{"running", "paused", "sleeping", "updating"}
+
+type engineCollector struct{ a *API }
+
+func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
+	// Unchecked collector: the connector's metric set is only known at scrape time.
+}
+
+func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.a.eng.Metrics()
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+	}
+	gauge(descRunning, float64(s.Running))
+	gauge(descWaiting, float64(s.Waiting))
+	counter(descRequests, float64(s.FinishedStop), string(engine.FinishStop))
+	counter(descRequests, float64(s.FinishedLength), string(engine.FinishLength))
+	counter(descRequests, float64(s.FinishedAbort), string(engine.FinishAbort))
+	counter(descPromptTok, float64(s.PromptTokens))
+	counter(descGenTok, float64(s.GenerationTokens))
+	ratio := 0.0
+	if s.KVTotalBlocks > 0 {
+		ratio = float64(s.KVUsedBlocks) / float64(s.KVTotalBlocks)
+	}
+	gauge(descKVUsage, ratio)
+	counter(descPrefixQ, float64(s.PrefixQueries))
+	counter(descPrefixH, float64(s.PrefixHits))
+	counter(descSteps, float64(s.Steps))
+	gauge(descVersion, float64(s.WeightVersion))
+	cur := c.a.stateName(s.State)
+	for _, st := range engineStates {
+		v := 0.0
+		if st == cur {
+			v = 1
+		}
+		gauge(descState, v, st)
+	}
+	gauge(descHTTPInflight, float64(c.a.Inflight()))
+	if c.a.cfg.ConnectorStats == nil {
+		return
+	}
+	stats := c.a.cfg.ConnectorStats()
+	keys := slices.Sorted(maps.Keys(stats))
+	for _, k := range keys {
+		help := connectorHelp[k]
+		if help == "" {
+			help = "Connector counter " + k + "."
+		}
+		d := prometheus.NewDesc("rollout_"+k, help, nil, nil)
+		if strings.HasSuffix(k, "_total") {
+			counter(d, stats[k])
+		} else {
+			gauge(d, stats[k])
+		}
+	}
+}
+
+// stateName is the engine state, or "updating" while a weight update runs.
+func (a *API) stateName(engineState string) string {
+	if a.updating.Load() {
+		return "updating"
+	}
+	return engineState
+}

@@ -1,0 +1,208 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/rolloutkit/rollout/engine/sample"
+)
+
+// generateRequest is the native POST /generate.
+type generateRequest struct {
+	PromptTokenIDs []int         `json:"prompt_token_ids"`
+	N              int           `json:"n"`
+	Sampling       sample.Params `json:"sampling"`
+	RequestID      string        `json:"request_id"`
+	CacheSalt      string        `json:"cache_salt"`
+	MinVersion     int64         `json:"min_version"`
+}
+
+type generateOutput struct {
+	TokenIDs        []int                   `json:"token_ids"`
+	Logprobs        []logprob               `json:"logprobs"`
+	TopLogprobs     [][]sample.TokenLogprob `json:"top_logprobs,omitempty"`
+	WeightVersions  []int64                 `json:"weight_versions"`
+	FinishReason    string                  `json:"finish_reason"`
+	NumCachedTokens int                     `json:"num_cached_tokens"`
+}
+
+type generateResponse struct {
+	RequestID     string           `json:"request_id"`
+	WeightVersion int64            `json:"weight_version"`
+	Outputs       []generateOutput `json:"outputs"`
+}
+
+func (a *API) handleGenerate(c *gin.Context) {
+	req := generateRequest{N: 1, Sampling: sample.Defaults()}
+	if err := readJSON(c, &req); err != nil {
+		writeError(c, err)
+		return
+	}
+	if req.MinVersion > 0 {
+		if v := a.eng.Version(); v < req.MinVersion {
+			writeError(c, &Error{Status: http.StatusConflict, Type: typeConflict, Code: "stale_version", Param: "min_version",
+				Message: fmt.Sprintf("serving weight version %d is older than min_version %d", v, req.MinVersion)})
+			return
+		}
+	}
+	id := req.RequestID
+	if id == "" {
+		id = a.newID("gen")
+	}
+	spec := genSpec{clientID: id, prompts: [][]int{req.PromptTokenIDs}, n: req.N, params: req.Sampling, cacheSalt: req.CacheSalt}
+	if req.PromptTokenIDs == nil {
+		writeError(c, badRequest("missing_field", "prompt_token_ids", "prompt_token_ids is required"))
+		return
+	}
+	if err := a.prepare(&spec); err != nil {
+		writeError(c, err)
+		return
+	}
+	ctx := c.Request.Context()
+	run, err := a.submit(ctx, spec)
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	defer run.end()
+	if err := run.collect(ctx); err != nil {
+		writeError(c, err)
+		return
+	}
+	resp := generateResponse{RequestID: id, WeightVersion: a.responseVersion(run.choices), Outputs: make([]generateOutput, len(run.choices))}
+	for i, ch := range run.choices {
+		o := generateOutput{TokenIDs: idsOf(ch.tokens), Logprobs: logprobsOf(ch.tokens), WeightVersions: versionsOf(ch.tokens),
+			FinishReason: string(ch.finish), NumCachedTokens: ch.cached}
+		if spec.params.Logprobs > 0 {
+			o.TopLogprobs = make([][]sample.TokenLogprob, len(ch.tokens))
+			for j, t := range ch.tokens {
+				o.TopLogprobs[j] = t.Top
+			}
+		}
+		resp.Outputs[i] = o
+	}
+	c.PureJSON(http.StatusOK, resp)
+}
+
+type tokenizeRequest struct {
+	Model            string        `json:"model"`
+	Prompt           *string       `json:"prompt"`
+	Messages         []chatMessage `json:"messages"`
+	AddSpecialTokens *bool         `json:"add_special_tokens"`
+}
+
+func (a *API) handleTokenize(c *gin.Context) {
+	var req tokenizeRequest
+	if err := readJSON(c, &req); err != nil {
+		writeError(c, err)
+		return
+	}
+	if err := a.checkModel(req.Model); err != nil {
+		writeError(c, err)
+		return
+	}
+	var text string
+	switch {
+	case req.Prompt != nil && req.Messages != nil:
+		writeError(c, badRequest("invalid_value", "prompt", "give prompt or messages, not both"))
+		return
+	case req.Prompt != nil:
+		text = *req.Prompt
+	case req.Messages != nil:
+		t, err := renderChatML(req.Messages)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		text = t
+	default:
+		writeError(c, badRequest("missing_field", "prompt", "prompt or messages is required"))
+		return
+	}
+	ids, err := a.encodeText(text, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+	if err != nil {
+		writeError(c, err)
+		return
+	}
+	c.PureJSON(http.StatusOK, gin.H{"tokens": ids, "count": len(ids), "max_model_len": a.cfg.ModelConfig.MaxPositionEmbeddings})
+}
+
+type detokenizeRequest struct {
+	Model  string `json:"model"`
+	Tokens []int  `json:"tokens"`
+}
+
+func (a *API) handleDetokenize(c *gin.Context) {
+	var req detokenizeRequest
+	if err := readJSON(c, &req); err != nil {
+		writeError(c, err)
+		return
+	}
+	if err := a.checkModel(req.Model); err != nil {
+		writeError(c, err)
+		return
+	}
+	if req.Tokens == nil {
+		writeError(c, badRequest("missing_field", "tokens", "tokens is required"))
+		return
+	}
+	for i, id := range req.Tokens {
+		if id < 0 || id >= a.cfg.ModelConfig.VocabSize {
+			writeError(c, badRequest("invalid_token_id", "tokens", "tokens[%d] = %d is outside the vocabulary [0, %d)", i, id, a.cfg.ModelConfig.VocabSize))
+			return
+		}
+	}
+	c.PureJSON(http.StatusOK, gin.H{"prompt": a.decodeLossy(req.Tokens)})
+}
+
+func (a *API) handleModels(c *gin.Context) {
+	c.PureJSON(http.StatusOK, gin.H{"object": "list", "data": []gin.H{{
+		"id": a.cfg.ModelName, "object": "model", "created": a.created, "owned_by": "rollout",
+		"max_model_len": a.cfg.ModelConfig.MaxPositionEmbeddings, "weight_version": a.eng.Version(),
+	}}})
+}
+
+func (a *API) handleHealth(c *gin.Context) {
+	if !a.eng.Metrics().Alive {
+		writeError(c, &Error{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "engine_dead", Message: "the engine loop is not running"})
+		return
+	}
+	c.PureJSON(http.StatusOK, gin.H{"status": "ok"})
+}
+
+// notReady says why the server cannot serve, or "" when it can.
+func (a *API) notReady() string {
+	m := a.eng.Metrics()
+	switch {
+	case !m.Alive:
+		return "engine loop not running"
+	case a.closing.Load():
+		return "shutting down"
+	case a.updating.Load():
+		return "updating weights"
+	case m.State != "running":
+		return "engine is " + m.State
+	}
+	if a.cfg.Ready != nil {
+		if err := a.cfg.Ready(); err != nil {
+			return err.Error()
+		}
+	}
+	return ""
+}
+
+func (a *API) handleReady(c *gin.Context) {
+	if why := a.notReady(); why != "" {
+		writeError(c, &Error{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Code: "not_ready", Message: why})
+		return
+	}
+	c.PureJSON(http.StatusOK, gin.H{"status": "ready", "weight_version": a.eng.Version()})
+}
+
+func (a *API) handleVersion(c *gin.Context) {
+	c.PureJSON(http.StatusOK, gin.H{"version": a.cfg.Version, "model": a.cfg.ModelName, "weight_version": a.eng.Version(),
+		"time": time.Now().UTC().Format(time.RFC3339)})
+}

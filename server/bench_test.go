@@ -1,0 +1,154 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/sample"
+	"github.com/rolloutkit/rollout/server"
+)
+
+func benchPrompt(i int) []int {
+	p := []int{256}
+	for k := range 8 {
+		p = append(p, (i*13+k*7)%256)
+	}
+	return p
+}
+
+func inProcOnce(ctx context.Context, e *engine.Engine, id string, prompt []int, n int) (int, error) {
+	p := sample.Defaults()
+	p.Temperature, p.MaxTokens, p.IgnoreEOS = 0, n, true
+	s, err := e.Add(ctx, engine.Request{ID: id, PromptTokenIDs: prompt, Sampling: p})
+	if err != nil {
+		return 0, err
+	}
+	r, err := s.Collect(ctx)
+	return len(r.Tokens), err
+}
+
+func httpOnce(ctx context.Context, cl *http.Client, url string, prompt []int, n int) (int, error) {
+	body, _ := json.Marshal(map[string]any{"prompt_token_ids": prompt, "sampling": map[string]any{"max_tokens": n, "temperature": 0, "ignore_eos": true}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/generate", bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("status %d: %s", resp.StatusCode, out)
+	}
+	var g genResp
+	if err := json.Unmarshal(out, &g); err != nil {
+		return 0, err
+	}
+	return len(g.Outputs[0].TokenIDs), nil
+}
+
+func p50(d []time.Duration) time.Duration {
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+// BenchmarkHTTPOverhead1Token measures a 1-token generation on tiny, in-process and over HTTP
+// (POST /generate, keep-alive), alternating on the same engine, and reports both p50 latencies
+// and their difference (the HTTP overhead; goal ≤ 1 ms).
+func BenchmarkHTTPOverhead1Token(b *testing.B) {
+	ts := start(b, nil)
+	ctx := context.Background()
+	e := ts.Engine()
+	var inproc, overHTTP []time.Duration
+	i := 0
+	for b.Loop() {
+		i++
+		t0 := time.Now()
+		_, err := inProcOnce(ctx, e, fmt.Sprintf("bench-%d", i), benchPrompt(i), 1)
+		require.NoError(b, err)
+		t1 := time.Now()
+		_, err = httpOnce(ctx, ts.client, ts.url, benchPrompt(i+1<<20), 1)
+		require.NoError(b, err)
+		inproc, overHTTP = append(inproc, t1.Sub(t0)), append(overHTTP, time.Since(t1))
+	}
+	pi, ph := p50(inproc), p50(overHTTP)
+	b.ReportMetric(float64(pi.Microseconds()), "inproc-p50-µs")
+	b.ReportMetric(float64(ph.Microseconds()), "http-p50-µs")
+	b.ReportMetric(float64((ph - pi).Microseconds()), "overhead-p50-µs")
+}
+
+// BenchmarkAggregateTokensPerSec64 runs 64 concurrent clients of 64-token greedy generations,
+// in-process and over HTTP on the same engine, and reports both tokens/s figures and their
+// ratio (goal ≥ 0.9).
+func BenchmarkAggregateTokensPerSec64(b *testing.B) {
+	for _, tokens := range []int{64, 256} {
+		b.Run(fmt.Sprintf("tokens=%d", tokens), func(b *testing.B) { benchAggregate(b, tokens) })
+	}
+}
+
+func benchAggregate(b *testing.B, tokens int) {
+	ts := start(b, func(c *server.Config) { c.KVBlocks = 4096 })
+	ctx := context.Background()
+	e := ts.Engine()
+	const clients = 64
+	var id atomic.Int64
+	round := func(httpMode bool) (int, time.Duration) {
+		var wg sync.WaitGroup
+		var total atomic.Int64
+		errs := make(chan error, clients)
+		t0 := time.Now()
+		for c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				k := int(id.Add(1))
+				var n int
+				var err error
+				if httpMode {
+					n, err = httpOnce(ctx, ts.client, ts.url, benchPrompt(k), tokens)
+				} else {
+					n, err = inProcOnce(ctx, e, fmt.Sprintf("agg-%d-%d", k, c), benchPrompt(k), tokens)
+				}
+				if err != nil {
+					errs <- err
+				}
+				total.Add(int64(n))
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(b, err)
+		}
+		return int(total.Load()), time.Since(t0)
+	}
+	var inTok, httpTok int
+	var inDur, httpDur time.Duration
+	for b.Loop() {
+		n, d := round(false)
+		inTok, inDur = inTok+n, inDur+d
+		n, d = round(true)
+		httpTok, httpDur = httpTok+n, httpDur+d
+	}
+	inRate, httpRate := float64(inTok)/inDur.Seconds(), float64(httpTok)/httpDur.Seconds()
+	b.ReportMetric(inRate, "inproc-tok/s")
+	b.ReportMetric(httpRate, "http-tok/s")
+	b.ReportMetric(httpRate/inRate, "http/inproc")
+}

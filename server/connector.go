@@ -1,0 +1,41 @@
+package server
+
+import (
+	"fmt"
+	"log/slog"
+	"maps"
+
+	"github.com/rolloutkit/rollout/engine/kvconnector"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/offload"
+)
+
+// connector is the wiring of the KV offloading connector: its two engine-facing sides and its
+// counters for /metrics and /state.
+type connector struct {
+	c         *offload.Connector
+	scheduler kvconnector.Scheduler
+	worker    kvconnector.Worker
+}
+
+// newConnector builds the offloading connector when cfg asks for one (nil otherwise). Its CPU
+// tier is allocated when the engine binds the KV storage.
+func newConnector(cfg Config, mc model.Config, log *slog.Logger) (*connector, error) {
+	if cfg.OffloadCPUBytes == 0 {
+		return nil, nil
+	}
+	blockSize := cfg.BlockSize
+	if blockSize == 0 {
+		blockSize = 16
+	}
+	blockBytes := int64(mc.NumHiddenLayers) * 2 * int64(blockSize) * int64(mc.KVDim()) * 4
+	c, err := offload.New(offload.Config{CPUBytes: cfg.OffloadCPUBytes, BlockSize: blockSize, Delay: cfg.OffloadDelay,
+		BlockBytes: blockBytes, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("%w: --offload-cpu-bytes %d: %w", ErrInvalidConfig, cfg.OffloadCPUBytes, err)
+	}
+	return &connector{c: c, scheduler: c.Scheduler(), worker: c.Worker()}, nil
+}
+
+// stats reads the connector's counters; they are atomics, safe from any goroutine.
+func (c *connector) stats() map[string]float64 { return maps.Clone(map[string]float64(c.c.Stats())) }
