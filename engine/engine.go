@@ -457,6 +457,10 @@ func (e *Engine) admit(m *addMsg) error {
 		Params: sched.Params{MaxTokens: p.MaxTokens, StopTokenIDs: p.StopTokenIDs, IgnoreEOS: p.IgnoreEOS, MinTokens: p.MinTokens},
 	}
 	if err := e.sched.Add(sr); err != nil {
+		// An id whose finish the scheduler has not yet delivered is still taken.
+		if errors.Is(err, sched.ErrDuplicateID) {
+			return fmt.Errorf("%w: %q (its previous request is still finishing)", ErrDuplicateID, m.req.ID)
+		}
 		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	e.reqs[m.req.ID] = &reqState{stream: m.stream, sampler: sample.New(p, seed), params: p,

@@ -3,6 +3,8 @@ package model
 import (
 	"fmt"
 	"math"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
 )
 
 // Reference computes the logits of every position of tokens with no cache and no batching,
@@ -97,6 +99,7 @@ func Reference(w *Weights, tokens []int) ([][]float32, error) {
 }
 
 func refMatVec(w []float32, x []float64, rows int) []float64 {
+	kernels.ClearUpper() // scalar SSE code after SIMD kernels on this thread: see ClearUpper
 	cols := len(x)
 	y := make([]float64, rows)
 	for r := range rows {
