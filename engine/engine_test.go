@@ -57,21 +57,8 @@ func prompt(n, salt int) []int {
 // referenceGreedy is the greedy continuation computed by the reference forward.
 func referenceGreedy(t *testing.T, w *model.Weights, p []int, n int) []int {
 	t.Helper()
-	toks := slices.Clone(p)
-	var out []int
-	for range n {
-		lg, err := model.Reference(w, toks)
-		require.NoError(t, err)
-		last := lg[len(lg)-1]
-		best := 0
-		for i, v := range last {
-			if v > last[best] {
-				best = i
-			}
-		}
-		out = append(out, best)
-		toks = append(toks, best)
-	}
+	out, err := model.ReferenceGreedy(w, p, n)
+	require.NoError(t, err)
 	return out
 }
 

@@ -34,6 +34,11 @@ type Config struct {
 	BlockBytes int64
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// OnFlushDelivered, if set, is called by the worker side once a reset's flush set reached
+	// it and it waited on every job in it, with the time since the first reset it covers (the
+	// server's rollout_reset_to_flush_seconds). Now is the clock it measures with (time.Now).
+	OnFlushDelivered func(jobIDs []int64, sinceReset time.Duration)
+	Now              func() time.Time
 }
 
 // Connector is the offloading connector; its two sides are Scheduler and Worker.
@@ -89,6 +94,9 @@ func New(cfg Config) (*Connector, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	switch {
 	case cfg.BlockSize <= 0:
@@ -239,6 +247,9 @@ type Payload struct {
 	// them in FinishedSending.
 	Release            []string
 	NumScheduledTokens int
+	// ResetAt is when the first reset whose flush this step delivers was called; zero when the
+	// step delivers no reset.
+	ResetAt time.Time
 }
 
 // WorkerMeta is this connector's kvconnector.Output.WorkerMeta: completed job ids with success.

@@ -3,6 +3,7 @@ package offload
 import (
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/rolloutkit/rollout/engine/kvcache"
 	"github.com/rolloutkit/rollout/engine/kvconnector"
@@ -33,7 +34,8 @@ type job struct {
 // schedSide implements kvconnector.Scheduler and kvconnector.PoolBinder. Every method runs on the
 // engine goroutine.
 type schedSide struct {
-	c *Connector
+	c       *Connector
+	resetAt time.Time // first reset not yet delivered in a step (zero: none)
 
 	reqs        map[string]*reqState
 	jobs        map[int64]*job
@@ -244,8 +246,10 @@ func (s *schedSide) BuildConnectorMeta(step kvconnector.StepInfo) kvconnector.Me
 	s.c.stats.flushDelivered.Add(int64(len(flush)))
 	meta := kvconnector.Metadata{Step: step.Step, FlushJobIDs: flush, Payload: &Payload{
 		Loads: s.loads, Stores: stores, Release: s.release, NumScheduledTokens: step.NumScheduledTokens,
+		ResetAt: s.resetAt,
 	}}
 	s.loads, s.release = nil, nil
+	s.resetAt = time.Time{}
 	clear(s.flush)
 	clear(s.allocated)
 	s.gauges()
@@ -428,6 +432,9 @@ func (s *schedSide) HasPendingPushWork() bool {
 func (s *schedSide) ResetCache() (int, bool) {
 	if len(s.flush) > 0 {
 		s.c.stats.resetsMerged.Add(1)
+	}
+	if s.resetAt.IsZero() {
+		s.resetAt = s.c.cfg.Now()
 	}
 	n := 0
 	for id := range s.jobs {

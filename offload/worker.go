@@ -124,7 +124,13 @@ func (w *workerSide) HandlePreemptions(ctx context.Context) error {
 	}
 	w.submitDeferredLocked()
 	w.mu.Unlock()
-	return w.wait(ctx, w.meta.FlushJobIDs)
+	if err := w.wait(ctx, w.meta.FlushJobIDs); err != nil {
+		return err
+	}
+	if cb := w.c.cfg.OnFlushDelivered; cb != nil && !w.payload.ResetAt.IsZero() {
+		cb(w.meta.FlushJobIDs, w.c.cfg.Now().Sub(w.payload.ResetAt))
+	}
+	return nil
 }
 
 // StartLoadKV implements kvconnector.Worker.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"time"
 
 	"github.com/rolloutkit/rollout/engine/kvconnector"
 	"github.com/rolloutkit/rollout/engine/model"
@@ -20,7 +21,7 @@ type connector struct {
 
 // newConnector builds the offloading connector when cfg asks for one (nil otherwise). Its CPU
 // tier is allocated when the engine binds the KV storage.
-func newConnector(cfg Config, mc model.Config, log *slog.Logger) (*connector, error) {
+func newConnector(cfg Config, mc model.Config, log *slog.Logger, onFlush func([]int64, time.Duration)) (*connector, error) {
 	if cfg.OffloadCPUBytes == 0 {
 		return nil, nil
 	}
@@ -30,7 +31,7 @@ func newConnector(cfg Config, mc model.Config, log *slog.Logger) (*connector, er
 	}
 	blockBytes := int64(mc.NumHiddenLayers) * 2 * int64(blockSize) * int64(mc.KVDim()) * 4
 	c, err := offload.New(offload.Config{CPUBytes: cfg.OffloadCPUBytes, BlockSize: blockSize, Delay: cfg.OffloadDelay,
-		BlockBytes: blockBytes, Logger: log})
+		BlockBytes: blockBytes, Logger: log, OnFlushDelivered: onFlush})
 	if err != nil {
 		return nil, fmt.Errorf("%w: --offload-cpu-bytes %d: %w", ErrInvalidConfig, cfg.OffloadCPUBytes, err)
 	}

@@ -224,6 +224,8 @@ func TestBackToBackResetsOverHTTP(t *testing.T) {
 	assert.Positive(t, metricValue(t, m, "rollout_offload_resets_total"))
 	assert.Zero(t, metricValue(t, m, "rollout_safety_violations_total"))
 	assert.Zero(t, ts.state(t).Violations)
+	// Each reset's flush was timed from the reset to its delivery at the workers.
+	assert.Positive(t, metricValue(t, m, "rollout_reset_to_flush_seconds_count"))
 }
 
 func TestNewErrorsLeakNothing(t *testing.T) {

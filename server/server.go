@@ -123,7 +123,7 @@ func newServer(cfg Config, ln net.Listener) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln}
 	metrics := api.NewMetrics()
-	s.conn, err = newConnector(cfg, m.Weights.Config, cfg.Logger)
+	s.conn, err = newConnector(cfg, m.Weights.Config, cfg.Logger, metrics.ObserveResetToFlush)
 	if err != nil {
 		return nil, err
 	}

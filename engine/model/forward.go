@@ -322,7 +322,15 @@ func addInto(y, x []float32) {
 	}
 }
 
-func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
+// silu is x·sigmoid(x), written with e^-|x| so that the inlined kernels.ExpNeg serves both
+// signs (math.Exp per activation was a tenth of a batched decode step).
+func silu(x float32) float32 {
+	e := float32(kernels.ExpNeg(-math.Abs(float64(x))))
+	if x >= 0 {
+		return x / (1 + e)
+	}
+	return x * e / (1 + e)
+}
 
 func rmsNorm(dst, x, g []float32, eps float32) {
 	kernels.ClearUpper()

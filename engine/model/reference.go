@@ -140,3 +140,26 @@ func refRope(v []float64, pos, hd int, theta float64) []float64 {
 	}
 	return v
 }
+
+// ReferenceGreedy is the greedy continuation of prompt for n tokens under Reference (ties go to
+// the lowest id): what every paged, batched, chunked or preempted greedy run must reproduce.
+func ReferenceGreedy(w *Weights, prompt []int, n int) ([]int, error) {
+	toks := append([]int(nil), prompt...)
+	out := make([]int, 0, n)
+	for range n {
+		lg, err := Reference(w, toks)
+		if err != nil {
+			return nil, err
+		}
+		last := lg[len(lg)-1]
+		best := 0
+		for i, v := range last {
+			if v > last[best] {
+				best = i
+			}
+		}
+		out = append(out, best)
+		toks = append(toks, best)
+	}
+	return out, nil
+}

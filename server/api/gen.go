@@ -446,3 +446,17 @@ func (a *API) responseVersion(chs []*choice) int64 {
 	}
 	return v
 }
+
+// start validates spec and submits it; on failure it has written the error response.
+func (a *API) start(c *gin.Context, spec genSpec) (*genRun, bool) {
+	if err := a.prepare(&spec); err != nil {
+		writeError(c, err)
+		return nil, false
+	}
+	run, err := a.submit(c.Request.Context(), spec)
+	if err != nil {
+		writeError(c, err)
+		return nil, false
+	}
+	return run, true
+}

@@ -20,6 +20,7 @@ import (
 type Metrics struct {
 	reg           *prometheus.Registry
 	ttft          prometheus.Histogram
+	resetToFlush  prometheus.Histogram
 	updateWeights *prometheus.HistogramVec
 }
 
@@ -34,7 +35,11 @@ func NewMetrics() *Metrics {
 		Name: "rollout_update_weights_seconds", Help: "Duration of the phases of a weight update (fetch, stage, commit, total).",
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 	}, []string{"phase"})
-	m.reg.MustRegister(m.ttft, m.updateWeights, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.resetToFlush = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "rollout_reset_to_flush_seconds", Help: "Time from a cache reset to the moment its flush set reached the offload workers and they waited on it.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+	})
+	m.reg.MustRegister(m.ttft, m.resetToFlush, m.updateWeights, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -48,6 +53,12 @@ func (m *Metrics) Hooks() engine.Hooks {
 			m.ttft.Observe(t.FirstToken.Sub(t.Arrival).Seconds())
 		}
 	}}
+}
+
+// ObserveResetToFlush records one reset's reset-to-flush latency (the offload connector's
+// OnFlushDelivered callback).
+func (m *Metrics) ObserveResetToFlush(_ []int64, d time.Duration) {
+	m.resetToFlush.Observe(d.Seconds())
 }
 
 func (m *Metrics) observeUpdate(phase string, d time.Duration) {

@@ -57,14 +57,9 @@ func (a *API) handleGenerate(c *gin.Context) {
 		writeError(c, badRequest("missing_field", "prompt_token_ids", "prompt_token_ids is required"))
 		return
 	}
-	if err := a.prepare(&spec); err != nil {
-		writeError(c, err)
-		return
-	}
 	ctx := c.Request.Context()
-	run, err := a.submit(ctx, spec)
-	if err != nil {
-		writeError(c, err)
+	run, ok := a.start(c, spec)
+	if !ok {
 		return
 	}
 	defer run.end()

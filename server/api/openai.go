@@ -211,14 +211,9 @@ func (a *API) handleCompletions(c *gin.Context) {
 		req.Params.Logprobs = *req.Logprobs
 	}
 	spec := genSpec{clientID: id, prompts: prompts, n: req.N, params: req.Params, cacheSalt: req.CacheSalt, stops: stops, text: true}
-	if err := a.prepare(&spec); err != nil {
-		writeError(c, err)
-		return
-	}
 	ctx := c.Request.Context()
-	run, err := a.submit(ctx, spec)
-	if err != nil {
-		writeError(c, err)
+	run, ok := a.start(c, spec)
+	if !ok {
 		return
 	}
 	defer run.end()
