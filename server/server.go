@@ -163,9 +163,8 @@ func (c *Config) defaults() error {
 		c.Logger = slog.Default()
 	}
 	switch c.OTel {
-	case "", "none":
-	case "stdout", "otlp":
-		return fmt.Errorf("%w: --otel %s: trace exporters are not built yet (use none)", ErrInvalidConfig, c.OTel)
+	case "", "none", "stdout", "otlp":
+		// The main package installs the exporter (sdk/telemetry) and passes Config.Tracer.
 	default:
 		return fmt.Errorf("%w: --otel %q: want none, stdout or otlp", ErrInvalidConfig, c.OTel)
 	}

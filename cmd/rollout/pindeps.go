@@ -7,15 +7,5 @@
 package main
 
 import (
-	_ "github.com/gin-gonic/gin"
-	_ "github.com/nlpodyssey/safetensors"
-	_ "github.com/openai/openai-go/v3"
-	_ "github.com/prometheus/client_golang/prometheus"
-	_ "github.com/redis/go-redis/v9"
-	_ "github.com/spf13/cobra"
-	_ "github.com/stretchr/testify/require"
-	_ "github.com/x448/float16"
-	_ "go.opentelemetry.io/otel"
-	_ "go.uber.org/goleak"
-	_ "pgregory.net/rapid"
+	_ "github.com/redis/go-redis/v9" // the fleet control plane (next issues)
 )

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/spf13/cobra"
 
+	"github.com/rolloutkit/rollout/sdk/telemetry"
 	"github.com/rolloutkit/rollout/server"
 )
 
@@ -39,6 +41,19 @@ func newServeCmd() *cobra.Command {
 			if cfg.KVBlocks > 0 && cfg.KVBytes > 0 {
 				return fmt.Errorf("--kv-blocks and --kv-bytes are exclusive")
 			}
+			tp, shutdown, err := telemetry.Setup(cmd.Context(), telemetry.Options{Exporter: cfg.OTel, ServiceName: "rollout-serve",
+				Stdout: cmd.OutOrStdout()})
+			if err != nil {
+				return fmt.Errorf("--otel %s: %w", cfg.OTel, err)
+			}
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := shutdown(ctx); err != nil {
+					cfg.Logger.Warn("flushing traces", "err", err)
+				}
+			}()
+			cfg.Tracer = tp.Tracer("github.com/rolloutkit/rollout/server")
 			return server.Run(cmd.Context(), cfg)
 		},
 	}
