@@ -240,7 +240,7 @@ func TestNewErrorsLeakNothing(t *testing.T) {
 	assert.Error(t, err)
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Redis: "redis://x", Logger: quietLogger()})
 	assert.ErrorIs(t, err, server.ErrFleetNotBuilt)
-	_, err = server.New(server.Config{Addr: "127.0.0.1:0", OTel: "otlp", Logger: quietLogger()})
+	_, err = server.New(server.Config{Addr: "127.0.0.1:0", OTel: "jaeger", Logger: quietLogger()})
 	assert.ErrorIs(t, err, server.ErrInvalidConfig)
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", OffloadDelay: time.Second, Logger: quietLogger()})
 	assert.ErrorIs(t, err, server.ErrInvalidConfig)
