@@ -1,6 +1,6 @@
 // Package kernels holds the engine's numeric kernels: a packed float32 matrix with a batched
-// matrix multiply, the persistent worker pool that splits kernels across cores, and a
-// streaming-read probe of the memory bandwidth that bounds decode.
+// matrix multiply, softmax and attention pieces, the persistent worker pool that splits kernels
+// across cores, and a streaming-read probe of the memory bandwidth that bounds decode.
 //
 // Batch invariance is the rule every kernel keeps: each output element is computed with one
 // reduction order whatever the batch size, tile shape or split across workers. For MatMul that
@@ -10,8 +10,13 @@
 //
 // The SIMD kernels vectorise across output rows (one lane per row of a 16-row panel, x[t][k]
 // broadcast), never across k, and the portable kernel's fma rounds once like the hardware's. So
-// the AVX-512, AVX2 and pure-Go paths give bit-identical results, on every machine, for every
-// batch size and pool size; tests check that bit for bit.
+// the AVX-512, AVX2 and pure-Go MatMul paths give bit-identical results, on every machine, for
+// every batch size and pool size; tests check that bit for bit.
+//
+// The softmax and attention kernels (MaxF32, SumExpShifted, ExpShifted, AttnScores, AttnAccum)
+// keep a fixed reduction order per call, so a token's attention does not depend on the batch,
+// but their AVX-512, AVX2 and portable paths differ in the last bits (vector exp polynomial,
+// lane folding); one process always uses one path.
 //
 // The SIMD paths need GOEXPERIMENT=simd on amd64 (files tagged goexperiment.simd && amd64) and
 // are chosen at run time from the CPU's features (see KernelName); every other build uses the
