@@ -1183,24 +1183,17 @@ func TestSleepThenWakeUpBackToBack(t *testing.T) {
 			require.NoError(t, err)
 			_, err = s.Recv(ctx)
 			require.NoError(t, err)
-			release := e.block(t)
-			errs := make([]error, 2)
-			var wg sync.WaitGroup
-			wg.Add(2)
-			go func() { defer wg.Done(); errs[0] = e.Sleep(ctx, tc.level, tc.mode) }()
-			waitQueued(t, e, 1)
-			go func() { defer wg.Done(); errs[1] = e.WakeUp(ctx, tc.tags) }()
-			waitQueued(t, e, 2)
-			release()
-			wg.Wait()
-			require.NoError(t, errs[0])
+			_, errSleep, errWake := backToBack(t, e,
+				func() error { return e.Sleep(ctx, tc.level, tc.mode) },
+				func() error { return e.WakeUp(ctx, tc.tags) })
+			require.NoError(t, errSleep)
 			st, err := e.Stats(ctx)
 			require.NoError(t, err)
 			assert.False(t, st.KVReleased && !st.Paused, "KV pool released while the engine runs: %+v", st)
 			if tc.level == 2 {
-				require.ErrorIs(t, errs[1], ErrNoWeights, "waking the weights after a level-2 sleep needs new weights")
+				require.ErrorIs(t, errWake, ErrNoWeights, "waking the weights after a level-2 sleep needs new weights")
 			} else {
-				require.NoError(t, errs[1])
+				require.NoError(t, errWake)
 			}
 			_, err = s.Collect(ctx)
 			require.NoError(t, err)
@@ -1220,18 +1213,11 @@ func TestSleep2ThenCommitBackToBack(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Recv(ctx)
 	require.NoError(t, err)
-	release := e.block(t)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); errs[0] = e.Sleep(ctx, 2, PauseWait) }()
-	waitQueued(t, e, 1)
-	go func() { defer wg.Done(); _, errs[1] = e.CommitWeights(ctx) }()
-	waitQueued(t, e, 2)
-	release()
-	wg.Wait()
-	require.NoError(t, errs[0])
-	require.NoError(t, errs[1])
+	_, errSleep, errCommit := backToBack(t, e,
+		func() error { return e.Sleep(ctx, 2, PauseWait) },
+		func() error { _, err := e.CommitWeights(ctx); return err })
+	require.NoError(t, errSleep)
+	require.NoError(t, errCommit)
 	require.NoError(t, e.WakeUp(ctx, nil), "the committed weights survive the sleep")
 	got, err := e.Weights(ctx)
 	require.NoError(t, err)

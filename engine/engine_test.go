@@ -230,20 +230,12 @@ func TestBackToBackUtilityCalls(t *testing.T) {
 	_, err = s.Collect(ctx)
 	require.NoError(t, err)
 
-	release := e.block(t)
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	wg.Add(2)
-	go func() { defer wg.Done(); _, errs[0] = e.Pause(ctx, PauseAbort, true) }()
-	waitQueued(t, e, 1)
-	go func() { defer wg.Done(); errs[1] = e.Sleep(ctx, 1, PauseAbort) }()
-	waitQueued(t, e, 2)
-	before := e.Metrics().Steps
-	release()
-	wg.Wait()
-	require.NoError(t, errs[0])
-	require.NoError(t, errs[1])
-	assert.Equal(t, before, e.Metrics().Steps, "no step was needed between or after the two calls")
+	steps, errPause, errSleep := backToBack(t, e,
+		func() error { _, err := e.Pause(ctx, PauseAbort, true); return err },
+		func() error { return e.Sleep(ctx, 1, PauseAbort) })
+	require.NoError(t, errPause)
+	require.NoError(t, errSleep)
+	assert.Zero(t, steps, "no step was needed between or after the two calls")
 	sleeping, err := e.IsSleeping(ctx)
 	require.NoError(t, err)
 	assert.True(t, sleeping)
@@ -517,6 +509,25 @@ func (e *Engine) block(t *testing.T) (release func()) {
 	<-entered
 	var once sync.Once
 	return func() { once.Do(func() { close(gate) }) }
+}
+
+// backToBack queues first and then second while the loop is parked, so that the loop handles
+// them with no step between (vLLM's bug-2 shape). It returns the number of engine steps taken
+// from their handling until both returned, and their errors.
+func backToBack(t *testing.T, e *Engine, first, second func() error) (steps int64, err1, err2 error) {
+	t.Helper()
+	release := e.block(t)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); errs[0] = first() }()
+	waitQueued(t, e, 1)
+	go func() { defer wg.Done(); errs[1] = second() }()
+	waitQueued(t, e, 2)
+	before := e.Metrics().Steps
+	release()
+	wg.Wait()
+	return e.Metrics().Steps - before, errs[0], errs[1]
 }
 
 // waitQueued waits until n messages sit in the engine's input queue.
