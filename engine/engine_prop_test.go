@@ -702,18 +702,24 @@ func (h *propHarness) opReset() {
 	h.expect("reset_prefix_cache", h.st)
 }
 
-// taintForCommit marks the runs that a commit now may leave computed over older KV.
-func (h *propHarness) taintForCommit(ver int64, running []string) {
-	var who []*propReq
-	if h.st.Paused != "" {
-		for _, id := range running {
-			if r := h.byID[id]; r != nil {
-				who = append(who, r)
-			}
-		}
-	} else {
-		who = h.live()
+// commitCandidates returns the requests a commit made now may leave computed over older KV.
+// It must be called before the commit: a request running at the commit can finish before the
+// call returns (the loop keeps stepping), so the live set read afterwards may miss it.
+func (h *propHarness) commitCandidates(running []string) []*propReq {
+	if h.st.Paused == "" {
+		return h.live()
 	}
+	var who []*propReq
+	for _, id := range running {
+		if r := h.byID[id]; r != nil {
+			who = append(who, r)
+		}
+	}
+	return who
+}
+
+// taintForCommit marks the runs of version ver of the commit's candidates as tainted.
+func (h *propHarness) taintForCommit(ver int64, running []string, who []*propReq) {
 	ids := make([]string, 0, len(who))
 	for _, r := range who {
 		r.tainted[ver] = true
@@ -741,6 +747,7 @@ func (h *propHarness) updateWeights(stageOnly bool) {
 	w := h.newWeights(ver)
 	running := h.sync()
 	want := h.st
+	who := h.commitCandidates(running)
 	v, err := h.e.UpdateWeights(h.ctx, w, ver, stageOnly)
 	if err != nil {
 		h.fatalf("update_weights(%d, stage only %v): %v", ver, stageOnly, err)
@@ -752,7 +759,7 @@ func (h *propHarness) updateWeights(stageOnly bool) {
 			h.fatalf("stage-only update returned version %d, serving %d", v, want.Version)
 		}
 	} else {
-		h.taintForCommit(ver, running)
+		h.taintForCommit(ver, running, who)
 		want.Staged, want.Version, want.NoModel = 0, ver, false
 		if v != ver {
 			h.fatalf("update_weights returned %d, want %d", v, ver)
@@ -802,6 +809,7 @@ func (h *propHarness) opWeights() {
 	case 3: // commit whatever is staged
 		running := h.sync()
 		want := h.st
+		who := h.commitCandidates(running)
 		v, err := h.e.CommitWeights(h.ctx)
 		if want.Staged == 0 {
 			if !errors.Is(err, ErrNothingStaged) {
@@ -812,7 +820,7 @@ func (h *propHarness) opWeights() {
 			if err != nil || v != want.Staged {
 				h.fatalf("commit: %d, %v; staged %d", v, err, want.Staged)
 			}
-			h.taintForCommit(v, running)
+			h.taintForCommit(v, running, who)
 			want.Version, want.Staged, want.NoModel = v, 0, false
 		}
 		h.expect("commit_weights", want)
