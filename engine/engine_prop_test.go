@@ -778,7 +778,8 @@ func (h *propHarness) opSwapUnderKeep() {
 	if h.st.Paused == "" && !slices.ContainsFunc(h.live(), (*propReq).hasTokens) {
 		// Something mid-generation, so that its tokens span the two versions.
 		r := h.add(rapid.SliceOfN(rapid.IntRange(0, 255), 1, 40).Draw(h.rt, "swap_prompt"), greedy(60), 0, "")
-		for deadline := time.Now().Add(5 * time.Second); r != nil && !r.hasTokens() && time.Now().Before(deadline); {
+		// It may also finish at once (EOS), which ends the wait too.
+		for deadline := time.Now().Add(5 * time.Second); r != nil && !r.hasTokens() && !r.streamFinished() && time.Now().Before(deadline); {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
