@@ -65,6 +65,31 @@ func (l logprob) MarshalJSON() ([]byte, error) {
 	return strconv.AppendFloat(nil, f, 'g', -1, 32), nil
 }
 
+// logprobList encodes a whole list of logprobs in one call: encoding/json calls a per-element
+// MarshalJSON once per token and re-validates each result, which dominated the cost of long
+// responses.
+type logprobList []logprob
+
+// MarshalJSON implements json.Marshaler.
+func (l logprobList) MarshalJSON() ([]byte, error) {
+	if l == nil {
+		return []byte("null"), nil
+	}
+	b := make([]byte, 0, 2+12*len(l))
+	b = append(b, '[')
+	for i, v := range l {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if f := float64(v); math.IsInf(f, 0) || math.IsNaN(f) {
+			b = append(b, "null"...)
+		} else {
+			b = strconv.AppendFloat(b, f, 'g', -1, 32)
+		}
+	}
+	return append(b, ']'), nil
+}
+
 // genSpec is what a route asks the engine for: every prompt n times.
 type genSpec struct {
 	clientID  string
@@ -424,8 +449,8 @@ func idsOf(toks []engine.Token) []int {
 	return v
 }
 
-func logprobsOf(toks []engine.Token) []logprob {
-	v := make([]logprob, len(toks))
+func logprobsOf(toks []engine.Token) logprobList {
+	v := make(logprobList, len(toks))
 	for i, t := range toks {
 		v[i] = logprob(t.Logprob)
 	}

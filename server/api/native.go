@@ -22,7 +22,7 @@ type generateRequest struct {
 
 type generateOutput struct {
 	TokenIDs        []int                   `json:"token_ids"`
-	Logprobs        []logprob               `json:"logprobs"`
+	Logprobs        logprobList             `json:"logprobs"`
 	TopLogprobs     [][]sample.TokenLogprob `json:"top_logprobs,omitempty"`
 	WeightVersions  []int64                 `json:"weight_versions"`
 	FinishReason    string                  `json:"finish_reason"`

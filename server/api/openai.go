@@ -51,7 +51,7 @@ type promptDetails struct {
 
 type completionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []logprob            `json:"token_logprobs"`
+	TokenLogprobs logprobList          `json:"token_logprobs"`
 	TopLogprobs   []map[string]logprob `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }
@@ -278,7 +278,7 @@ func (a *API) decodeLossy(ids []int) string {
 }
 
 func (a *API) completionLogprobs(toks []engine.Token, offsets []int, base int) *completionLogprobs {
-	lp := &completionLogprobs{Tokens: make([]string, len(toks)), TokenLogprobs: make([]logprob, len(toks)),
+	lp := &completionLogprobs{Tokens: make([]string, len(toks)), TokenLogprobs: make(logprobList, len(toks)),
 		TopLogprobs: make([]map[string]logprob, len(toks)), TextOffset: make([]int, len(toks))}
 	for i, t := range toks {
 		lp.Tokens[i] = tokenText(a.tok, t.ID)
