@@ -60,7 +60,10 @@ type Stream struct {
 	reason   FinishReason
 	cached   int
 	taken    bool // the final Output was returned
-	timings  Timings
+	// quiet: the reader waits for the end only (Collect), so tokens do not wake it. With 64
+	// requests decoding, per-token wake-ups are 64 goroutine switches per engine step.
+	quiet   bool
+	timings Timings
 }
 
 func newStream(e *Engine, id string, arrival time.Time) *Stream {
@@ -85,10 +88,13 @@ func (s *Stream) push(toks []Token, cached int, reason FinishReason, now time.Ti
 	if reason != "" {
 		s.finished, s.reason, s.timings.Finish = true, reason, now
 	}
+	wake := !s.quiet || s.finished
 	s.mu.Unlock()
-	select {
-	case s.notify <- struct{}{}:
-	default:
+	if wake {
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -136,8 +142,13 @@ func (r Result) TokenIDs() []int {
 }
 
 // Collect reads the rest of the stream (the tokens not yet returned by Recv) to its end.
+// It is woken once, at the end, not per token; mixing it with concurrent Recv calls on the
+// same stream is not supported.
 func (s *Stream) Collect(ctx context.Context) (Result, error) {
 	var r Result
+	s.mu.Lock()
+	s.quiet = true
+	s.mu.Unlock()
 	for {
 		out, err := s.Recv(ctx)
 		if errors.Is(err, io.EOF) {

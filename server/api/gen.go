@@ -256,6 +256,15 @@ func (ch *choice) apply(out engine.Output) (string, bool) {
 // collect runs every choice to its end (non-streaming routes).
 func (r *genRun) collect(ctx context.Context) error {
 	for _, ch := range r.choices {
+		if ch.text == nil || len(ch.text.stops) == 0 {
+			// Nothing can end the choice early, so wait for the end without a wake-up per token.
+			res, err := ch.stream.Collect(ctx)
+			if err != nil {
+				return err
+			}
+			ch.apply(engine.Output{Tokens: res.Tokens, Finished: true, FinishReason: res.FinishReason, NumCachedTokens: res.NumCachedTokens})
+			continue
+		}
 		for !ch.done {
 			out, err := ch.stream.Recv(ctx)
 			if err != nil {
