@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/rolloutkit/rollout/engine/kernels"
@@ -24,8 +25,39 @@ type DecodeResult struct {
 	PrefillTokens       int     `json:"prefill_tokens"`
 	PrefillTokensPerSec float64 `json:"prefill_tokens_per_s"`
 	// Llama2CTokensPerSec is the published range for llama2.c's run.c on this machine kind
-	// (perf-baselines.md), the baseline for DecodeTokensPerSec.
+	// (perf-baselines.md), the baseline for DecodeTokensPerSec when none is measured.
 	Llama2CTokensPerSec [2]float64 `json:"llama2c_tokens_per_s"`
+	// Runs and Llama2CRuns are every repeat's decode rate, Rollout's and (with a llama2.c
+	// binary) llama2.c's, measured alternately in this run; DecodeTokensPerSec and
+	// Llama2CMeasured are their medians.
+	Runs            []float64 `json:"decode_runs_tokens_per_s,omitempty"`
+	Llama2CRuns     []float64 `json:"llama2c_runs_tokens_per_s,omitempty"`
+	Llama2CMeasured float64   `json:"llama2c_measured_tokens_per_s,omitempty"`
+}
+
+// Ratio is decode speed over the baseline: the llama2.c rate measured in this run, else the
+// top of the published range.
+func (r DecodeResult) Ratio() float64 {
+	if r.Llama2CMeasured > 0 {
+		return r.DecodeTokensPerSec / r.Llama2CMeasured
+	}
+	if r.Llama2CTokensPerSec[1] > 0 {
+		return r.DecodeTokensPerSec / r.Llama2CTokensPerSec[1]
+	}
+	return 0
+}
+
+// Median returns the median of v (the mean of the middle two for an even count), 0 if empty.
+func Median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }
 
 // Llama2C holds llama2.c run.c's batch-1 greedy decode rates on this machine kind

@@ -34,6 +34,9 @@ func newBenchEngineCmd() *cobra.Command {
 		concToks int
 		idleFor  time.Duration
 		quick    bool
+		repeats  int
+
+		llama2cBin string
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
@@ -45,7 +48,7 @@ func newBenchEngineCmd() *cobra.Command {
 			rep := bench.EngineReport{GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName()}
 			rep.ReadBandwidthGBs = kernels.StreamReadBandwidth(pool, bwBytes)
 			for _, p := range presets {
-				r, err := bench.Decode(cmd.Context(), pool, p, tokens, prefill, rep.ReadBandwidthGBs)
+				r, err := decodeFigures(cmd.Context(), pool, p, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
 				if err != nil {
 					return err
 				}
@@ -66,9 +69,15 @@ func newBenchEngineCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "preset\tdecode tok/s\tllama2.c tok/s\tratio\tweights GB/s\tof bandwidth\tprefill tok/s")
 			for _, r := range rep.Decode {
-				fmt.Fprintf(tw, "%s\t%.1f\t%.0f-%.0f\t%.2fx\t%.1f\t%.2f\t%.0f\n", r.Preset, r.DecodeTokensPerSec,
-					r.Llama2CTokensPerSec[0], r.Llama2CTokensPerSec[1], r.DecodeTokensPerSec/r.Llama2CTokensPerSec[1],
-					r.WeightGBPerSec, r.BandwidthRatio, r.PrefillTokensPerSec)
+				base := fmt.Sprintf("%.0f-%.0f (published, other CPU)", r.Llama2CTokensPerSec[0], r.Llama2CTokensPerSec[1])
+				if r.Llama2CMeasured > 0 {
+					base = fmt.Sprintf("%.1f (this run)", r.Llama2CMeasured)
+				}
+				fmt.Fprintf(tw, "%s\t%.1f\t%s\t%.2fx\t%.1f\t%.2f\t%.0f\n", r.Preset, r.DecodeTokensPerSec,
+					base, r.Ratio(), r.WeightGBPerSec, r.BandwidthRatio, r.PrefillTokensPerSec)
+			}
+			if repeats > 1 {
+				fmt.Fprintf(tw, "(medians of %d alternating runs)\n", repeats)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -88,7 +97,48 @@ func newBenchEngineCmd() *cobra.Command {
 	f.IntVar(&concToks, "concurrent-tokens", 64, "tokens per request in the aggregate decode figures")
 	f.DurationVar(&idleFor, "idle", 5*time.Second, "how long to measure idle CPU")
 	f.BoolVar(&quick, "quick", false, "only batch-1 decode, prefill and bandwidth")
+	f.IntVar(&repeats, "repeats", 3, "batch-1 decode runs per preset (alternating with llama2.c's); the median is reported")
+	f.StringVar(&llama2cBin, "llama2c", "", "a llama2.c run binary (gcc -Ofast -march=native -fopenmp run.c -lm) to measure the baseline in the same run")
 	return cmd
+}
+
+// decodeFigures measures batch-1 decode repeats times, alternating with llama2.c's run when a
+// binary is given, so both see the same machine conditions; it reports medians.
+func decodeFigures(ctx context.Context, pool *kernels.Pool, preset string, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
+	var l2c *bench.Llama2C
+	if llama2cBin != "" {
+		var err error
+		if l2c, err = bench.NewLlama2C(llama2cBin, preset); err != nil {
+			return bench.DecodeResult{}, err
+		}
+		defer l2c.Close()
+	}
+	var r bench.DecodeResult
+	var runs, base, pre []float64
+	for i := range max(repeats, 1) {
+		d, err := bench.Decode(ctx, pool, preset, tokens, prefill, bw)
+		if err != nil {
+			return bench.DecodeResult{}, err
+		}
+		runs, pre = append(runs, d.DecodeTokensPerSec), append(pre, d.PrefillTokensPerSec)
+		if i == 0 {
+			r = d
+		}
+		if l2c != nil {
+			v, err := l2c.Run(ctx, tokens, threads)
+			if err != nil {
+				return bench.DecodeResult{}, err
+			}
+			base = append(base, v)
+		}
+	}
+	r.Runs, r.Llama2CRuns = runs, base
+	r.DecodeTokensPerSec, r.Llama2CMeasured, r.PrefillTokensPerSec = bench.Median(runs), bench.Median(base), bench.Median(pre)
+	r.WeightGBPerSec = r.DecodeTokensPerSec * float64(r.WeightBytes) / 1e9
+	if bw > 0 {
+		r.BandwidthRatio = r.WeightGBPerSec / bw
+	}
+	return r, nil
 }
 
 // engineFigures adds the engine-level figures: aggregate decode at each concurrency, prefix
