@@ -434,11 +434,16 @@ func TestBadInput(t *testing.T) {
 		_, err := e.Add(ctx, r)
 		assert.ErrorIs(t, err, ErrInvalidRequest, name)
 	}
+	// Paused (keep), "d" cannot finish before its duplicate arrives, however the test goroutine
+	// is scheduled.
+	_, err := e.Pause(ctx, PauseKeep, false)
+	require.NoError(t, err)
 	s, err := e.Add(ctx, Request{ID: "d", PromptTokenIDs: prompt(4, 1), Sampling: greedy(300)})
 	require.NoError(t, err)
 	_, err = e.Add(ctx, Request{ID: "d", PromptTokenIDs: prompt(4, 1), Sampling: greedy(5)})
 	require.ErrorIs(t, err, ErrDuplicateID)
 	e.Abort("no-such-request")
+	require.NoError(t, e.Resume(ctx))
 	res, err := s.Collect(ctx)
 	require.NoError(t, err)
 	assert.Len(t, res.Tokens, 300, "bad requests and unknown aborts disturb nobody")
