@@ -243,22 +243,22 @@ func TestPropertyRandomInterleavings(t *testing.T) {
 const propMaxRounds = 3
 
 // missingCoverage names the situations the cases so far have not reached.
-func (tot *propTotals) missingCoverage() []string {
-	tot.mu.Lock()
-	defer tot.mu.Unlock()
+func (tt *propTotals) missingCoverage() []string {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
 	var missing []string
 	for _, c := range []struct {
 		n    int
 		what string
 	}{
-		{int(tot.preemptions), "preemption"},
-		{int(tot.prefixHits), "prefix-cache hit"},
-		{tot.cleanSwaps, "clean weight swap"},
-		{tot.dirtySwaps, "weight swap with KV in use"},
-		{tot.multiVersionChecked, "checked request with tokens of two versions"},
-		{tot.seededPairs, "seeded determinism pair"},
-		{tot.finishes[FinishAbort], "abort finish"},
-		{tot.finishes[FinishLength], "length finish"},
+		{int(tt.preemptions), "preemption"},
+		{int(tt.prefixHits), "prefix-cache hit"},
+		{tt.cleanSwaps, "clean weight swap"},
+		{tt.dirtySwaps, "weight swap with KV in use"},
+		{tt.multiVersionChecked, "checked request with tokens of two versions"},
+		{tt.seededPairs, "seeded determinism pair"},
+		{tt.finishes[FinishAbort], "abort finish"},
+		{tt.finishes[FinishLength], "length finish"},
 	} {
 		if c.n <= 0 {
 			missing = append(missing, c.what)
