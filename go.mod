@@ -3,6 +3,7 @@ module github.com/rolloutkit/rollout
 go 1.26.0
 
 require (
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/gin-gonic/gin v1.12.0
 	github.com/nlpodyssey/safetensors v0.0.0-20250209183917-bfb01cc25f7c
 	github.com/openai/openai-go/v3 v3.102.0

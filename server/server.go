@@ -139,7 +139,7 @@ func newServer(cfg Config, ln net.Listener) (*Server, error) {
 		return nil, fmt.Errorf("server: engine: %w", err)
 	}
 	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config,
-		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
+		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, BOSToken: m.BOSToken, EOSToken: m.EOSToken, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
 		WeightsRoot: cfg.WeightsRoot, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue, MaxBodyBytes: cfg.MaxBodyBytes,
 		Metrics: metrics, ConnectorStats: connStats, Version: cfg.Version, Logger: cfg.Logger})
 	if err != nil {

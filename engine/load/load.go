@@ -24,8 +24,12 @@ type Model struct {
 	Spec      string
 	Weights   *model.Weights
 	Tokenizer tokenizer.Tokenizer
-	// ChatTemplate is the checkpoint's chat template, empty when it has none.
+	// ChatTemplate is the checkpoint's Jinja chat template (tokenizer_config.json's
+	// chat_template, or chat_template.jinja), empty when it has none.
 	ChatTemplate string
+	// BOSToken and EOSToken are tokenizer_config.json's bos_token and eos_token strings (what
+	// chat templates see as bos_token and eos_token), empty when it does not set them.
+	BOSToken, EOSToken string
 }
 
 // Open resolves spec. tokenizerPath, when not empty, overrides the tokenizer found beside the
@@ -99,7 +103,11 @@ func (m *Model) openPath(path string) error {
 		if m.Weights, err = weights.LoadHF(path); err != nil {
 			return err
 		}
-		m.ChatTemplate = readChatTemplate(path)
+		var cc ChatConfig
+		if cc, err = ReadChatConfig(path); err != nil {
+			return err
+		}
+		m.ChatTemplate, m.BOSToken, m.EOSToken = cc.Template, cc.BOSToken, cc.EOSToken
 		return m.tokenizerBeside(path, "tokenizer.json", "tokenizer.bin")
 	}
 	if strings.HasSuffix(path, ".bin") {

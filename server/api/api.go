@@ -41,8 +41,13 @@ type Config struct {
 	ModelConfig model.Config
 	// ModelName is the id /v1/models lists and requests must name (empty "model" is accepted).
 	ModelName string
-	// ChatTemplate is the checkpoint's chat template; only ChatML is rendered (see doc.go).
+	// ChatTemplate is the checkpoint's Jinja chat template, rendered for /v1/chat/completions
+	// and /tokenize with messages; empty means the built-in ChatML template. New fails when it
+	// does not compile.
 	ChatTemplate string
+	// BOSToken and EOSToken are the checkpoint's bos_token and eos_token strings, the
+	// template's variables of those names.
+	BOSToken, EOSToken string
 	// APIKey, when set, is required as a bearer token on the generation routes. AdminToken,
 	// when set, is required on the admin routes; unset, they answer loopback clients only.
 	APIKey, AdminToken string
@@ -82,6 +87,7 @@ type API struct {
 	metrics *Metrics
 	router  *gin.Engine
 	limit   *limiter
+	chat    *chatTemplate
 	created int64
 
 	idPrefix string
@@ -129,11 +135,21 @@ func New(cfg Config) (*API, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics()
 	}
-	a := &API{cfg: cfg, eng: cfg.Engine, tok: cfg.Tokenizer, log: cfg.Logger, metrics: cfg.Metrics,
+	chat, err := newChatTemplate(cfg.ChatTemplate, cfg.BOSToken, cfg.EOSToken)
+	if err != nil {
+		return nil, err
+	}
+	a := &API{cfg: cfg, chat: chat, eng: cfg.Engine, tok: cfg.Tokenizer, log: cfg.Logger, metrics: cfg.Metrics,
 		limit: newLimiter(cfg.MaxConcurrent, cfg.MaxQueue), created: time.Now().Unix(),
 		idPrefix: fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff), live: map[string][]string{}}
-	if cfg.ChatTemplate != "" && !isChatML(cfg.ChatTemplate) {
-		a.log.Warn("api: the checkpoint's chat template is not ChatML; Jinja templates are not rendered, using ChatML")
+	if !chat.builtin {
+		a.log.Info("api: chat uses the checkpoint's template", "chatml", isChatML(cfg.ChatTemplate))
+		// A template can compile and still fail on every conversation (a construct the
+		// evaluator lacks): say so at startup rather than only in 400s.
+		probe := []chatMessage{{Role: "user", Content: []byte(`"hi"`)}}
+		if _, err := chat.render(probe); err != nil {
+			a.log.Warn("api: the chat template fails on a one-message user conversation", "error", err)
+		}
 	}
 	a.metrics.bind(a)
 	a.router = a.routes()

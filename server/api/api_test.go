@@ -146,7 +146,9 @@ func TestAdminTokenAcceptedFromAnywhere(t *testing.T) {
 }
 
 func TestRenderChatML(t *testing.T) {
-	s, err := renderChatML([]chatMessage{{Role: "system", Content: json.RawMessage(`"a"`)},
+	chatML, err := newChatTemplate("", "", "")
+	require.NoError(t, err)
+	s, err := chatML.render([]chatMessage{{Role: "system", Content: json.RawMessage(`"a"`)},
 		{Role: "user", Content: json.RawMessage(`[{"type":"text","text":"b"},{"type":"text","text":"c"}]`)}})
 	require.NoError(t, err)
 	assert.Equal(t, "<|im_start|>system\na<|im_end|>\n<|im_start|>user\nbc<|im_end|>\n<|im_start|>assistant\n", s)

@@ -79,9 +79,6 @@ type chatResponse struct {
 	WeightVersion  int64        `json:"weight_version"`
 }
 
-// isChatML reports whether a checkpoint's template is ChatML, the one format rendered here.
-func isChatML(t string) bool { return strings.Contains(t, "<|im_start|>") }
-
 // messageText extracts a message's text: a string, or a list of {"type":"text","text":...}
 // parts. null is an empty message.
 func messageText(raw json.RawMessage, i int) (string, error) {
@@ -110,32 +107,6 @@ func messageText(raw json.RawMessage, i int) (string, error) {
 	return sb.String(), nil
 }
 
-// renderChatML renders messages with ChatML and opens the assistant turn.
-func renderChatML(msgs []chatMessage) (string, error) {
-	if len(msgs) == 0 {
-		return "", badRequest("missing_field", "messages", "messages must not be empty")
-	}
-	var sb strings.Builder
-	for i, m := range msgs {
-		switch m.Role {
-		case "system", "developer", "user", "assistant", "tool":
-		default:
-			return "", badRequest("invalid_value", "messages", "messages[%d].role %q: want system, developer, user, assistant or tool", i, m.Role)
-		}
-		text, err := messageText(m.Content, i)
-		if err != nil {
-			return "", err
-		}
-		role := m.Role
-		if role == "developer" {
-			role = "system"
-		}
-		sb.WriteString("<|im_start|>" + role + "\n" + text + "<|im_end|>\n")
-	}
-	sb.WriteString("<|im_start|>assistant\n")
-	return sb.String(), nil
-}
-
 func (a *API) handleChat(c *gin.Context) {
 	req := chatRequest{Params: sample.Defaults(), N: 1}
 	if err := readJSON(c, &req); err != nil {
@@ -146,12 +117,12 @@ func (a *API) handleChat(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
-	text, err := renderChatML(req.Messages)
+	text, err := a.chat.render(req.Messages)
 	if err != nil {
 		writeError(c, err)
 		return
 	}
-	prompt, err := a.encodeText(text, true)
+	prompt, err := a.encodeChat(text, true)
 	if err != nil {
 		writeError(c, err)
 		return

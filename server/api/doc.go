@@ -17,8 +17,20 @@
 //   - Text prompts (completions, chat, /tokenize) get the vocabulary's BOS first, as
 //     `rollout generate` does, so greedy output over HTTP equals the in-process output.
 //     Token-id prompts are used as given.
-//   - Chat uses ChatML. A checkpoint with another (Jinja) template is served with ChatML too,
-//     and a warning is logged at startup: Jinja is not evaluated here.
+//   - Chat (/v1/chat/completions, and /tokenize with messages) renders the checkpoint's Jinja
+//     chat template (tokenizer_config.json chat_template, or chat_template.jinja) as
+//     transformers' apply_chat_template(add_generation_prompt=True) does: variables messages
+//     (role; content as a string, text parts joined), add_generation_prompt=true, bos_token,
+//     eos_token, tools and documents none; trim_blocks and lstrip_blocks on. With no template
+//     it is a built-in ChatML ("developer" rendered as "system"). The template is compiled
+//     once at startup and a template that does not compile stops the server; an error while
+//     rendering (e.g. raise_exception on roles that do not alternate) is a 400 on "messages".
+//   - A rendered chat that starts with bos_token gets no second BOS: that text becomes the
+//     BOS id (as HF/vLLM tokenize it without adding special tokens). Other special-token
+//     text the template emits is matched like any prompt text: added tokens such as
+//     <|eot_id|> or <|im_end|> become their ids, but BOS/EOS/PAD are control tokens that text
+//     never spells (see package tokenizer), so an eos_token inside the rendering (Llama-2,
+//     Mistral, Zephyr after an assistant turn) is tokenized as text, not as the EOS id.
 //   - Logprobs are the engine's (raw log-softmax by default; "logprob_mode":"processed" for the
 //     sampled distribution). A processed-mode logprob of a token outside the kept set is -Inf,
 //     which JSON cannot carry: it is encoded as null.

@@ -100,6 +100,7 @@ func (a *API) handleTokenize(c *gin.Context) {
 		return
 	}
 	var text string
+	fromChat := false
 	switch {
 	case req.Prompt != nil && req.Messages != nil:
 		writeError(c, badRequest("invalid_value", "prompt", "give prompt or messages, not both"))
@@ -107,17 +108,24 @@ func (a *API) handleTokenize(c *gin.Context) {
 	case req.Prompt != nil:
 		text = *req.Prompt
 	case req.Messages != nil:
-		t, err := renderChatML(req.Messages)
+		t, err := a.chat.render(req.Messages)
 		if err != nil {
 			writeError(c, err)
 			return
 		}
-		text = t
+		text, fromChat = t, true
 	default:
 		writeError(c, badRequest("missing_field", "prompt", "prompt or messages is required"))
 		return
 	}
-	ids, err := a.encodeText(text, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+	addSpecial := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+	var ids []int
+	var err error
+	if fromChat {
+		ids, err = a.encodeChat(text, addSpecial)
+	} else {
+		ids, err = a.encodeText(text, addSpecial)
+	}
 	if err != nil {
 		writeError(c, err)
 		return
