@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -212,6 +213,9 @@ func IdleCPU(ctx context.Context, w *model.Weights, d time.Duration, workers int
 	if _, err := generate(ctx, e, "a", benchPrompt(8, 1, w.Config.VocabSize), 16); err != nil {
 		return IdleResult{}, err
 	}
+	// The figure is the idle engine's, not the collection of earlier benchmarks' garbage (the
+	// 110m runs leave hundreds of MB) that the runtime would otherwise do in this window.
+	debug.FreeOSMemory()
 	time.Sleep(50 * time.Millisecond) // let spinning workers park
 	c0 := cpuTime()
 	t0 := time.Now()
