@@ -149,5 +149,6 @@ type EngineReport struct {
 	Concurrent       []ConcurrentResult `json:"concurrent,omitempty"`
 	Prefix           *PrefixResult      `json:"prefix_cache,omitempty"`
 	Pause            *PauseResult       `json:"pause_keep_clear_cache,omitempty"`
+	Updates          []UpdateResult     `json:"weight_update,omitempty"`
 	Idle             *IdleResult        `json:"idle,omitempty"`
 }

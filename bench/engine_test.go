@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/weights"
 )
 
 func tinyWeights(t testing.TB) *model.Weights {
@@ -35,6 +36,20 @@ func TestEngineFigures(t *testing.T) {
 	i, err := IdleCPU(ctx, w, 10*time.Millisecond, 2)
 	require.NoError(t, err)
 	assert.Positive(t, i.Seconds)
+}
+
+func TestWeightUpdateFigures(t *testing.T) {
+	for _, d := range []weights.DType{weights.F32, weights.BF16} {
+		r, err := WeightUpdate(context.Background(), "tiny", 4, 2, d, t.TempDir())
+		require.NoError(t, err, d)
+		assert.Equal(t, int64(2), r.Version)
+		assert.True(t, r.NewVersionTokens, "every running request continues on the new version")
+		assert.Positive(t, r.Bytes)
+		assert.Positive(t, r.LoadGBs)
+		assert.Positive(t, r.ReadGBs)
+		assert.Positive(t, r.SHA256GBs)
+		assert.LessOrEqual(t, r.CutSteps, int64(2), "the cut (pause keep, commit, resume) waits for one step boundary")
+	}
 }
 
 func BenchmarkConcurrentDecode(b *testing.B) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"text/tabwriter"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/rolloutkit/rollout/bench"
 	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/weights"
 )
 
 func newBenchCmd() *cobra.Command {
@@ -163,6 +165,11 @@ func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []strin
 			}
 			rep.Concurrent = append(rep.Concurrent, r)
 		}
+		u, err := weightUpdate(ctx, p, workers)
+		if err != nil {
+			return err
+		}
+		rep.Updates = append(rep.Updates, u)
 	}
 	// A 1,024-token shared prefix needs a longer context than the stories presets have: the
 	// stories15m shape with a 2,048-token context.
@@ -195,6 +202,17 @@ func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []strin
 	return nil
 }
 
+// weightUpdate measures one weight update of preset with 32 requests decoding, from an F32
+// checkpoint in a temporary directory.
+func weightUpdate(ctx context.Context, preset string, workers int) (bench.UpdateResult, error) {
+	dir, err := os.MkdirTemp("", "rollout-bench-update-")
+	if err != nil {
+		return bench.UpdateResult{}, err
+	}
+	defer os.RemoveAll(dir)
+	return bench.WeightUpdate(ctx, preset, 32, workers, weights.F32, dir)
+}
+
 func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
 	if len(rep.Concurrent) > 0 {
 		fmt.Fprintln(out, "\naggregate greedy decode (engine, 8-token prompts)")
@@ -202,6 +220,16 @@ func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
 		fmt.Fprintln(tw, "preset\tconcurrent\ttok/s\tvs batch 1")
 		for _, r := range rep.Concurrent {
 			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2fx\n", r.Preset, r.Concurrency, r.TokensPerSec, r.SpeedupVsBatch1)
+		}
+		_ = tw.Flush()
+	}
+	if len(rep.Updates) > 0 {
+		fmt.Fprintln(out, "\nweight update with 32 requests decoding: load and stage while serving, then the cut pause(keep, clear_cache) -> commit -> resume")
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "preset\tcheckpoint\tload ms\tload GB/s\tread GB/s\tsha256 GB/s\tstage ms\tsteps served\tcut ms\tcut steps\tstep ms")
+		for _, u := range rep.Updates {
+			fmt.Fprintf(tw, "%s\t%.0f MB %s\t%.0f\t%.2f\t%.2f\t%.2f\t%.0f\t%d\t%.1f\t%d\t%.1f\n", u.Preset, float64(u.Bytes)/1e6, u.DType,
+				u.LoadMs, u.LoadGBs, u.ReadGBs, u.SHA256GBs, u.StageMs, u.ServedSteps, u.CutMs, u.CutSteps, u.StepMillis)
 		}
 		_ = tw.Flush()
 	}

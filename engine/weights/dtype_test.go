@@ -90,3 +90,29 @@ func TestParseDType(t *testing.T) {
 	_, err := ParseDType("int8")
 	require.ErrorIs(t, err, ErrUnsupportedFormat)
 }
+
+func TestFirstNonFinite(t *testing.T) {
+	// Every position of a block of eight and the scalar tail, each kind of non-finite value,
+	// and the largest finite values around them (exponent 0xfe: not a hit).
+	big := math.Float32frombits(0x7f7fffff)
+	for _, n := range []int{0, 1, 7, 8, 9, 16, 23, 24, 31} {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = big
+			if i%2 == 1 {
+				v[i] = -big
+			}
+		}
+		require.Equal(t, -1, firstNonFinite(v), "n=%d all finite", n)
+		for p := range n {
+			for _, bad := range []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.Float32frombits(0xffc00001)} {
+				w := append([]float32(nil), v...)
+				w[p] = bad
+				if p+1 < n {
+					w[n-1] = float32(math.NaN()) // a later hit must not win
+				}
+				require.Equal(t, p, firstNonFinite(w), "n=%d hit at %d (%#x)", n, p, math.Float32bits(bad))
+			}
+		}
+	}
+}

@@ -120,7 +120,7 @@ func LoadHF(dir string) (*model.Weights, error) {
 type openShard struct {
 	name string
 	f    *os.File
-	r    io.Reader // tees into sum
+	r    io.Reader // the file, buffered; the header is hashed by a tee, the data by readSTData
 	sum  hash.Hash
 	hdr  *stHeader
 }
@@ -190,8 +190,8 @@ func loadHF(ctx context.Context, op fileOpener, dir string) (*model.Weights, Inf
 			return nil, Info{}, badf(path, "not a regular file")
 		}
 		total += st.Size()
-		s.r = io.TeeReader(bufio.NewReaderSize(f, chunkBytes), s.sum)
-		if s.hdr, err = readSTHeader(s.r, st.Size(), path); err != nil {
+		s.r = bufio.NewReaderSize(f, chunkBytes)
+		if s.hdr, err = readSTHeader(io.TeeReader(s.r, s.sum), st.Size(), path); err != nil {
 			return nil, Info{}, err
 		}
 		byName[name] = s
@@ -244,7 +244,7 @@ func loadHF(ctx context.Context, op fileOpener, dir string) (*model.Weights, Inf
 	}
 
 	for _, s := range shards {
-		if err := readSTData(ctx, s.r, s.hdr, dst[s]); err != nil {
+		if err := readSTData(ctx, s.r, s.sum, s.hdr, dst[s]); err != nil {
 			return nil, Info{}, err
 		}
 		sums = append(sums, fileSum{s.name, s.sum.Sum(nil)})

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"math"
 	"sort"
@@ -166,16 +167,31 @@ func sameShape(a, b []int) bool {
 	return true
 }
 
-// readSTData streams the data section of h from r (positioned at its start), decoding the
-// tensors named in dst into freshly allocated float32 slices and discarding the rest (which
-// are still read, so that a hashing reader sees the whole file). Shapes in dst must already
-// have been checked against h. It then requires r to be at EOF.
-func readSTData(ctx context.Context, r io.Reader, h *stHeader, dst map[string]*[]float32) error {
+// readSTData streams the data section of h from r (positioned at its start) into sum, decoding
+// the tensors named in dst into freshly allocated float32 slices and discarding the rest
+// (which are still hashed). Shapes in dst must already have been checked against h. It then
+// requires r to be at EOF. Hashing runs on its own goroutine (hashPipe), F32 data on a
+// little-endian host is read straight into its tensor, and other dtypes go through a few
+// recycled chunk buffers, so a load costs about one pass of the hash.
+func readSTData(ctx context.Context, r io.Reader, sum hash.Hash, h *stHeader, dst map[string]*[]float32) error {
+	hp := newHashPipe(sum)
+	defer hp.wait()
 	var largest int64
 	for _, t := range h.tensors {
 		largest = max(largest, t.end-t.begin)
 	}
-	buf := make([]byte, min(chunkBytes, largest))
+	// Three buffers: one being filled, one being hashed, one spare.
+	const buffers = 3
+	free := make(chan []byte, buffers)
+	made := 0
+	buffer := func() []byte {
+		if made < buffers && len(free) == 0 {
+			made++
+			return make([]byte, min(chunkBytes, largest))
+		}
+		return <-free
+	}
+	direct := nativeLittleEndian()
 	for _, t := range h.tensors {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -183,23 +199,40 @@ func readSTData(ctx context.Context, r io.Reader, h *stHeader, dst map[string]*[
 		n := t.end - t.begin
 		p, ok := dst[t.name]
 		if !ok {
-			if _, err := io.CopyN(io.Discard, r, n); err != nil {
-				return badf(h.file, "tensor %q: reading data: %v", t.name, err)
+			for off := int64(0); off < n; {
+				b := buffer()
+				c := min(n-off, int64(len(b)))
+				if _, err := io.ReadFull(r, b[:c]); err != nil {
+					return badf(h.file, "tensor %q: reading data: %v", t.name, err)
+				}
+				hp.write(b[:c], free)
+				off += c
 			}
 			continue
 		}
 		es := int64(t.dtype.Size())
 		out := make([]float32, n/es)
+		raw := float32Bytes(out)
 		for off := int64(0); off < n; {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			c := min(n-off, int64(len(buf)))
-			if _, err := io.ReadFull(r, buf[:c]); err != nil {
-				return badf(h.file, "tensor %q: reading data: %v", t.name, err)
-			}
+			c := min(n-off, chunkBytes)
 			seg := out[off/es : (off+c)/es]
-			decode(seg, buf[:c], t.dtype)
+			if direct && t.dtype == F32 {
+				chunk := raw[off : off+c]
+				if _, err := io.ReadFull(r, chunk); err != nil {
+					return badf(h.file, "tensor %q: reading data: %v", t.name, err)
+				}
+				hp.write(chunk, nil) // the tensor's own bytes: nothing writes them again
+			} else {
+				b := buffer()[:c]
+				if _, err := io.ReadFull(r, b); err != nil {
+					return badf(h.file, "tensor %q: reading data: %v", t.name, err)
+				}
+				decode(seg, b, t.dtype)
+				hp.write(b, free)
+			}
 			if i := firstNonFinite(seg); i >= 0 {
 				return badf(h.file, "tensor %q: element %d is %v", t.name, off/es+int64(i), seg[i])
 			}

@@ -1,0 +1,183 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/weights"
+)
+
+// UpdateResult times one weight update the way an RL step does it on a rollout server, with
+// requests decoding throughout: the new checkpoint is loaded (read, SHA-256, decode) and
+// staged (packed) while the old weights keep serving, then the cut is
+// Pause(keep, clear_cache) → CommitWeights → Resume. ReadGBs and SHA256GBs are the
+// baselines for the load, measured on the same file in the same run: the load cannot beat
+// reading the bytes once and hashing them once.
+type UpdateResult struct {
+	Preset  string `json:"preset"`
+	Running int    `json:"running"`
+	Bytes   int64  `json:"checkpoint_bytes"`
+	DType   string `json:"dtype"`
+
+	LoadMs    float64 `json:"load_ms"`
+	LoadGBs   float64 `json:"load_gb_per_s"`
+	ReadGBs   float64 `json:"read_gb_per_s"`
+	SHA256GBs float64 `json:"sha256_gb_per_s"`
+	StageMs   float64 `json:"stage_ms"`
+	// ServedSteps is the engine steps run while the checkpoint loaded and staged: serving
+	// does not stop for a weight update until the cut.
+	ServedSteps int64 `json:"steps_served_during_load_and_stage"`
+
+	// CutMs and CutSteps span Pause(keep, clear_cache) to Resume returning: the only time
+	// generation stops.
+	CutMs      float64 `json:"cut_ms"`
+	CutSteps   int64   `json:"cut_steps"`
+	StepMillis float64 `json:"mean_step_ms"`
+	Version    int64   `json:"version_after"`
+	// NewVersionTokens reports that the running requests went on, with tokens of the new
+	// version, after the cut.
+	NewVersionTokens bool `json:"new_version_tokens"`
+}
+
+// WeightUpdate writes preset's seed-2 weights as an HF checkpoint of dtype d under dir and
+// measures UpdateResult with running requests decoding on the seed-1 weights.
+func WeightUpdate(ctx context.Context, preset string, running, workers int, d weights.DType, dir string) (UpdateResult, error) {
+	r := UpdateResult{Preset: preset, Running: running, DType: d.String()}
+	w1, err := model.Preset(preset, 1)
+	if err != nil {
+		return r, err
+	}
+	ckpt := filepath.Join(dir, preset+"-v2")
+	if err := writeCheckpoint(ckpt, preset, 2, d); err != nil {
+		return r, err
+	}
+	if r.ReadGBs, r.SHA256GBs, err = readAndHash(filepath.Join(ckpt, weights.SafetensorsFile)); err != nil {
+		return r, err
+	}
+
+	e, stop, err := runEngine(ctx, engine.Config{Weights: w1, MaxNumSeqs: running, MaxBatchedTokens: 2048, Workers: workers})
+	if err != nil {
+		return r, err
+	}
+	defer stop()
+	var streams []*engine.Stream
+	for i := range running {
+		s, err := e.Add(ctx, engine.Request{ID: fmt.Sprintf("u%d", i), PromptTokenIDs: benchPrompt(8, i, w1.Config.VocabSize),
+			Sampling: greedyParams(w1.Config.MaxPositionEmbeddings - 8)})
+		if err != nil {
+			return r, err
+		}
+		streams = append(streams, s)
+	}
+	defer func() {
+		ids := make([]string, len(streams))
+		for i, s := range streams {
+			ids[i] = s.ID()
+		}
+		e.Abort(ids...)
+		for _, s := range streams {
+			_, _ = s.Collect(context.Background())
+		}
+	}()
+	for _, s := range streams { // everyone is decoding
+		if _, err := s.Recv(ctx); err != nil {
+			return r, err
+		}
+	}
+
+	steps0 := e.Metrics().Steps
+	var w *model.Weights
+	for range 2 { // best of two: the machine is noisy
+		t0 := time.Now()
+		lw, info, err := weights.LoadWithInfo(ctx, weights.Ref{Version: 2, URI: ckpt}, weights.Options{})
+		if err != nil {
+			return r, err
+		}
+		w = lw
+		ms := time.Since(t0).Seconds() * 1e3
+		if r.LoadMs == 0 || ms < r.LoadMs {
+			r.Bytes, r.LoadMs, r.LoadGBs = info.Bytes, ms, float64(info.Bytes)/ms/1e6
+		}
+	}
+	t0 := time.Now()
+	if err := e.StageWeights(ctx, w, 2); err != nil {
+		return r, err
+	}
+	r.StageMs = time.Since(t0).Seconds() * 1e3
+	r.ServedSteps = e.Metrics().Steps - steps0
+
+	m0 := e.Metrics().Steps
+	t0 = time.Now()
+	for e.Metrics().Steps < m0+5 { // mean step time from five steps
+		time.Sleep(100 * time.Microsecond)
+	}
+	r.StepMillis = time.Since(t0).Seconds() * 1e3 / float64(e.Metrics().Steps-m0)
+
+	before := e.Metrics().Steps
+	t0 = time.Now()
+	if _, err := e.Pause(ctx, engine.PauseKeep, true); err != nil {
+		return r, err
+	}
+	if r.Version, err = e.CommitWeights(ctx); err != nil {
+		return r, err
+	}
+	if err := e.Resume(ctx); err != nil {
+		return r, err
+	}
+	r.CutMs = time.Since(t0).Seconds() * 1e3
+	r.CutSteps = e.Metrics().Steps - before
+
+	// Each request's next tokens carry the new version (drain what was produced before).
+	r.NewVersionTokens = true
+	for _, s := range streams {
+		for {
+			o, err := s.Recv(ctx)
+			if err != nil {
+				return r, err
+			}
+			if len(o.Tokens) > 0 && o.Tokens[len(o.Tokens)-1].WeightVersion == r.Version {
+				break
+			}
+			if o.Finished {
+				r.NewVersionTokens = false
+				break
+			}
+		}
+	}
+	return r, nil
+}
+
+// writeCheckpoint saves preset's seed weights as an HF checkpoint in dir.
+func writeCheckpoint(dir, preset string, seed uint64, d weights.DType) error {
+	w, err := model.Preset(preset, seed)
+	if err != nil {
+		return err
+	}
+	return weights.SaveHF(dir, w, d)
+}
+
+// readAndHash reads path and hashes the bytes, returning the best rates (GB/s) of three
+// rounds. The reads also warm the page cache, so a load measured after them measures memory,
+// not the disk.
+func readAndHash(path string) (readGBs, hashGBs float64, err error) {
+	for range 3 {
+		t0 := time.Now()
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return 0, 0, err
+		}
+		readDur := time.Since(t0)
+		t0 = time.Now()
+		_ = sha256.Sum256(raw)
+		hashDur := time.Since(t0)
+		n := float64(len(raw))
+		readGBs, hashGBs = max(readGBs, n/readDur.Seconds()/1e9), max(hashGBs, n/hashDur.Seconds()/1e9)
+	}
+	return readGBs, hashGBs, nil
+}
