@@ -18,17 +18,33 @@ type Matrix struct {
 }
 
 // NewMatrix packs w, a row-major [rows][cols] matrix.
-func NewMatrix(w []float32, rows, cols int) (*Matrix, error) {
-	if rows <= 0 || cols <= 0 || len(w) != rows*cols {
-		return nil, fmt.Errorf("kernels: matrix %dx%d needs %d values, got %d", rows, cols, rows*cols, len(w))
+func NewMatrix(w []float32, rows, cols int) (*Matrix, error) { return NewStackedMatrix(rows, cols, w) }
+
+// NewStackedMatrix packs the row-major parts stacked on top of each other (e.g. Wq, Wk, Wv into
+// one QKV matrix) as one [rows][cols] matrix, without first concatenating them.
+func NewStackedMatrix(rows, cols int, parts ...[]float32) (*Matrix, error) {
+	if rows <= 0 || cols <= 0 {
+		return nil, fmt.Errorf("kernels: matrix %dx%d: rows and cols must be positive", rows, cols)
+	}
+	n := 0
+	for i, p := range parts {
+		if len(p)%cols != 0 {
+			return nil, fmt.Errorf("kernels: matrix part %d has %d values, not whole rows of %d", i, len(p), cols)
+		}
+		n += len(p)
+	}
+	if n != rows*cols {
+		return nil, fmt.Errorf("kernels: matrix %dx%d needs %d values, got %d", rows, cols, rows*cols, n)
 	}
 	m := &Matrix{Rows: rows, Cols: cols, data: make([]float32, m0(rows)*cols)}
-	for r := range rows {
-		p, i := r/PanelRows, r%PanelRows
-		base := p * PanelRows * cols
-		src := w[r*cols : (r+1)*cols]
-		for k, v := range src {
-			m.data[base+k*PanelRows+i] = v
+	r := 0
+	for _, part := range parts {
+		for off := 0; off < len(part); off, r = off+cols, r+1 {
+			p, i := r/PanelRows, r%PanelRows
+			base := p * PanelRows * cols
+			for k, v := range part[off : off+cols] {
+				m.data[base+k*PanelRows+i] = v
+			}
 		}
 	}
 	return m, nil

@@ -114,6 +114,23 @@ func TestMatrixPackingRoundTrips(t *testing.T) {
 	}
 }
 
+func TestStackedMatrixEqualsConcatenated(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, sh := range [][3]int{{16, 5, 3}, {7, 3, 2}, {40, 33, 1}, {33, 16, 17}} {
+		a, b, cols := sh[0], sh[1], sh[2]
+		pa, pb := randSlice(r, a*cols), randSlice(r, b*cols)
+		want, err := NewMatrix(append(append([]float32(nil), pa...), pb...), a+b, cols)
+		require.NoError(t, err)
+		got, err := NewStackedMatrix(a+b, cols, pa, pb)
+		require.NoError(t, err)
+		require.Equal(t, want.data, got.data, "%dx%d + %dx%d", a, cols, b, cols)
+	}
+	_, err := NewStackedMatrix(2, 3, make([]float32, 4), make([]float32, 2))
+	require.Error(t, err, "a part that is not whole rows")
+	_, err = NewStackedMatrix(2, 3, make([]float32, 3))
+	require.Error(t, err, "too few values")
+}
+
 // shapes covers rows and cols at, below and above multiples of 16 and of every tile size.
 var shapes = [][2]int{{1, 1}, {3, 5}, {16, 16}, {17, 3}, {31, 64}, {48, 1}, {50, 37}, {64, 130}, {97, 20}, {130, 2}}
 

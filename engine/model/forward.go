@@ -71,15 +71,8 @@ func New(w *Weights, pool *kernels.Pool) (*Model, error) {
 		if err != nil {
 			return nil
 		}
-		buf := parts[0]
-		if len(parts) > 1 {
-			buf = make([]float32, 0, rows*cols)
-			for _, p := range parts {
-				buf = append(buf, p...)
-			}
-		}
 		var mat *kernels.Matrix
-		mat, err = kernels.NewMatrix(buf, rows, cols)
+		mat, err = kernels.NewStackedMatrix(rows, cols, parts...)
 		return mat
 	}
 	m.layers = make([]packedLayer, len(w.Layers))
