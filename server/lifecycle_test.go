@@ -245,3 +245,25 @@ func TestNewErrorsLeakNothing(t *testing.T) {
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", OffloadDelay: time.Second, Logger: quietLogger()})
 	assert.ErrorIs(t, err, server.ErrInvalidConfig)
 }
+
+// TestMetricsListedInAPIExist: a fresh server with offloading exports every metric API.md
+// lists (names copied from it), before any traffic, except the fleet control plane's, which
+// arrive with the fleet agent.
+func TestMetricsListedInAPIExist(t *testing.T) {
+	ts := start(t, func(c *server.Config) { c.OffloadCPUBytes = 64 << 20 })
+	m := ts.metrics(t)
+	for _, name := range []string{
+		"rollout_engine_state", "rollout_engine_steps_total", "rollout_generation_tokens_total", "rollout_kv_usage_ratio",
+		"rollout_offload_flush_delivered_total", "rollout_offload_flush_pending", "rollout_offload_hit_tokens_total",
+		"rollout_offload_jobs_inflight", "rollout_offload_loaded_bytes_total", "rollout_offload_resets_total",
+		"rollout_offload_stored_bytes_total", "rollout_prefix_cache_hits_total", "rollout_prefix_cache_queries_total",
+		"rollout_prompt_tokens_total", "rollout_requests_running", "rollout_requests_total", "rollout_requests_waiting",
+		"rollout_reset_to_flush_seconds", "rollout_safety_violations_total", "rollout_time_to_first_token_seconds",
+		"rollout_update_weights_seconds", "rollout_weight_version",
+	} {
+		assert.True(t, strings.Contains(m, "\n"+name), "metric %s is not exported", name)
+	}
+	for _, phase := range []string{"fetch", "stage", "commit", "total"} {
+		assert.Zero(t, metricValue(t, m, `rollout_update_weights_seconds_count{phase="`+phase+`"}`))
+	}
+}

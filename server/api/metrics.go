@@ -35,6 +35,9 @@ func NewMetrics() *Metrics {
 		Name: "rollout_update_weights_seconds", Help: "Duration of the phases of a weight update (fetch, stage, commit, total).",
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 	}, []string{"phase"})
+	for _, phase := range []string{"fetch", "stage", "commit", "total"} {
+		m.updateWeights.WithLabelValues(phase) // every phase is scraped from the start, at zero
+	}
 	m.resetToFlush = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "rollout_reset_to_flush_seconds", Help: "Time from a cache reset to the moment its flush set reached the offload workers and they waited on it.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
