@@ -85,17 +85,6 @@ func classOf(r rune, n int) int {
 // by hand, since Go's regexp has no lookahead. It appends the pieces (substrings of s, which
 // concatenate back to s) to dst.
 func splitGPT2(dst []string, s string) []string {
-	// run returns the end of the run of class c starting at i.
-	run := func(i, c int) int {
-		for i < len(s) {
-			r, n := utf8.DecodeRuneInString(s[i:])
-			if classOf(r, n) != c {
-				break
-			}
-			i += n
-		}
-		return i
-	}
 	for i := 0; i < len(s); {
 		if s[i] == '\'' {
 			if n := contraction(s[i+1:]); n > 0 {
@@ -109,9 +98,8 @@ func splitGPT2(dst []string, s string) []string {
 			j++
 		}
 		if j < len(s) {
-			r, n := utf8.DecodeRuneInString(s[j:])
-			if c := classOf(r, n); c != classSpace {
-				end := run(j, c)
+			if c, _ := classAt(s, j); c != classSpace {
+				end := runEnd(s, j, c)
 				dst = append(dst, s[i:end])
 				i = end
 				continue
@@ -120,7 +108,7 @@ func splitGPT2(dst []string, s string) []string {
 		// Whitespace at i: \s+(?!\S) takes the run but leaves its last character when a
 		// non-space follows (so that " word" keeps its space); a single space followed by a
 		// non-space falls through to \s+, which takes it alone.
-		end := run(i, classSpace)
+		end := runEnd(s, i, classSpace)
 		if end < len(s) {
 			_, last := utf8.DecodeLastRuneInString(s[i:end])
 			if end-last > i {

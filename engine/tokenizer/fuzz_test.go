@@ -101,6 +101,13 @@ func FuzzHFTokenizerJSON(f *testing.F) {
 	f.Add([]byte(`{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b", ["b", "a"]]},
 		"pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
 		"added_tokens": [{"id": 3, "content": "<s>", "lstrip": true, "rstrip": true, "single_word": true}]}`))
+	llama, _ := byteLevelDoc(nil, splitThenByteLevel(patternLlama3), "<|begin_of_text|>", "<|eot_id|>")
+	qwen, _ := byteLevelDoc(map[string]any{"type": "NFC"}, splitThenByteLevel(patternQwen2), "<|im_start|>")
+	custom, _ := byteLevelDoc(map[string]any{"type": "Sequence", "normalizers": []any{map[string]any{"type": "NFKD"}}},
+		splitThenByteLevel(`\s+|\p{L}+`))
+	f.Add(mustJSON(f, llama))
+	f.Add(mustJSON(f, qwen))
+	f.Add(mustJSON(f, custom))
 	f.Add([]byte(`{"model": {"type": "Unigram"}}`))
 	f.Add([]byte(`{`))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -128,6 +135,11 @@ func FuzzEncodeDecode(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	doc, _ := byteLevelDoc(nil, splitThenByteLevel(patternLlama3), "<|eot_id|>")
+	llama, err := ParseHF(mustJSON(f, doc))
+	if err != nil {
+		f.Fatal(err)
+	}
 	for _, s := range roundTripTexts {
 		f.Add(s)
 	}
@@ -137,7 +149,7 @@ func FuzzEncodeDecode(f *testing.F) {
 		for _, c := range []struct {
 			tok  Tokenizer
 			want string
-		}{{NewByte(), s}, {st, s}, {l2, map[bool]string{true: "", false: " " + s}[s == ""]}} {
+		}{{NewByte(), s}, {st, s}, {llama, s}, {l2, map[bool]string{true: "", false: " " + s}[s == ""]}} {
 			ids, err := c.tok.Encode(s)
 			if err != nil {
 				t.Fatalf("%s: Encode(%q): %v", c.tok.Kind(), s, err)

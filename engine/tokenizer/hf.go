@@ -10,6 +10,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // Bounds on HF vocabularies: the largest real ones have ~260k entries, and ids may leave a
@@ -19,10 +21,25 @@ const (
 	maxHFGap = 1 << 16
 )
 
-// HF is a Hugging Face tokenizer.json byte-level BPE (GPT-2 style): added tokens matched
-// first (leftmost-longest), the GPT-2 regex split, bytes mapped through GPT-2's
-// bytes_to_unicode table, BPE merges by rank, and the ByteLevel decoder. Files with any
-// other model, normalizer, pre-tokenizer or decoder are refused with ErrUnsupported.
+// HF is a Hugging Face tokenizer.json byte-level BPE, as GPT-2, Llama-3, Qwen2/2.5 and
+// DeepSeek use it: added tokens matched first (leftmost-longest), then on each stretch
+// between them the normalizer, the pre-tokenizer, bytes mapped through GPT-2's
+// bytes_to_unicode table, BPE merges by rank; the ByteLevel decoder back.
+//
+// Supported: normalizer null, NFC, NFD, NFKC, NFKD or a Sequence of them (added tokens not
+// marked "normalized" are then found before normalizing, the others after, as in HF);
+// pre_tokenizer ByteLevel (with or without its GPT-2 regex and prefix space) after any number
+// of Split steps, a Split having a Regex or String pattern, any behavior (Isolated, Removed,
+// MergedWithPrevious, MergedWithNext, Contiguous) and invert. The Llama-3 and Qwen2 Split
+// patterns run on hand-written splitters; other regexes on regexp2, refused when they use
+// a construct that it reads differently from Oniguruma, HF's engine. Decoder: ByteLevel,
+// alone or as the only step of a Sequence. Files with any other model, normalizer,
+// pre-tokenizer or decoder are refused with ErrUnsupported.
+//
+// Character classes follow Go's unicode package (Unicode 15.0); HF's Oniguruma 6.9.8 has
+// Unicode 14.0, so the few letters and digits new in 15.0 (e.g. CJK Extension H, Kawi)
+// can split differently. Text that is not valid UTF-8, which HF cannot take, is encoded
+// with each bad byte as a symbol that is neither letter, digit nor space.
 //
 // BOS, EOS and PAD come from tokenizer_config.json beside the file when it names them, else
 // from well-known token contents ("<s>", "<|begin_of_text|>", "</s>", "<|endoftext|>",
@@ -34,7 +51,10 @@ type HF struct {
 	vocab     map[string]int
 	merges    map[uint64]hfMerge
 	added     []hfAdded
-	byFirst   map[byte][]int // first byte of content -> indices into added, longest first
+	all       addedIndex // every added token, when there is no normalizer
+	raw, nrm  addedIndex // with a normalizer: the tokens matched before it, and after it
+	norms     []norm.Form
+	splits    []*splitStep // Split pre-tokenizers, before ByteLevel
 	byteID    [256]int
 	prefixSp  bool
 	useRegex  bool
@@ -55,6 +75,25 @@ type hfAdded struct {
 	content                    string
 	singleWord, lstrip, rstrip bool
 	special                    bool
+	normalized                 bool // matched in normalized text (content normalized too)
+}
+
+// addedIndex finds added tokens by the first byte of their content.
+type addedIndex struct {
+	list    []hfAdded
+	byFirst map[byte][]int // first byte of content -> indices into list, longest first
+}
+
+func newAddedIndex(list []hfAdded) addedIndex {
+	ix := addedIndex{list: list, byFirst: map[byte][]int{}}
+	for i := range list {
+		c := list[i].content[0]
+		ix.byFirst[c] = append(ix.byFirst[c], i)
+	}
+	for _, l := range ix.byFirst {
+		sort.SliceStable(l, func(i, j int) bool { return len(list[l[i]].content) > len(list[l[j]].content) })
+	}
+	return ix
 }
 
 var _ Tokenizer = (*HF)(nil)
@@ -68,6 +107,8 @@ type hfSpec struct {
 	unkToken       string
 	addPrefixSpace bool
 	useRegex       bool
+	splits         []*splitStep
+	norms          []norm.Form
 	ignoreMerges   bool
 	fuseUnk        bool
 }
@@ -112,6 +153,7 @@ type hfFile struct {
 		Lstrip     bool   `json:"lstrip"`
 		Rstrip     bool   `json:"rstrip"`
 		Special    bool   `json:"special"`
+		Normalized *bool  `json:"normalized"`
 	} `json:"added_tokens"`
 	Normalizer   json.RawMessage `json:"normalizer"`
 	PreTokenizer json.RawMessage `json:"pre_tokenizer"`
@@ -133,12 +175,22 @@ type hfModel struct {
 }
 
 type hfComponent struct {
+	Type     string            `json:"type"`
+	Decoders []json.RawMessage `json:"decoders"`
+}
+
+// hfPreTokenizer is any pre-tokenizer: the fields of ByteLevel, Split and Sequence.
+type hfPreTokenizer struct {
 	Type           string            `json:"type"`
 	AddPrefixSpace *bool             `json:"add_prefix_space"`
 	UseRegex       *bool             `json:"use_regex"`
 	PreTokenizers  []json.RawMessage `json:"pretokenizers"`
-	Decoders       []json.RawMessage `json:"decoders"`
-	Normalizers    []json.RawMessage `json:"normalizers"`
+	Pattern        *struct {
+		Regex  *string `json:"Regex"`
+		String *string `json:"String"`
+	} `json:"pattern"`
+	Behavior string `json:"behavior"`
+	Invert   bool   `json:"invert"`
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -146,29 +198,81 @@ func isNull(raw json.RawMessage) bool {
 	return s == "" || s == "null"
 }
 
-// component parses a normalizer/pre-tokenizer/decoder object, unwrapping a Sequence of one.
-func component(what string, raw json.RawMessage) (*hfComponent, error) {
+// decoderComponent parses the decoder object, unwrapping a Sequence of one.
+func decoderComponent(raw json.RawMessage) (*hfComponent, error) {
 	var c hfComponent
 	if err := json.Unmarshal(raw, &c); err != nil {
-		return nil, fmt.Errorf("%w: tokenizer.json: %s: %w", ErrMalformed, what, err)
+		return nil, fmt.Errorf("%w: tokenizer.json: decoder: %w", ErrMalformed, err)
 	}
 	if c.Type == "Sequence" {
-		list := c.PreTokenizers
-		if what == "decoder" {
-			list = c.Decoders
-		} else if what == "normalizer" {
-			list = c.Normalizers
-		}
-		if len(list) == 0 {
+		if len(c.Decoders) == 0 {
 			return nil, nil
 		}
-		if len(list) != 1 {
-			return nil, fmt.Errorf("%w: tokenizer.json: %s Sequence of %d steps (only a single ByteLevel is supported)",
-				ErrUnsupported, what, len(list))
+		if len(c.Decoders) != 1 {
+			return nil, fmt.Errorf("%w: tokenizer.json: decoder Sequence of %d steps (only a single ByteLevel is supported)",
+				ErrUnsupported, len(c.Decoders))
 		}
-		return component(what, list[0])
+		return decoderComponent(c.Decoders[0])
 	}
 	return &c, nil
+}
+
+// flattenPreTokenizers appends the steps of a pre-tokenizer, nested Sequences flattened.
+func flattenPreTokenizers(raw json.RawMessage, out []hfPreTokenizer) ([]hfPreTokenizer, error) {
+	var p hfPreTokenizer
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, fmt.Errorf("%w: tokenizer.json: pre_tokenizer: %w", ErrMalformed, err)
+	}
+	if p.Type != "Sequence" {
+		return append(out, p), nil
+	}
+	for _, sub := range p.PreTokenizers {
+		var err error
+		if out, err = flattenPreTokenizers(sub, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// parsePreTokenizer fills spec's pre-tokenization from a pre_tokenizer: Split steps, then
+// one ByteLevel last. ByteLevel maps bytes to characters, so a Split after it would see
+// "Ġ" instead of " "; that order, and every other pre-tokenizer, is refused.
+func parsePreTokenizer(raw json.RawMessage, spec *hfSpec) error {
+	if isNull(raw) {
+		return fmt.Errorf("%w: tokenizer.json: no pre_tokenizer (only ByteLevel, after Split steps, is supported)", ErrUnsupported)
+	}
+	steps, err := flattenPreTokenizers(raw, nil)
+	if err != nil {
+		return err
+	}
+	if len(steps) == 0 {
+		return fmt.Errorf("%w: tokenizer.json: empty pre_tokenizer Sequence", ErrUnsupported)
+	}
+	for i, p := range steps {
+		switch {
+		case p.Type == "Metaspace":
+			return fmt.Errorf("%w: tokenizer.json: Metaspace pre-tokenizer (a SentencePiece-style vocabulary; use its tokenizer.bin or a byte-level BPE)", ErrUnsupported)
+		case p.Type == "Split" && i < len(steps)-1:
+			if p.Pattern == nil {
+				return fmt.Errorf("%w: tokenizer.json: Split without a pattern", ErrMalformed)
+			}
+			st, err := newSplitStep(p.Pattern.Regex, p.Pattern.String, p.Behavior, p.Invert)
+			if err != nil {
+				return err
+			}
+			spec.splits = append(spec.splits, st)
+		case p.Type == "ByteLevel" && i == len(steps)-1:
+			spec.addPrefixSpace = p.AddPrefixSpace == nil || *p.AddPrefixSpace // HF's default is true
+			spec.useRegex = p.UseRegex == nil || *p.UseRegex
+		case p.Type == "Split" || p.Type == "ByteLevel":
+			return fmt.Errorf("%w: tokenizer.json: pre_tokenizer %s at step %d of %d (only Split steps followed by one ByteLevel are supported)",
+				ErrUnsupported, p.Type, i+1, len(steps))
+		default:
+			return fmt.Errorf("%w: tokenizer.json: pre_tokenizer %q (only Split and ByteLevel are supported)", ErrUnsupported, p.Type)
+		}
+	}
+	return nil
 }
 
 // ParseHF parses a tokenizer.json. BOS/EOS/PAD are guessed from token contents (ParseHF sees
@@ -233,39 +337,25 @@ func ParseHF(data []byte) (*HF, error) {
 		if a.ID == nil || *a.ID < 0 || *a.ID >= maxHFID {
 			return nil, fmt.Errorf("%w: tokenizer.json: added_tokens[%d] %q: missing or bad id", ErrMalformed, i, a.Content)
 		}
+		// A missing "normalized" is HF's AddedToken::from default: special tokens are not.
+		normalized := !a.Special
+		if a.Normalized != nil {
+			normalized = *a.Normalized
+		}
 		spec.added = append(spec.added, hfAdded{id: int(*a.ID), content: a.Content, singleWord: a.SingleWord,
-			lstrip: a.Lstrip, rstrip: a.Rstrip, special: a.Special})
+			lstrip: a.Lstrip, rstrip: a.Rstrip, special: a.Special, normalized: normalized})
 	}
-	if !isNull(f.Normalizer) {
-		c, err := component("normalizer", f.Normalizer)
-		if err != nil {
-			return nil, err
-		}
-		if c != nil {
-			return nil, fmt.Errorf("%w: tokenizer.json: normalizer %q", ErrUnsupported, c.Type)
-		}
-	}
-	if isNull(f.PreTokenizer) {
-		return nil, fmt.Errorf("%w: tokenizer.json: no pre_tokenizer (only ByteLevel is supported)", ErrUnsupported)
-	}
-	pt, err := component("pre_tokenizer", f.PreTokenizer)
-	if err != nil {
+	var err error
+	if spec.norms, err = parseNormalizer(f.Normalizer, nil); err != nil {
 		return nil, err
 	}
-	switch {
-	case pt == nil:
-		return nil, fmt.Errorf("%w: tokenizer.json: empty pre_tokenizer Sequence", ErrUnsupported)
-	case pt.Type == "Metaspace":
-		return nil, fmt.Errorf("%w: tokenizer.json: Metaspace pre-tokenizer (a SentencePiece-style vocabulary; use its tokenizer.bin or a byte-level BPE)", ErrUnsupported)
-	case pt.Type != "ByteLevel":
-		return nil, fmt.Errorf("%w: tokenizer.json: pre_tokenizer %q (only ByteLevel is supported)", ErrUnsupported, pt.Type)
+	if err := parsePreTokenizer(f.PreTokenizer, &spec); err != nil {
+		return nil, err
 	}
-	spec.addPrefixSpace = pt.AddPrefixSpace == nil || *pt.AddPrefixSpace // HF's default is true
-	spec.useRegex = pt.UseRegex == nil || *pt.UseRegex
 	if isNull(f.Decoder) {
 		return nil, fmt.Errorf("%w: tokenizer.json: no decoder (only ByteLevel is supported)", ErrUnsupported)
 	}
-	dc, err := component("decoder", f.Decoder)
+	dc, err := decoderComponent(f.Decoder)
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +388,7 @@ func buildHF(spec hfSpec) (*HF, error) {
 		pieces: make([]string, size), valid: make([]bool, size), dec: make([][]byte, size),
 		vocab: spec.vocab, merges: make(map[uint64]hfMerge, len(spec.merges)),
 		prefixSp: spec.addPrefixSpace, useRegex: spec.useRegex, ignoreMrg: spec.ignoreMerges, fuseUnk: spec.fuseUnk,
-		unk: -1, bos: -1, eos: -1, pad: -1, byFirst: map[byte][]int{},
+		splits: spec.splits, norms: spec.norms, unk: -1, bos: -1, eos: -1, pad: -1,
 	}
 	for p, id := range spec.vocab {
 		if t.valid[id] {
@@ -318,12 +408,19 @@ func buildHF(spec hfSpec) (*HF, error) {
 			t.dec[id] = gpt2.decode(t.pieces[id])
 		}
 	}
-	for i := range t.added {
-		c := t.added[i].content[0]
-		t.byFirst[c] = append(t.byFirst[c], i)
-	}
-	for _, list := range t.byFirst {
-		sort.SliceStable(list, func(i, j int) bool { return len(t.added[list[i]].content) > len(t.added[list[j]].content) })
+	t.all = newAddedIndex(t.added)
+	if len(t.norms) > 0 {
+		// As HF's AddedVocabulary: tokens not marked normalized are found in the raw text,
+		// the others in the normalized stretches between them, by their normalized content.
+		var raw, nrm []hfAdded
+		for _, a := range t.added {
+			if !a.normalized {
+				raw = append(raw, a)
+			} else if a.content = t.normalize(a.content); a.content != "" {
+				nrm = append(nrm, a)
+			}
+		}
+		t.raw, t.nrm = newAddedIndex(raw), newAddedIndex(nrm)
 	}
 	for rank, mg := range spec.merges {
 		a, okA := spec.vocab[mg[0]]
@@ -460,17 +557,37 @@ func (t *HF) Piece(id int) (string, error) {
 }
 
 // Encode splits text around added tokens (leftmost-longest; control tokens excepted), then
-// pre-tokenizes and BPE-encodes each stretch between them.
+// normalizes, pre-tokenizes and BPE-encodes each stretch between them.
 func (t *HF) Encode(text string) ([]int, error) {
 	ids := make([]int, 0, len(text)/3+1)
-	var chunks []string
-	var err error
+	var sc hfScratch
+	if len(t.norms) == 0 {
+		return t.encodeAdded(ids, &sc, &t.all, text, false)
+	}
+	return t.encodeAdded(ids, &sc, &t.raw, text, true)
+}
+
+// hfScratch is the working memory of one Encode call, reused across its stretches.
+type hfScratch struct {
+	pieces, next, chunks []string
+	spans                []span
+}
+
+// encodeAdded encodes text, cutting out the added tokens of ix; with normalize, each stretch
+// between them is normalized and cut again by the normalized added tokens.
+func (t *HF) encodeAdded(ids []int, sc *hfScratch, ix *addedIndex, text string, normalize bool) ([]int, error) {
 	for pos := 0; pos < len(text); {
-		s, e, id, ok := t.findAdded(text, pos)
+		s, e, id, ok := t.findAdded(ix, text, pos)
 		if !ok {
 			s, e = len(text), len(text)
 		}
-		if ids, chunks, err = t.encodeSegment(ids, chunks, text[pos:s]); err != nil {
+		var err error
+		if normalize {
+			ids, err = t.encodeAdded(ids, sc, &t.nrm, t.normalize(text[pos:s]), false)
+		} else {
+			ids, err = t.encodeSegment(ids, sc, text[pos:s])
+		}
+		if err != nil {
 			return nil, err
 		}
 		if ok {
@@ -483,13 +600,13 @@ func (t *HF) Encode(text string) ([]int, error) {
 
 // findAdded finds the leftmost-longest added token in text[from:], returning the span it
 // consumes (widened by lstrip/rstrip).
-func (t *HF) findAdded(text string, from int) (start, end, id int, ok bool) {
-	if len(t.added) == 0 {
+func (t *HF) findAdded(ix *addedIndex, text string, from int) (start, end, id int, ok bool) {
+	if len(ix.list) == 0 {
 		return 0, 0, 0, false
 	}
 	for i := from; i < len(text); i++ {
-		for _, ai := range t.byFirst[text[i]] {
-			a := &t.added[ai]
+		for _, ai := range ix.byFirst[text[i]] {
+			a := &ix.list[ai]
 			if t.IsControl(a.id) || !strings.HasPrefix(text[i:], a.content) {
 				continue
 			}
@@ -533,26 +650,51 @@ func isWordAfter(s string) bool {
 	return n > 0 && isWordRune(r)
 }
 
-func (t *HF) encodeSegment(ids []int, chunks []string, seg string) ([]int, []string, error) {
+// encodeSegment pre-tokenizes and BPE-encodes a stretch of (normalized) text.
+func (t *HF) encodeSegment(ids []int, sc *hfScratch, seg string) ([]int, error) {
 	if seg == "" {
-		return ids, chunks, nil
+		return ids, nil
 	}
+	if len(t.splits) == 0 {
+		return t.encodeByteLevel(ids, sc, seg)
+	}
+	sc.pieces = append(sc.pieces[:0], seg)
+	for _, st := range t.splits {
+		sc.next = sc.next[:0]
+		for _, p := range sc.pieces {
+			var err error
+			if sc.next, sc.spans, err = st.split(sc.next, p, sc.spans); err != nil {
+				return nil, err
+			}
+		}
+		sc.pieces, sc.next = sc.next, sc.pieces
+	}
+	for _, p := range sc.pieces {
+		var err error
+		if ids, err = t.encodeByteLevel(ids, sc, p); err != nil {
+			return nil, err
+		}
+	}
+	return ids, nil
+}
+
+// encodeByteLevel is the ByteLevel pre-tokenizer (prefix space, GPT-2 split) and BPE on one
+// piece.
+func (t *HF) encodeByteLevel(ids []int, sc *hfScratch, seg string) ([]int, error) {
 	if t.prefixSp && seg[0] != ' ' {
 		seg = " " + seg
 	}
-	chunks = chunks[:0]
-	if t.useRegex {
-		chunks = splitGPT2(chunks, seg)
-	} else {
-		chunks = append(chunks, seg)
+	if !t.useRegex {
+		return t.bpe(ids, seg)
 	}
-	for _, c := range chunks {
+	sc.chunks = splitGPT2(sc.chunks[:0], seg)
+	for _, c := range sc.chunks {
 		var err error
 		if ids, err = t.bpe(ids, c); err != nil {
-			return nil, chunks, err
+			return nil, err
 		}
 	}
-	return ids, chunks, nil
+	return ids, nil
 }
 
 // bpe appends the BPE encoding of one pre-tokenized chunk.

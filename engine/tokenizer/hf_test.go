@@ -201,12 +201,12 @@ func TestHFRejects(t *testing.T) {
 		{name: "metaspace", mutate: func(d map[string]any) {
 			d["pre_tokenizer"] = map[string]any{"type": "Metaspace", "replacement": "▁"}
 		}, want: ErrUnsupported},
-		{name: "split", mutate: func(d map[string]any) {
+		{name: "split without pattern", mutate: func(d map[string]any) {
 			d["pre_tokenizer"] = map[string]any{"type": "Sequence", "pretokenizers": []any{
 				map[string]any{"type": "Split"}, map[string]any{"type": "ByteLevel"}}}
-		}, want: ErrUnsupported},
+		}, want: ErrMalformed},
 		{name: "no pre-tokenizer", mutate: func(d map[string]any) { d["pre_tokenizer"] = nil }, want: ErrUnsupported},
-		{name: "normalizer", mutate: func(d map[string]any) { d["normalizer"] = map[string]any{"type": "NFC"} }, want: ErrUnsupported},
+		{name: "normalizer", mutate: func(d map[string]any) { d["normalizer"] = map[string]any{"type": "Lowercase"} }, want: ErrUnsupported},
 		{name: "metaspace decoder", mutate: func(d map[string]any) { d["decoder"] = map[string]any{"type": "Metaspace"} }, want: ErrUnsupported},
 		{name: "no decoder", mutate: func(d map[string]any) { delete(d, "decoder") }, want: ErrUnsupported},
 		{name: "merge of unknown piece", mutate: func(d map[string]any) {
