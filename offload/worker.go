@@ -2,6 +2,7 @@ package offload
 
 import (
 	"context"
+	"encoding/binary"
 	"hash/crc32"
 	"slices"
 	"sync"
@@ -315,27 +316,38 @@ func (w *workerSide) chunkRegion(buf []float32, slot, blockFloats int) []float32
 	return buf[slot*n : (slot+1)*n : (slot+1)*n]
 }
 
-// sumPiece is the granularity of copySum: small enough that a piece is still in L1/L2 when it
-// is checksummed right after being copied.
-const sumPiece = 4096 // floats (16 KiB)
-
-// copySum copies src into dst (equal lengths) and extends crc over the copied bytes, piece by
-// piece, so checksumming costs no second pass over memory.
-func copySum(dst, src []float32, crc uint32) uint32 {
-	for off := 0; off < len(src); off += sumPiece {
-		end := min(off+sumPiece, len(src))
-		copy(dst[off:end], src[off:end])
-		crc = checksumUpdate(crc, src[off:end])
-	}
-	return crc
-}
-
-// checksumUpdate extends a CRC-32C over the bytes of f.
+// checksumUpdate extends crc by the block checksum of f: the CRC-32C of each of its three
+// parts (split at sumThird), then the CRC-32C of those three values. Three parts rather than
+// one CRC over the whole block so that the fused copy (copySum) can run three independent
+// CRC32 chains, which is what makes the checksum nearly free next to the copy; stores and
+// loads both use this definition, block by block.
 func checksumUpdate(crc uint32, f []float32) uint32 {
 	if len(f) == 0 {
 		return crc
 	}
-	return crc32.Update(crc, castagnoli, unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), len(f)*4))
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), len(f)*4)
+	t := sumThird(len(raw))
+	return combineSums(crc, crc32.Update(0, castagnoli, raw[:t]), crc32.Update(0, castagnoli, raw[t:2*t]),
+		crc32.Update(0, castagnoli, raw[2*t:]))
+}
+
+// copyThenSum is copySum without the fused assembly.
+func copyThenSum(dst, src []float32, crc uint32) uint32 {
+	copy(dst, src)
+	return checksumUpdate(crc, src)
+}
+
+// sumThird is where a block of n bytes is split for its checksum: whole 64-byte lines, the
+// third part taking the remainder.
+func sumThird(n int) int { return n / 192 * 64 }
+
+// combineSums extends crc by the three part checksums, little-endian.
+func combineSums(crc, a, b, c uint32) uint32 {
+	var buf [12]byte
+	binary.LittleEndian.PutUint32(buf[0:], a)
+	binary.LittleEndian.PutUint32(buf[4:], b)
+	binary.LittleEndian.PutUint32(buf[8:], c)
+	return crc32.Update(crc, castagnoli, buf[:])
 }
 
 func gensMatch(pool kvconnector.BlockPool, c *ChunkTransfer) bool {
