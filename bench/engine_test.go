@@ -42,7 +42,7 @@ func TestWeightUpdateFigures(t *testing.T) {
 	for _, d := range []weights.DType{weights.F32, weights.BF16} {
 		r, err := WeightUpdate(context.Background(), "tiny", 4, 2, d, t.TempDir())
 		require.NoError(t, err, d)
-		assert.Equal(t, int64(2), r.Version)
+		assert.Equal(t, int64(3), r.Version, "two updates")
 		assert.True(t, r.NewVersionTokens, "every running request continues on the new version")
 		assert.Positive(t, r.Bytes)
 		assert.Positive(t, r.LoadGBs)

@@ -194,9 +194,13 @@ type Engine struct {
 	weights *model.Weights
 	version int64
 	staged  *staged
-	reqs    map[string]*reqState
-	idle    []idleTask
-	paused  PauseMode // "" when not paused
+	// spare is a packed model no step runs any more (retired by a commit or replaced while
+	// staged), whose memory the next StageWeights packs into instead of allocating a new
+	// weight-sized set: an RL run updates weights every step. Sleep drops it.
+	spare  atomic.Pointer[model.Model]
+	reqs   map[string]*reqState
+	idle   []idleTask
+	paused PauseMode // "" when not paused
 	// sleep state: level and which tags are asleep; pausedBySleep says sleep paused the
 	// engine itself, so waking resumes it.
 	sleepLevel    int

@@ -188,6 +188,7 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 				return true
 			}
 			e.releaseKV()
+			e.spare.Store(nil) // sleeping is for giving memory back
 			if level == 2 {
 				e.model, e.weights = nil, nil
 				e.sleepWeights = true
@@ -295,15 +296,20 @@ func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int
 	if !sameShape(w.Config, e.cfg.Weights.Config) {
 		return fmt.Errorf("%w: staged weights have shape %+v, the engine serves %+v", ErrInvalidArgument, w.Config, e.cfg.Weights.Config)
 	}
-	m, err := model.New(w, e.kpool)
+	// A failed pack leaves the spare half-written: it is dropped, not put back.
+	m, err := model.NewReusing(w, e.kpool, e.spare.Swap(nil))
 	if err != nil {
 		return err
 	}
 	_, err = call(ctx, e, "stage_weights", func(_ context.Context, done func(struct{}, error)) {
 		e.afterPending(func() {
 			if version <= e.version {
+				e.spare.Store(m)
 				done(struct{}{}, fmt.Errorf("%w: %d <= %d", ErrStaleVersion, version, e.version))
 				return
+			}
+			if e.staged != nil {
+				e.spare.Store(e.staged.model)
 			}
 			e.staged = &staged{model: m, weights: w, version: version}
 			e.metrics.stagedVersion.Store(version)
@@ -325,6 +331,9 @@ func (e *Engine) CommitWeights(ctx context.Context) (int64, error) {
 			}
 			s := e.staged
 			e.staged = nil
+			if e.model != nil {
+				e.spare.Store(e.model) // at a step boundary: no forward uses it any more
+			}
 			e.model, e.weights, e.version = s.model, s.weights, s.version
 			e.sched.SetWeightVersion(s.version)
 			e.metrics.weightVersion.Store(s.version)

@@ -23,6 +23,13 @@ func NewMatrix(w []float32, rows, cols int) (*Matrix, error) { return NewStacked
 // NewStackedMatrix packs the row-major parts stacked on top of each other (e.g. Wq, Wk, Wv into
 // one QKV matrix) as one [rows][cols] matrix, without first concatenating them.
 func NewStackedMatrix(rows, cols int, parts ...[]float32) (*Matrix, error) {
+	return PackStacked(nil, rows, cols, parts...)
+}
+
+// PackStacked is NewStackedMatrix packing into reuse's memory when reuse has the same shape
+// (and is no longer read by anyone), else into new memory. A weight update repacks every
+// matrix; reusing the retired set's memory saves allocating, faulting in and zeroing it.
+func PackStacked(reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, error) {
 	if rows <= 0 || cols <= 0 {
 		return nil, fmt.Errorf("kernels: matrix %dx%d: rows and cols must be positive", rows, cols)
 	}
@@ -36,7 +43,11 @@ func NewStackedMatrix(rows, cols int, parts ...[]float32) (*Matrix, error) {
 	if n != rows*cols {
 		return nil, fmt.Errorf("kernels: matrix %dx%d needs %d values, got %d", rows, cols, rows*cols, n)
 	}
-	m := &Matrix{Rows: rows, Cols: cols, data: make([]float32, m0(rows)*cols)}
+	m := reuse
+	if m == nil || m.Rows != rows || m.Cols != cols {
+		m = &Matrix{Rows: rows, Cols: cols, data: make([]float32, m0(rows)*cols)}
+	}
+	// Every real row is overwritten below; the padding rows of the last panel stay zero.
 	r := 0
 	for _, part := range parts {
 		for off := 0; off < len(part); off, r = off+cols, r+1 {

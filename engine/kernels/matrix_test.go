@@ -283,3 +283,19 @@ func TestMatMulRoundsOnceAtHalfwayPoints(t *testing.T) {
 		requireSameBits(t, want, y, "%s", k.name)
 	}
 }
+
+func TestPackStackedReusesSameShapeOnly(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	a, err := NewMatrix(randSlice(r, 33*7), 33, 7)
+	require.NoError(t, err)
+	w := randSlice(r, 33*7)
+	want, err := NewMatrix(w, 33, 7)
+	require.NoError(t, err)
+	got, err := PackStacked(a, 33, 7, w)
+	require.NoError(t, err)
+	assert.Same(t, a, got, "same shape: packed in place")
+	assert.Equal(t, want.data, got.data, "every value overwritten, padding rows still zero")
+	other, err := PackStacked(a, 32, 7, w[:32*7])
+	require.NoError(t, err)
+	assert.NotSame(t, a, other, "another shape gets new memory")
+}

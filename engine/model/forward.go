@@ -56,7 +56,12 @@ type packedLayer struct {
 
 // New packs w for the paged forward. pool splits the kernels across cores; nil runs them on
 // the caller alone.
-func New(w *Weights, pool *kernels.Pool) (*Model, error) {
+func New(w *Weights, pool *kernels.Pool) (*Model, error) { return NewReusing(w, pool, nil) }
+
+// NewReusing is New packing into the memory of reuse, a model nobody runs any more (the one a
+// weight swap retired), when it has w's shape; with nil or another shape it allocates. reuse
+// must not be used again by anyone: its matrices become the new model's.
+func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 	if err := w.Check(); err != nil {
 		return nil, err
 	}
@@ -66,29 +71,45 @@ func New(w *Weights, pool *kernels.Pool) (*Model, error) {
 		pool = kernels.NewPool(1)
 	}
 	m := &Model{Config: c, pool: pool, embed: w.Embed, finalNorm: w.FinalNorm}
+	if reuse != nil && len(reuse.layers) != len(w.Layers) {
+		reuse = nil // each matrix checks its own shape; the layer lists must line up
+	}
 	var err error
-	pack := func(rows, cols int, parts ...[]float32) *kernels.Matrix {
+	pack := func(old *kernels.Matrix, rows, cols int, parts ...[]float32) *kernels.Matrix {
 		if err != nil {
 			return nil
 		}
 		var mat *kernels.Matrix
-		mat, err = kernels.NewStackedMatrix(rows, cols, parts...)
+		mat, err = kernels.PackStacked(old, rows, cols, parts...)
 		return mat
 	}
+	var old packedLayer
 	m.layers = make([]packedLayer, len(w.Layers))
 	for i := range w.Layers {
 		l := &w.Layers[i]
+		if reuse != nil {
+			old = reuse.layers[i]
+		}
 		m.layers[i] = packedLayer{
 			attnNorm: l.AttnNorm, ffnNorm: l.FFNNorm,
-			qkv:    pack(h+2*kvd, h, l.Wq, l.Wk, l.Wv),
-			wo:     pack(h, h, l.Wo),
-			gateUp: pack(2*f, h, l.WGate, l.WUp),
-			down:   pack(h, f, l.WDown),
+			qkv:    pack(old.qkv, h+2*kvd, h, l.Wq, l.Wk, l.Wv),
+			wo:     pack(old.wo, h, h, l.Wo),
+			gateUp: pack(old.gateUp, 2*f, h, l.WGate, l.WUp),
+			down:   pack(old.down, h, f, l.WDown),
 		}
 	}
-	m.cls = pack(c.VocabSize, h, w.Classifier())
+	var oldCls *kernels.Matrix
+	if reuse != nil {
+		oldCls = reuse.cls
+	}
+	m.cls = pack(oldCls, c.VocabSize, h, w.Classifier())
 	if err != nil {
 		return nil, fmt.Errorf("model: packing weights: %w", err)
+	}
+	if r := reuse; r != nil && r.Config.MaxPositionEmbeddings == c.MaxPositionEmbeddings &&
+		r.Config.RopeTheta == c.RopeTheta && r.Config.HeadDim() == c.HeadDim() {
+		m.ropeCos, m.ropeSin = r.ropeCos, r.ropeSin // the same tables
+		return m, nil
 	}
 	half := c.HeadDim() / 2
 	m.ropeCos = make([]float32, c.MaxPositionEmbeddings*half)

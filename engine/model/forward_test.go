@@ -256,3 +256,36 @@ func TestPresetsDeterministic(t *testing.T) {
 	s, _ := PresetConfig("stories110m")
 	require.EqualValues(t, 109529856, s.NumParams(), "stories110m parameter count as in llama2.c (tied)")
 }
+
+// TestNewReusingEqualsNew: packing a new weight set into a retired model's memory gives the
+// same logits, bit for bit, as packing it fresh; a model of another shape is not reused.
+func TestNewReusingEqualsNew(t *testing.T) {
+	w1, err := Preset("tiny", 1)
+	require.NoError(t, err)
+	w2, err := Preset("tiny", 2)
+	require.NoError(t, err)
+	m1, err := New(w1, nil)
+	require.NoError(t, err)
+	fresh, err := New(w2, nil)
+	require.NoError(t, err)
+	reused, err := NewReusing(w2, nil, m1)
+	require.NoError(t, err)
+	require.Same(t, m1.cls, reused.cls, "the retired model's memory was used")
+	toks := randomTokens(rand.New(rand.NewPCG(3, 3)), 20, w2.Config.VocabSize)
+	run := func(m *Model) []float32 {
+		h := newHarness(t, m, 8, 16)
+		return h.step(t, []piece{{seq: h.newSeq(len(toks)), tokens: toks}})[0]
+	}
+	want, got := run(fresh), run(reused)
+	for i := range want {
+		require.Equal(t, math.Float32bits(want[i]), math.Float32bits(got[i]), "logit %d", i)
+	}
+
+	cfg := w2.Config
+	cfg.NumHiddenLayers++
+	w3, err := Random(cfg, 1)
+	require.NoError(t, err)
+	m3, err := NewReusing(w3, nil, reused)
+	require.NoError(t, err)
+	require.NotSame(t, reused.cls, m3.cls, "another shape packs into new memory")
+}
