@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -355,6 +356,41 @@ func TestWeightSwapNeverReusesOldKV(t *testing.T) {
 	res, err := s.Collect(ctx)
 	require.NoError(t, err)
 	assert.Zero(t, res.NumCachedTokens)
+}
+
+// TestWeightUpdatesReuseTheRetiredSet: from the second update on, staging packs into the set
+// the previous commit retired, and every version still generates exactly its own greedy
+// continuation; a sleep gives the retired set back.
+func TestWeightUpdatesReuseTheRetiredSet(t *testing.T) {
+	e, w1 := testEngine(t, nil)
+	ctx := ctxT(t)
+	p := prompt(12, 9)
+	check := func(id string, w *model.Weights) {
+		t.Helper()
+		s, err := e.Add(ctx, Request{ID: id, PromptTokenIDs: p, Sampling: greedy(6)})
+		require.NoError(t, err)
+		res, err := s.Collect(ctx)
+		require.NoError(t, err)
+		require.Equal(t, referenceGreedy(t, w, p, 6), tokenIDs(res.Tokens), "request %s", id)
+	}
+	check("v1", w1)
+	assert.Nil(t, e.spare.Load(), "nothing retired yet")
+	for v := int64(2); v <= 4; v++ {
+		w, err := model.Preset("tiny", uint64(v))
+		require.NoError(t, err)
+		retired := e.spare.Load()
+		require.NoError(t, e.StageWeights(ctx, w, v))
+		if v > 2 {
+			require.NotNil(t, retired)
+			assert.Nil(t, e.spare.Load(), "version %d packed into the retired set", v)
+		}
+		_, err = e.CommitWeights(ctx)
+		require.NoError(t, err)
+		assert.NotNil(t, e.spare.Load(), "the commit retired version %d", v-1)
+		check("v"+strconv.FormatInt(v, 10), w)
+	}
+	require.NoError(t, e.Sleep(ctx, 1, PauseAbort))
+	assert.Nil(t, e.spare.Load(), "sleep gives the retired set back")
 }
 
 func TestPerTokenVersionsAcrossSwapDuringKeep(t *testing.T) {
