@@ -20,7 +20,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 TESTFLAGS ?=
-FUZZTIME ?= 10s
+FUZZTIME ?= 100000x
 
 .PHONY: help build test race lint lint-fmt lint-vet lint-golangci lint-arch bench demo fuzz clean
 
@@ -62,7 +62,7 @@ bench: build ## Run the engine benchmark (bin/rollout bench engine)
 demo: build ## Generate text in-process on builtin:tiny and print tokens/s
 	$(BIN) generate --model builtin:tiny --max-tokens 64 "Once upon a time"
 
-fuzz: ## Run every Fuzz target in the repo briefly (FUZZTIME each, default 10s)
+fuzz: ## Run every Fuzz target briefly: FUZZTIME executions each (a count: a duration hits golang/go#75804, a spurious "context deadline exceeded" in go1.26)
 	@found=0; \
 	while IFS= read -r file; do \
 		dir=./$$(dirname "$${file#./}"); \
