@@ -110,13 +110,7 @@ func TestHFLlama3Layout(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, tt.want, got, "%q", tt.text)
 	}
-	for _, s := range append(roundTripTexts, splitTexts...) {
-		ids, err := tok.Encode(s)
-		require.NoError(t, err)
-		dec, err := tok.Decode(ids)
-		require.NoError(t, err)
-		assert.Equal(t, s, dec)
-	}
+	assertRoundTrips(t, tok, append(roundTripTexts, splitTexts...))
 
 	// BOS is a control token, so its spelling in text is text; once it is not the BOS, it is
 	// matched as a whole token like the other specials.
@@ -230,13 +224,7 @@ func TestHFDeepSeekV3Layout(t *testing.T) {
 	got, err := tok.Encode("hello 1234567 .hello")
 	require.NoError(t, err)
 	assert.Equal(t, want(t, tok, "hello", " ", "123", "4", "5", "6", "7", " ", ".", "hello"), got)
-	for _, s := range append(roundTripTexts, splitTexts...) {
-		ids, err := tok.Encode(s)
-		require.NoError(t, err)
-		dec, err := tok.Decode(ids)
-		require.NoError(t, err)
-		assert.Equal(t, s, dec)
-	}
+	assertRoundTrips(t, tok, append(roundTripTexts, splitTexts...))
 }
 
 func TestHFRejectsLayouts(t *testing.T) {
@@ -289,5 +277,17 @@ func TestHFRejectsLayouts(t *testing.T) {
 		doc, _ := byteLevelDoc(n, seq(llama, bl))
 		_, err := ParseHF(mustJSON(t, doc))
 		require.NoError(t, err)
+	}
+}
+
+// assertRoundTrips checks Decode(Encode(s)) == s for every text.
+func assertRoundTrips(t *testing.T, tok *HF, texts []string) {
+	t.Helper()
+	for _, s := range texts {
+		ids, err := tok.Encode(s)
+		require.NoError(t, err)
+		dec, err := tok.Decode(ids)
+		require.NoError(t, err)
+		assert.Equal(t, s, dec)
 	}
 }

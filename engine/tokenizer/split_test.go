@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -94,21 +95,9 @@ func checkSplitAgrees(t *testing.T, pattern string, split func([]string, string)
 			t.Fatalf("empty piece in %q", got)
 		}
 	}
-	if want := regexpPieces(t, pattern, s); !equalStrings(got, want) {
+	if want := regexpPieces(t, pattern, s); !slices.Equal(got, want) {
 		t.Fatalf("%q: hand-written %q, regexp2 %q", s, got, want)
 	}
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func FuzzSplitLlama3(f *testing.F) {

@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -212,7 +213,7 @@ func loadHF(ctx context.Context, op fileOpener, dir string) (*model.Weights, Inf
 		if !ok {
 			return badf(s.hdr.file, "missing tensor %q", name)
 		}
-		if got := s.hdr.tensors[i].shape; !sameShape(got, shape) {
+		if got := s.hdr.tensors[i].shape; !slices.Equal(got, shape) {
 			return badf(s.hdr.file, "tensor %q has shape %v, config implies %v", name, got, shape)
 		}
 		if dst[s] == nil {
@@ -249,25 +250,13 @@ func loadHF(ctx context.Context, op fileOpener, dir string) (*model.Weights, Inf
 		}
 		sums = append(sums, fileSum{s.name, s.sum.Sum(nil)})
 	}
-	if tiedHead != nil && !equalFloats(tiedHead, w.Embed) {
+	if tiedHead != nil && !slices.Equal(tiedHead, w.Embed) {
 		return nil, Info{}, badf(dir, "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight")
 	}
 	if err := w.Check(); err != nil {
 		return nil, Info{}, fmt.Errorf("%w: %s: %w", ErrBadCheckpoint, dir, err)
 	}
 	return w, Info{Format: FormatHF, Digest: listingDigest(sums), Bytes: total}, nil
-}
-
-func equalFloats(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // SaveHF writes w to dir as config.json and a single model.safetensors in dtype d. Files are

@@ -154,19 +154,6 @@ func parseSTHeader(js []byte, dataLen int64, file string) (*stHeader, error) {
 	return h, nil
 }
 
-// sameShape reports whether a and b are equal.
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // readSTData streams the data section of h from r (positioned at its start) into sum, decoding
 // the tensors named in dst into freshly allocated float32 slices and discarding the rest
 // (which are still hashed). Shapes in dst must already have been checked against h. It then
