@@ -2,6 +2,7 @@ package weights
 
 import (
 	"hash"
+	"io"
 	"unsafe"
 )
 
@@ -45,6 +46,31 @@ func (p *hashPipe) write(b []byte, recycle chan<- []byte) { p.ch <- hashChunk{b:
 func (p *hashPipe) wait() {
 	close(p.ch)
 	<-p.done
+}
+
+// pipeReader reads r and hashes what it reads through a hashPipe. Read copies each chunk for
+// the hasher (the caller may reuse its buffer); readInto hands over the caller's own bytes,
+// which must then stay unchanged, so bulk tensor data is read once and never copied.
+type pipeReader struct {
+	r  io.Reader
+	hp *hashPipe
+}
+
+func (p *pipeReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.hp.write(append([]byte(nil), b[:n]...), nil)
+	}
+	return n, err
+}
+
+// readInto fills b from r and queues b itself for hashing.
+func (p *pipeReader) readInto(b []byte) error {
+	if _, err := io.ReadFull(p.r, b); err != nil {
+		return err
+	}
+	p.hp.write(b, nil)
+	return nil
 }
 
 // nativeLittleEndian reports whether float32 in memory is laid out as in a safetensors file,

@@ -97,7 +97,9 @@ func loadLlama2C(ctx context.Context, op fileOpener, path string) (*model.Weight
 		return nil, Info{}, badf(path, "not a regular file")
 	}
 	h := sha256.New()
-	w, err := readLlama2C(ctx, io.TeeReader(bufio.NewReaderSize(f, chunkBytes), h), st.Size(), path)
+	hp := newHashPipe(h) // hashing overlaps reading, as for safetensors
+	w, err := readLlama2C(ctx, &pipeReader{r: bufio.NewReaderSize(f, chunkBytes), hp: hp}, st.Size(), path)
+	hp.wait()
 	if err != nil {
 		return nil, Info{}, err
 	}
@@ -194,8 +196,18 @@ func readLlama2C(ctx context.Context, r io.Reader, size int64, file string) (*mo
 	return w, nil
 }
 
-// readF32 fills out with little-endian float32s from r, through buf.
+// readF32 fills out with little-endian float32s from r, through buf; from a pipeReader on a
+// little-endian host, straight into out.
 func readF32(r io.Reader, out []float32, buf []byte) error {
+	if pr, ok := r.(*pipeReader); ok && nativeLittleEndian() {
+		raw := float32Bytes(out)
+		for off := 0; off < len(raw); off += chunkBytes {
+			if err := pr.readInto(raw[off:min(off+chunkBytes, len(raw))]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	per := len(buf) / 4
 	for i := 0; i < len(out); i += per {
 		n := min(per, len(out)-i)
