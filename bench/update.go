@@ -36,8 +36,9 @@ type UpdateResult struct {
 	// does not stop for a weight update until the cut.
 	ServedSteps int64 `json:"steps_served_during_load_and_stage"`
 
-	// CutMs and CutSteps span Pause(keep, clear_cache) to Resume returning: the only time
-	// generation stops.
+	// CutMs spans Pause(keep, clear_cache) to Resume returning, the only time generation
+	// stops; CutSteps counts the engine steps from the Pause call to the commit (the steps the
+	// pause waited for).
 	CutMs      float64 `json:"cut_ms"`
 	CutSteps   int64   `json:"cut_steps"`
 	StepMillis float64 `json:"mean_step_ms"`
@@ -130,11 +131,13 @@ func WeightUpdate(ctx context.Context, preset string, running, workers int, d we
 		if r.Version, err = e.CommitWeights(ctx); err != nil {
 			return r, err
 		}
+		// Read while still paused: after Resume the engine steps on at once, and a read then
+		// would count steps of the resumed generation (dozens on tiny).
+		r.CutSteps = e.Metrics().Steps - before
 		if err := e.Resume(ctx); err != nil {
 			return r, err
 		}
 		r.CutMs = time.Since(t0).Seconds() * 1e3
-		r.CutSteps = e.Metrics().Steps - before
 
 		// Each request's next tokens carry the new version (drain what was produced before).
 		// Waiting for them also lets the cut's recompute prefill (clear_cache preempted the
