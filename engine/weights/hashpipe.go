@@ -42,6 +42,15 @@ func newHashPipe(h hash.Hash) *hashPipe {
 // write queues b for hashing.
 func (p *hashPipe) write(b []byte, recycle chan<- []byte) { p.ch <- hashChunk{b: b, recycle: recycle} }
 
+// readFull fills b from r and queues it for hashing (see write for recycle).
+func (p *hashPipe) readFull(r io.Reader, b []byte, recycle chan<- []byte) error {
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	p.write(b, recycle)
+	return nil
+}
+
 // wait hashes what is queued and stops the goroutine; after it the hash holds every chunk.
 func (p *hashPipe) wait() {
 	close(p.ch)
@@ -65,13 +74,7 @@ func (p *pipeReader) Read(b []byte) (int, error) {
 }
 
 // readInto fills b from r and queues b itself for hashing.
-func (p *pipeReader) readInto(b []byte) error {
-	if _, err := io.ReadFull(p.r, b); err != nil {
-		return err
-	}
-	p.hp.write(b, nil)
-	return nil
-}
+func (p *pipeReader) readInto(b []byte) error { return p.hp.readFull(p.r, b, nil) }
 
 // nativeLittleEndian reports whether float32 in memory is laid out as in a safetensors file,
 // so that F32 data can be read straight into the tensor.

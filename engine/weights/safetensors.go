@@ -189,10 +189,9 @@ func readSTData(ctx context.Context, r io.Reader, sum hash.Hash, h *stHeader, ds
 			for off := int64(0); off < n; {
 				b := buffer()
 				c := min(n-off, int64(len(b)))
-				if _, err := io.ReadFull(r, b[:c]); err != nil {
+				if err := hp.readFull(r, b[:c], free); err != nil {
 					return badf(h.file, "tensor %q: reading data: %v", t.name, err)
 				}
-				hp.write(b[:c], free)
 				off += c
 			}
 			continue
@@ -207,18 +206,17 @@ func readSTData(ctx context.Context, r io.Reader, sum hash.Hash, h *stHeader, ds
 			c := min(n-off, chunkBytes)
 			seg := out[off/es : (off+c)/es]
 			if direct && t.dtype == F32 {
-				chunk := raw[off : off+c]
-				if _, err := io.ReadFull(r, chunk); err != nil {
+				// The tensor's own bytes: nothing writes them again, so they need no recycling.
+				if err := hp.readFull(r, raw[off:off+c], nil); err != nil {
 					return badf(h.file, "tensor %q: reading data: %v", t.name, err)
 				}
-				hp.write(chunk, nil) // the tensor's own bytes: nothing writes them again
 			} else {
 				b := buffer()[:c]
 				if _, err := io.ReadFull(r, b); err != nil {
 					return badf(h.file, "tensor %q: reading data: %v", t.name, err)
 				}
 				decode(seg, b, t.dtype)
-				hp.write(b, free)
+				hp.write(b, free) // queued only after decode has read it
 			}
 			if i := firstNonFinite(seg); i >= 0 {
 				return badf(h.file, "tensor %q: element %d is %v", t.name, off/es+int64(i), seg[i])
