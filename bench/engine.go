@@ -153,25 +153,11 @@ func PauseLatency(ctx context.Context, w *model.Weights, running, workers int) (
 		return PauseResult{}, err
 	}
 	defer stop()
-	var streams []*engine.Stream
-	for i := range running {
-		s, err := e.Add(ctx, engine.Request{ID: fmt.Sprintf("p%d", i), PromptTokenIDs: benchPrompt(8, i, w.Config.VocabSize), Sampling: greedyParams(100000)})
-		if err != nil {
-			return PauseResult{}, err
-		}
-		streams = append(streams, s)
+	streams, err := startDecoding(ctx, e, "p", running, w.Config.VocabSize, 100000)
+	if err != nil {
+		return PauseResult{}, err
 	}
-	for _, s := range streams { // everyone is decoding
-		if _, err := s.Recv(ctx); err != nil {
-			return PauseResult{}, err
-		}
-	}
-	m0 := e.Metrics().Steps
-	t0 := time.Now()
-	for e.Metrics().Steps < m0+5 { // mean step time from five steps
-		time.Sleep(100 * time.Microsecond)
-	}
-	stepMs := time.Since(t0).Seconds() * 1e3 / float64(e.Metrics().Steps-m0)
+	stepMs := meanStepMillis(e)
 	before := e.Metrics().Steps
 	start := time.Now()
 	if _, err := e.Pause(ctx, engine.PauseKeep, true); err != nil {
@@ -181,13 +167,7 @@ func PauseLatency(ctx context.Context, w *model.Weights, running, workers int) (
 	if err := e.Resume(ctx); err != nil {
 		return r, err
 	}
-	e.Abort(func() []string {
-		ids := make([]string, len(streams))
-		for i, s := range streams {
-			ids[i] = s.ID()
-		}
-		return ids
-	}()...)
+	e.Abort(streamIDs(streams)...)
 	r.ResumeVerified = true
 	for _, s := range streams {
 		if _, err := s.Collect(ctx); err != nil {
@@ -195,6 +175,44 @@ func PauseLatency(ctx context.Context, w *model.Weights, running, workers int) (
 		}
 	}
 	return r, nil
+}
+
+// startDecoding adds n greedy requests of maxTokens tokens (8-token prompts, ids prefix0, …)
+// and returns once each has produced a token, so that all of them are decoding.
+func startDecoding(ctx context.Context, e *engine.Engine, prefix string, n, vocab, maxTokens int) ([]*engine.Stream, error) {
+	streams := make([]*engine.Stream, 0, n)
+	for i := range n {
+		s, err := e.Add(ctx, engine.Request{ID: fmt.Sprintf("%s%d", prefix, i), PromptTokenIDs: benchPrompt(8, i, vocab), Sampling: greedyParams(maxTokens)})
+		if err != nil {
+			return nil, err
+		}
+		streams = append(streams, s)
+	}
+	for _, s := range streams {
+		if _, err := s.Recv(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return streams, nil
+}
+
+// streamIDs lists the streams' request ids.
+func streamIDs(streams []*engine.Stream) []string {
+	ids := make([]string, len(streams))
+	for i, s := range streams {
+		ids[i] = s.ID()
+	}
+	return ids
+}
+
+// meanStepMillis is the engine's mean step time over the next five steps.
+func meanStepMillis(e *engine.Engine) float64 {
+	m0 := e.Metrics().Steps
+	t0 := time.Now()
+	for e.Metrics().Steps < m0+5 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	return time.Since(t0).Seconds() * 1e3 / float64(e.Metrics().Steps-m0)
 }
 
 // IdleResult is the engine's CPU use while idle.

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"crypto/sha256"
-	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -69,30 +68,16 @@ func WeightUpdate(ctx context.Context, preset string, running, workers int, d we
 		return r, err
 	}
 	defer stop()
-	var streams []*engine.Stream
-	for i := range running {
-		s, err := e.Add(ctx, engine.Request{ID: fmt.Sprintf("u%d", i), PromptTokenIDs: benchPrompt(8, i, w1.Config.VocabSize),
-			Sampling: greedyParams(w1.Config.MaxPositionEmbeddings - 8)})
-		if err != nil {
-			return r, err
-		}
-		streams = append(streams, s)
+	streams, err := startDecoding(ctx, e, "u", running, w1.Config.VocabSize, w1.Config.MaxPositionEmbeddings-8)
+	if err != nil {
+		return r, err
 	}
 	defer func() {
-		ids := make([]string, len(streams))
-		for i, s := range streams {
-			ids[i] = s.ID()
-		}
-		e.Abort(ids...)
+		e.Abort(streamIDs(streams)...)
 		for _, s := range streams {
 			_, _ = s.Collect(context.Background())
 		}
 	}()
-	for _, s := range streams { // everyone is decoding
-		if _, err := s.Recv(ctx); err != nil {
-			return r, err
-		}
-	}
 
 	// Two updates, versions 2 and 3 (the same file): the first packs into new memory, the
 	// second into the set the first retired, as every later update of an RL run does. The
@@ -116,12 +101,7 @@ func WeightUpdate(ctx context.Context, preset string, running, workers int, d we
 		r.FirstStageMs, r.StageMs = r.StageMs, time.Since(t0).Seconds()*1e3
 		r.ServedSteps = e.Metrics().Steps - steps0
 
-		m0 := e.Metrics().Steps
-		t0 = time.Now()
-		for e.Metrics().Steps < m0+5 { // mean step time from five steps
-			time.Sleep(100 * time.Microsecond)
-		}
-		r.StepMillis = time.Since(t0).Seconds() * 1e3 / float64(e.Metrics().Steps-m0)
+		r.StepMillis = meanStepMillis(e)
 
 		before := e.Metrics().Steps
 		t0 = time.Now()
