@@ -546,6 +546,9 @@ type DesiredState struct {
 	Epoch int64  `json:"epoch"`
 	// Weights is the version every server should serve (nil: whatever it loaded at start).
 	Weights *WeightsRef `json:"weights,omitempty"`
+	// Plan is how a server that converges by itself commits Weights (mode, clear_cache,
+	// sleep_level; Version is ignored): the same cut the transaction's commit command uses.
+	Plan *Commit `json:"plan,omitempty"`
 	// Paused asks servers to stay paused (an operator's fleet pause).
 	Paused bool `json:"paused"`
 	// Signed says the fleet's messages are signed: a server without a secret must not join.
@@ -566,6 +569,13 @@ func (d *DesiredState) Canonical() []byte {
 		c.int(d.Weights.Version)
 		c.str(d.Weights.URI)
 		c.str(d.Weights.SHA256)
+	}
+	c.bool(d.Plan != nil)
+	if d.Plan != nil {
+		c.int(d.Plan.Version)
+		c.str(d.Plan.Mode)
+		c.bool(d.Plan.ClearCache)
+		c.int(int64(d.Plan.SleepLevel))
 	}
 	c.bool(d.Paused)
 	c.bool(d.Signed)
