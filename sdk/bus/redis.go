@@ -120,7 +120,14 @@ func DialRedis(ctx context.Context, rawURL string, o RedisOptions) (*Redis, erro
 	}
 	r.readTimeout = opt.ReadTimeout
 	r.slice = min(250*time.Millisecond, opt.ReadTimeout/2)
-	if err := r.c.Ping(ctx).Err(); err != nil {
+	// Without a deadline, a server that accepts connections but never answers would keep go-redis
+	// retrying; one dial and one read is as long as the first answer may take.
+	pctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		pctx, cancel = context.WithTimeout(ctx, opt.DialTimeout+opt.ReadTimeout)
+	}
+	defer cancel()
+	if err := r.c.Ping(pctx).Err(); err != nil {
 		_ = r.c.Close()
 		return nil, fmt.Errorf("%w: redis at %s does not answer: %w", ErrUnavailable, opt.Addr, err)
 	}
