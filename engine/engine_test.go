@@ -576,3 +576,22 @@ func waitQueued(t *testing.T, e *Engine, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return len(e.in) >= n }, 5*time.Second, time.Millisecond)
 }
+
+// TestReleaseWithOwnedBlockIsAViolation: releasing the KV pool while a request owns blocks is
+// an invariant violation, counted (the sleep path gives every block up first, so this counter
+// stays 0 in every other test).
+func TestReleaseWithOwnedBlockIsAViolation(t *testing.T) {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	e, err := New(Config{Weights: w, NumBlocks: 16, Workers: 1})
+	require.NoError(t, err)
+	defer e.kpool.Close()
+	_, ok := e.blocks.AllocateSlots("x", 20, nil)
+	require.True(t, ok)
+	e.releaseKV()
+	assert.EqualValues(t, 1, e.Metrics().InvariantViolations)
+	e.blocks.Free("x")
+	require.NoError(t, e.allocKV())
+	e.releaseKV()
+	assert.EqualValues(t, 1, e.Metrics().InvariantViolations, "a release with every block free is fine")
+}

@@ -50,9 +50,12 @@ func fromDetail(ok bool, d sched.ResetDetail) ResetResult {
 }
 
 // Pause stops scheduling as mode says. With clearCache it then resets the prefix cache and
-// the connector, preempting running requests (also those frozen by keep) so that no KV
-// computed before the pause is reused; they recompute on Resume. It returns once the pause is
-// complete: at once for keep and abort, after the running requests finished for wait.
+// the connector, preempting running requests (also those frozen by keep) and turning waiting
+// requests whose connector load landed back into recomputing ones, so that no KV computed
+// before the pause is reused; they recompute on Resume. The reset runs once the engine is idle,
+// so normally nothing is left in use and it reports success; otherwise Success is false and
+// Reason says what is still held. It returns once the pause is complete: at once for keep and
+// abort, after the running requests finished for wait.
 func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (ResetResult, error) {
 	if _, err := ParsePauseMode(string(mode)); err != nil {
 		return ResetResult{}, err
@@ -149,7 +152,8 @@ func (e *Engine) asleep() bool { return e.sleep0 || e.sleepKV || e.sleepWeights 
 // Sleep pauses the engine (with mode, unless it is paused already, in which case the existing
 // pause stands) and then, for level ≥ 1, resets every cache, keeps stepping until every flush
 // the reset produced has been delivered to the connector's workers, waits for every transfer
-// touching the KV pool, and only then releases the pool. Level 2 also releases the weights: a
+// touching the KV pool, turns every request still holding blocks (a connector load that landed
+// meanwhile) into one that recomputes after the wake-up, and only then releases the pool. Level 2 also releases the weights: a
 // wake-up then needs a new weight set (CommitWeights while asleep). Level 0 only pauses.
 func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 	if level < 0 || level > 2 {
@@ -187,6 +191,11 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 				done(struct{}{}, fmt.Errorf("engine: sleep: waiting for KV transfers: %w", err))
 				return true
 			}
+			// No request may keep blocks whose memory is about to go: whatever still holds
+			// some (a connector load that landed while paused) recomputes after the wake-up.
+			if n := e.sched.DropAllKV(); n > 0 {
+				e.log.Info("engine: sleep: requests holding KV will recompute", "requests", n)
+			}
 			e.releaseKV()
 			e.spare.Store(nil) // sleeping is for giving memory back
 			if level == 2 {
@@ -202,10 +211,19 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 	return err
 }
 
+// releaseKV drops the KV pool's memory. Every request must have given its blocks up first
+// (Scheduler.DropAllKV); a block still owned here would resume on the zeroed pool a wake-up
+// allocates, so it is counted as an invariant violation, and the prefix cache is cleared so no
+// lookup can reach the old content either.
 func (e *Engine) releaseKV() {
 	if e.sleepKV {
 		return
 	}
+	if used := e.usedBlocks(); used > 0 {
+		e.metrics.violations.Add(1)
+		e.log.Error("engine: invariant violation: KV pool released while requests own blocks", "blocks", used)
+	}
+	e.blocks.Reset(true)
 	if b, ok := e.worker.(kvconnector.StorageBinder); ok {
 		b.ReleaseKVStorage()
 	}
