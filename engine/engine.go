@@ -30,7 +30,8 @@ var (
 	ErrDuplicateID     = errors.New("engine: duplicate request id")
 	ErrNoWeights       = errors.New("engine: no weights loaded")
 	ErrNothingStaged   = errors.New("engine: no staged weights")
-	ErrStaleVersion    = errors.New("engine: weight version not newer than the serving one")
+	ErrNotStaged       = errors.New("engine: the staged weights are another version")
+	ErrStaleVersion    = errors.New("engine: weight version not newer than the serving and staged ones")
 	ErrInvalidArgument = errors.New("engine: invalid argument")
 	ErrAsleep          = errors.New("engine: asleep")
 )
@@ -175,11 +176,13 @@ type idleTask struct {
 // Engine is EngineCore. Create it with New, run it with Run; every other method is safe for
 // concurrent use.
 type Engine struct {
-	cfg  Config
-	log  *slog.Logger
-	in   chan message
-	done chan struct{}
-	ran  atomic.Bool
+	cfg Config
+	// shape is the model configuration every weight set must have (the initial one's).
+	shape model.Config
+	log   *slog.Logger
+	in    chan message
+	done  chan struct{}
+	ran   atomic.Bool
 
 	metrics Metrics
 
@@ -225,7 +228,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger, in: make(chan message, 256), done: make(chan struct{}),
-		reqs: map[string]*reqState{}, version: cfg.WeightVersion, weights: cfg.Weights}
+		reqs: map[string]*reqState{}, version: cfg.WeightVersion, weights: cfg.Weights, shape: cfg.Weights.Config}
 	e.kpool = kernels.NewPool(cfg.Workers)
 	m, err := model.New(cfg.Weights, e.kpool)
 	if err != nil {
@@ -424,7 +427,7 @@ func (e *Engine) Add(ctx context.Context, req Request) (*Stream, error) {
 }
 
 func (e *Engine) validate(req *Request) error {
-	c := e.cfg.Weights.Config
+	c := e.shape
 	if req.ID == "" {
 		return fmt.Errorf("%w: empty request id", ErrInvalidRequest)
 	}
@@ -468,7 +471,7 @@ func (e *Engine) admit(m *addMsg) error {
 		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	e.reqs[m.req.ID] = &reqState{stream: m.stream, sampler: sample.New(p, seed), params: p,
-		prompt: len(m.req.PromptTokenIDs), stops: p.StopTokens([]int{e.cfg.Weights.Config.EOSTokenID})}
+		prompt: len(m.req.PromptTokenIDs), stops: p.StopTokens([]int{e.shape.EOSTokenID})}
 	e.metrics.promptTokens.Add(int64(len(m.req.PromptTokenIDs)))
 	return nil
 }

@@ -384,7 +384,7 @@ func TestWeightUpdatesReuseTheRetiredSet(t *testing.T) {
 			require.NotNil(t, retired)
 			assert.Nil(t, e.spare.Load(), "version %d packed into the retired set", v)
 		}
-		_, err = e.CommitWeights(ctx)
+		_, err = e.CommitWeights(ctx, v)
 		require.NoError(t, err)
 		assert.NotNil(t, e.spare.Load(), "the commit retired version %d", v-1)
 		check("v"+strconv.FormatInt(v, 10), w)
@@ -436,7 +436,7 @@ func TestPerTokenVersionsAcrossSwapDuringKeep(t *testing.T) {
 func TestStagedWeightsFailuresLeaveOldServing(t *testing.T) {
 	e, _ := testEngine(t, nil)
 	ctx := ctxT(t)
-	_, err := e.CommitWeights(ctx)
+	_, err := e.CommitWeights(ctx, 2)
 	require.ErrorIs(t, err, ErrNothingStaged)
 	w, err := model.Preset("tiny", 3)
 	require.NoError(t, err)
@@ -450,6 +450,15 @@ func TestStagedWeightsFailuresLeaveOldServing(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 3, st.StagedVersion)
 	assert.EqualValues(t, 1, st.WeightVersion)
+	// A stage must be newer than the staged version too, and a commit names what it commits.
+	require.ErrorIs(t, e.StageWeights(ctx, w, 2), ErrStaleVersion)
+	require.ErrorIs(t, e.StageWeights(ctx, w, 3), ErrStaleVersion)
+	_, err = e.CommitWeights(ctx, 2)
+	require.ErrorIs(t, err, ErrNotStaged)
+	v, err := e.CommitWeights(ctx, 3)
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, v)
+	assert.EqualValues(t, 3, e.Version())
 }
 
 func TestBadInput(t *testing.T) {
@@ -594,4 +603,30 @@ func TestReleaseWithOwnedBlockIsAViolation(t *testing.T) {
 	require.NoError(t, e.allocKV())
 	e.releaseKV()
 	assert.EqualValues(t, 1, e.Metrics().InvariantViolations, "a release with every block free is fine")
+}
+
+// TestConcurrentUpdateWeightsIsAtomic: two UpdateWeights calls queued back to back (a newer
+// version first) must each stage and commit in one step of the loop: the newer version serves,
+// its caller hears so, and the older one is refused as stale. With stage and commit as two
+// loop calls the older stage replaced the newer one, the newer caller was told it committed
+// the older version and the other caller heard "no staged weights".
+func TestConcurrentUpdateWeightsIsAtomic(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	w2, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	w3, err := model.Preset("tiny", 3)
+	require.NoError(t, err)
+	var v3, v2 int64
+	_, err3, err2 := backToBack(t, e,
+		func() (err error) { v3, err = e.UpdateWeights(ctx, w3, 3, false); return err },
+		func() (err error) { v2, err = e.UpdateWeights(ctx, w2, 2, false); return err })
+	require.NoError(t, err3)
+	assert.EqualValues(t, 3, v3)
+	require.ErrorIs(t, err2, ErrStaleVersion)
+	assert.Zero(t, v2)
+	assert.EqualValues(t, 3, e.Version())
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.StagedVersion, "nothing left staged")
 }

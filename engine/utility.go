@@ -305,71 +305,103 @@ func (e *Engine) ResetPrefixCache(ctx context.Context, resetRunning, resetConnec
 }
 
 // StageWeights packs w (on the caller's goroutine, while the old weights keep serving) and
-// stages it as version. It must have the serving model's shape and a version newer than the
-// serving one; a later stage replaces an earlier one.
+// stages it as version. It must have the serving model's shape and a version newer than both
+// the serving one and any staged one (else ErrStaleVersion); it replaces an older staged set.
 func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int64) error {
-	if w == nil {
-		return fmt.Errorf("%w: nil weights", ErrInvalidArgument)
-	}
-	if !sameShape(w.Config, e.cfg.Weights.Config) {
-		return fmt.Errorf("%w: staged weights have shape %+v, the engine serves %+v", ErrInvalidArgument, w.Config, e.cfg.Weights.Config)
-	}
-	// A failed pack leaves the spare half-written: it is dropped, not put back.
-	m, err := model.NewReusing(w, e.kpool, e.spare.Swap(nil))
+	m, err := e.pack(w)
 	if err != nil {
 		return err
 	}
 	_, err = call(ctx, e, "stage_weights", func(_ context.Context, done func(struct{}, error)) {
-		e.afterPending(func() {
-			if version <= e.version {
-				e.spare.Store(m)
-				done(struct{}{}, fmt.Errorf("%w: %d <= %d", ErrStaleVersion, version, e.version))
-				return
-			}
-			if e.staged != nil {
-				e.spare.Store(e.staged.model)
-			}
-			e.staged = &staged{model: m, weights: w, version: version}
-			e.metrics.stagedVersion.Store(version)
-			done(struct{}{}, nil)
-		}, func(err error) { done(struct{}{}, err) })
+		e.afterPending(func() { done(struct{}{}, e.stage(m, w, version)) }, func(err error) { done(struct{}{}, err) })
 	})
 	return err
 }
 
-// CommitWeights swaps the staged weights in at a step boundary and returns the new version.
-// Requests keep running (use Pause first for a clean cut); their later tokens carry the new
-// version, and the new version enters the prefix hashes, so no new request reuses old KV.
-func (e *Engine) CommitWeights(ctx context.Context) (int64, error) {
+// pack validates w and packs it for the kernels, into the retired set when there is one.
+func (e *Engine) pack(w *model.Weights) (*model.Model, error) {
+	if w == nil {
+		return nil, fmt.Errorf("%w: nil weights", ErrInvalidArgument)
+	}
+	if !sameShape(w.Config, e.shape) {
+		return nil, fmt.Errorf("%w: staged weights have shape %+v, the engine serves %+v", ErrInvalidArgument, w.Config, e.shape)
+	}
+	// A failed pack leaves the spare half-written: it is dropped, not put back.
+	return model.NewReusing(w, e.kpool, e.spare.Swap(nil))
+}
+
+// stage makes the packed m the staged set, on the engine goroutine. A refused m becomes the
+// spare again.
+func (e *Engine) stage(m *model.Model, w *model.Weights, version int64) error {
+	switch {
+	case version <= e.version:
+		e.spare.Store(m)
+		return fmt.Errorf("%w: %d <= serving %d", ErrStaleVersion, version, e.version)
+	case e.staged != nil && version <= e.staged.version:
+		e.spare.Store(m)
+		return fmt.Errorf("%w: %d <= staged %d", ErrStaleVersion, version, e.staged.version)
+	}
+	if e.staged != nil {
+		e.spare.Store(e.staged.model)
+	}
+	e.staged = &staged{model: m, weights: w, version: version}
+	e.metrics.stagedVersion.Store(version)
+	return nil
+}
+
+// CommitWeights swaps in the staged weights of the given version at a step boundary and
+// returns it. It fails with ErrNothingStaged when nothing is staged and with ErrNotStaged when
+// the staged set is another version (a newer stage replaced it), so a caller never commits a
+// version it did not mean. Requests keep running (use Pause first for a clean cut); their
+// later tokens carry the new version, and the new version enters the prefix hashes, so no new
+// request reuses old KV.
+func (e *Engine) CommitWeights(ctx context.Context, version int64) (int64, error) {
 	return call(ctx, e, "commit_weights", func(_ context.Context, done func(int64, error)) {
-		e.afterPending(func() {
-			if e.staged == nil {
-				done(0, ErrNothingStaged)
-				return
-			}
-			s := e.staged
-			e.staged = nil
-			if e.model != nil {
-				e.spare.Store(e.model) // at a step boundary: no forward uses it any more
-			}
-			e.model, e.weights, e.version = s.model, s.weights, s.version
-			e.sched.SetWeightVersion(s.version)
-			e.metrics.weightVersion.Store(s.version)
-			e.metrics.stagedVersion.Store(0)
-			done(s.version, nil)
-		}, func(err error) { done(0, err) })
+		e.afterPending(func() { done(e.commit(version)) }, func(err error) { done(0, err) })
 	})
 }
 
-// UpdateWeights stages w as version and, unless stageOnly, commits it.
+// commit is CommitWeights' effect, on the engine goroutine.
+func (e *Engine) commit(version int64) (int64, error) {
+	s := e.staged
+	switch {
+	case s == nil:
+		return 0, fmt.Errorf("%w: cannot commit version %d", ErrNothingStaged, version)
+	case s.version != version:
+		return 0, fmt.Errorf("%w: version %d requested, %d is staged", ErrNotStaged, version, s.version)
+	}
+	e.staged = nil
+	if e.model != nil {
+		e.spare.Store(e.model) // at a step boundary: no forward uses it any more
+	}
+	e.model, e.weights, e.version = s.model, s.weights, s.version
+	e.sched.SetWeightVersion(s.version)
+	e.metrics.weightVersion.Store(s.version)
+	e.metrics.stagedVersion.Store(0)
+	return s.version, nil
+}
+
+// UpdateWeights stages w as version and, unless stageOnly, commits it, in one task of the
+// engine loop: concurrent callers never interleave between the stage and the commit. It
+// returns the serving version afterwards (version itself unless stageOnly).
 func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version int64, stageOnly bool) (int64, error) {
-	if err := e.StageWeights(ctx, w, version); err != nil {
+	m, err := e.pack(w)
+	if err != nil {
 		return 0, err
 	}
-	if stageOnly {
-		return e.Version(), nil
-	}
-	return e.CommitWeights(ctx)
+	return call(ctx, e, "update_weights", func(_ context.Context, done func(int64, error)) {
+		e.afterPending(func() {
+			if err := e.stage(m, w, version); err != nil {
+				done(0, err)
+				return
+			}
+			if stageOnly {
+				done(e.version, nil)
+				return
+			}
+			done(e.commit(version))
+		}, func(err error) { done(0, err) })
+	})
 }
 
 // Weights returns the serving weight set (nil after a level-2 sleep), e.g. for a trainer
