@@ -630,3 +630,45 @@ func TestConcurrentUpdateWeightsIsAtomic(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, st.StagedVersion, "nothing left staged")
 }
+
+// TestCloseReleasesEverything: Close releases an engine that never ran and stops a running
+// one; it is idempotent, waits for the goroutines New and Run started, and later calls fail
+// with ErrClosed.
+func TestCloseReleasesEverything(t *testing.T) {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	t.Run("never run", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		e, err := New(Config{Weights: w, NumBlocks: 64, Workers: 4})
+		require.NoError(t, err)
+		require.NoError(t, e.Close())
+		require.NoError(t, e.Close())
+		require.ErrorIs(t, e.Run(context.Background()), ErrClosed)
+		_, err = e.Add(context.Background(), Request{ID: "a", PromptTokenIDs: prompt(4, 1), Sampling: greedy(1)})
+		require.ErrorIs(t, err, ErrClosed)
+	})
+	t.Run("running", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		e, err := New(Config{Weights: w, NumBlocks: 64, Workers: 4})
+		require.NoError(t, err)
+		ran := make(chan error, 1)
+		go func() { ran <- e.Run(context.Background()) }()
+		ctx := ctxT(t)
+		s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(4, 1), Sampling: greedy(long)})
+		require.NoError(t, err)
+		_, err = s.Recv(ctx)
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() { defer wg.Done(); assert.NoError(t, e.Close()) }()
+		}
+		wg.Wait()
+		require.NoError(t, <-ran)
+		res, err := s.Collect(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, FinishAbort, res.FinishReason)
+		_, err = e.Stats(ctx)
+		require.ErrorIs(t, err, ErrClosed)
+	})
+}
