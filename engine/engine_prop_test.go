@@ -880,12 +880,21 @@ func (h *propHarness) opWeights() {
 		running := h.sync()
 		want := h.st
 		who := h.commitCandidates(running)
-		v, err := h.e.CommitWeights(h.ctx)
+		ver := want.Staged
+		if ver == 0 || rapid.IntRange(0, 4).Draw(h.rt, "commit_other") == 0 {
+			ver = h.nextVer + 5 // a version that is not staged
+		}
+		v, err := h.e.CommitWeights(h.ctx, ver)
 		if want.Staged == 0 {
 			if !errors.Is(err, ErrNothingStaged) {
 				h.fatalf("commit with nothing staged: %v", err)
 			}
 			h.countErr("nothing_staged")
+		} else if ver != want.Staged {
+			if !errors.Is(err, ErrNotStaged) {
+				h.fatalf("commit of %d with %d staged: %v", ver, want.Staged, err)
+			}
+			h.countErr("not_staged")
 		} else {
 			if err != nil || v != want.Staged {
 				h.fatalf("commit: %d, %v; staged %d", v, err, want.Staged)
@@ -896,7 +905,11 @@ func (h *propHarness) opWeights() {
 		h.expect("commit_weights", want)
 	case 4: // a stale stage is refused and changes nothing
 		want := h.st
-		err := h.e.StageWeights(h.ctx, h.newWeights(want.Version), want.Version)
+		ver := want.Version
+		if want.Staged > 0 && rapid.Bool().Draw(h.rt, "stale_vs_staged") {
+			ver = want.Staged // not above the staged version either
+		}
+		err := h.e.StageWeights(h.ctx, h.newWeights(ver), ver)
 		if !errors.Is(err, ErrStaleVersion) {
 			h.fatalf("stale stage: %v", err)
 		}
@@ -981,8 +994,12 @@ func (h *propHarness) drawPairOp(label string, kind int) pairOp {
 		return pairOp{fmt.Sprintf("stage(%d)", ver), func(ctx context.Context) error { return h.e.StageWeights(ctx, w, ver) },
 			func(err error) bool { return err == nil || errors.Is(err, ErrStaleVersion) }}
 	case pairCommit:
-		return pairOp{"commit", func(ctx context.Context) error { _, err := h.e.CommitWeights(ctx); return err },
-			func(err error) bool { return err == nil || errors.Is(err, ErrNothingStaged) }}
+		// The latest version staged so far, by the model or by a stage of this pair.
+		ver := h.nextVer - 1
+		return pairOp{fmt.Sprintf("commit(%d)", ver), func(ctx context.Context) error { _, err := h.e.CommitWeights(ctx, ver); return err },
+			func(err error) bool {
+				return err == nil || errors.Is(err, ErrNothingStaged) || errors.Is(err, ErrNotStaged) || errors.Is(err, ErrStaleVersion)
+			}}
 	default:
 		return pairOp{"stats", func(ctx context.Context) error { _, err := h.e.Stats(ctx); return err }, nilOnly}
 	}
@@ -1333,7 +1350,7 @@ func TestSleep2ThenCommitBackToBack(t *testing.T) {
 	require.NoError(t, err)
 	_, errSleep, errCommit := backToBack(t, e,
 		func() error { return e.Sleep(ctx, 2, PauseWait) },
-		func() error { _, err := e.CommitWeights(ctx); return err })
+		func() error { _, err := e.CommitWeights(ctx, 2); return err })
 	require.NoError(t, errSleep)
 	require.NoError(t, errCommit)
 	require.NoError(t, e.WakeUp(ctx, nil), "the committed weights survive the sleep")

@@ -384,7 +384,7 @@ func TestWeightUpdatesReuseTheRetiredSet(t *testing.T) {
 			require.NotNil(t, retired)
 			assert.Nil(t, e.spare.Load(), "version %d packed into the retired set", v)
 		}
-		_, err = e.CommitWeights(ctx)
+		_, err = e.CommitWeights(ctx, v)
 		require.NoError(t, err)
 		assert.NotNil(t, e.spare.Load(), "the commit retired version %d", v-1)
 		check("v"+strconv.FormatInt(v, 10), w)
@@ -436,7 +436,7 @@ func TestPerTokenVersionsAcrossSwapDuringKeep(t *testing.T) {
 func TestStagedWeightsFailuresLeaveOldServing(t *testing.T) {
 	e, _ := testEngine(t, nil)
 	ctx := ctxT(t)
-	_, err := e.CommitWeights(ctx)
+	_, err := e.CommitWeights(ctx, 2)
 	require.ErrorIs(t, err, ErrNothingStaged)
 	w, err := model.Preset("tiny", 3)
 	require.NoError(t, err)
@@ -450,6 +450,15 @@ func TestStagedWeightsFailuresLeaveOldServing(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 3, st.StagedVersion)
 	assert.EqualValues(t, 1, st.WeightVersion)
+	// A stage must be newer than the staged version too, and a commit names what it commits.
+	require.ErrorIs(t, e.StageWeights(ctx, w, 2), ErrStaleVersion)
+	require.ErrorIs(t, e.StageWeights(ctx, w, 3), ErrStaleVersion)
+	_, err = e.CommitWeights(ctx, 2)
+	require.ErrorIs(t, err, ErrNotStaged)
+	v, err := e.CommitWeights(ctx, 3)
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, v)
+	assert.EqualValues(t, 3, e.Version())
 }
 
 func TestBadInput(t *testing.T) {
@@ -575,4 +584,91 @@ func backToBack(t *testing.T, e *Engine, first, second func() error) (steps int6
 func waitQueued(t *testing.T, e *Engine, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return len(e.in) >= n }, 5*time.Second, time.Millisecond)
+}
+
+// TestReleaseWithOwnedBlockIsAViolation: releasing the KV pool while a request owns blocks is
+// an invariant violation, counted (the sleep path gives every block up first, so this counter
+// stays 0 in every other test).
+func TestReleaseWithOwnedBlockIsAViolation(t *testing.T) {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	e, err := New(Config{Weights: w, NumBlocks: 16, Workers: 1})
+	require.NoError(t, err)
+	defer e.kpool.Close()
+	_, ok := e.blocks.AllocateSlots("x", 20, nil)
+	require.True(t, ok)
+	e.releaseKV()
+	assert.EqualValues(t, 1, e.Metrics().InvariantViolations)
+	e.blocks.Free("x")
+	require.NoError(t, e.allocKV())
+	e.releaseKV()
+	assert.EqualValues(t, 1, e.Metrics().InvariantViolations, "a release with every block free is fine")
+}
+
+// TestConcurrentUpdateWeightsIsAtomic: two UpdateWeights calls queued back to back (a newer
+// version first) must each stage and commit in one step of the loop: the newer version serves,
+// its caller hears so, and the older one is refused as stale. With stage and commit as two
+// loop calls the older stage replaced the newer one, the newer caller was told it committed
+// the older version and the other caller heard "no staged weights".
+func TestConcurrentUpdateWeightsIsAtomic(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	w2, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	w3, err := model.Preset("tiny", 3)
+	require.NoError(t, err)
+	var v3, v2 int64
+	_, err3, err2 := backToBack(t, e,
+		func() (err error) { v3, err = e.UpdateWeights(ctx, w3, 3, false); return err },
+		func() (err error) { v2, err = e.UpdateWeights(ctx, w2, 2, false); return err })
+	require.NoError(t, err3)
+	assert.EqualValues(t, 3, v3)
+	require.ErrorIs(t, err2, ErrStaleVersion)
+	assert.Zero(t, v2)
+	assert.EqualValues(t, 3, e.Version())
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.StagedVersion, "nothing left staged")
+}
+
+// TestCloseReleasesEverything: Close releases an engine that never ran and stops a running
+// one; it is idempotent, waits for the goroutines New and Run started, and later calls fail
+// with ErrClosed.
+func TestCloseReleasesEverything(t *testing.T) {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	t.Run("never run", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		e, err := New(Config{Weights: w, NumBlocks: 64, Workers: 4})
+		require.NoError(t, err)
+		require.NoError(t, e.Close())
+		require.NoError(t, e.Close())
+		require.ErrorIs(t, e.Run(context.Background()), ErrClosed)
+		_, err = e.Add(context.Background(), Request{ID: "a", PromptTokenIDs: prompt(4, 1), Sampling: greedy(1)})
+		require.ErrorIs(t, err, ErrClosed)
+	})
+	t.Run("running", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		e, err := New(Config{Weights: w, NumBlocks: 64, Workers: 4})
+		require.NoError(t, err)
+		ran := make(chan error, 1)
+		go func() { ran <- e.Run(context.Background()) }()
+		ctx := ctxT(t)
+		s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(4, 1), Sampling: greedy(long)})
+		require.NoError(t, err)
+		_, err = s.Recv(ctx)
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() { defer wg.Done(); assert.NoError(t, e.Close()) }()
+		}
+		wg.Wait()
+		require.NoError(t, <-ran)
+		res, err := s.Collect(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, FinishAbort, res.FinishReason)
+		_, err = e.Stats(ctx)
+		require.ErrorIs(t, err, ErrClosed)
+	})
 }

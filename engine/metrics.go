@@ -24,6 +24,7 @@ type Metrics struct {
 	kvTotalBlocks atomic.Int64
 	prefixQueries atomic.Int64
 	prefixHits    atomic.Int64
+	violations    atomic.Int64
 	state         atomic.Value // string
 }
 
@@ -68,6 +69,12 @@ type MetricsSnapshot struct {
 	PrefixQueries    int64
 	PrefixHits       int64
 	KVReleased       bool
+	// InvariantViolations counts broken engine invariants detected in production paths (a KV
+	// pool released while a request owned blocks); it must stay 0.
+	InvariantViolations int64
+	// InputQueued is the number of messages (adds, aborts, utility calls) waiting for the
+	// engine loop right now.
+	InputQueued int
 }
 
 // Metrics returns the current counters without a round trip through the engine loop.
@@ -83,7 +90,7 @@ func (e *Engine) Metrics() MetricsSnapshot {
 		FinishedStop: m.finishedStop.Load(), FinishedLength: m.finishedLen.Load(), FinishedAbort: m.finishedAbort.Load(),
 		Running: m.running.Load(), Waiting: m.waiting.Load(), KVUsedBlocks: m.kvUsedBlocks.Load(),
 		KVTotalBlocks: m.kvTotalBlocks.Load(), PrefixQueries: m.prefixQueries.Load(), PrefixHits: m.prefixHits.Load(),
-		KVReleased: m.kvReleased.Load(),
+		KVReleased: m.kvReleased.Load(), InvariantViolations: m.violations.Load(), InputQueued: len(e.in),
 	}
 }
 
