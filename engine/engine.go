@@ -75,6 +75,9 @@ type Hooks struct {
 	OnFinish func(id string, reason FinishReason, promptTokens, genTokens int, t Timings)
 	// OnStep is called after every step with the number of tokens it computed.
 	OnStep func(tokens int)
+	// BeforeForward is called before each forward pass; a non-nil error fails the step as a
+	// model error would (for fault-injection tests; nil in production).
+	BeforeForward func(step uint64) error
 }
 
 func (c *Config) defaults() error {
@@ -576,12 +579,27 @@ func (e *Engine) step() {
 	mo := &sched.ModelOutput{Step: so.Step, Sampled: map[string]sched.Sample{}}
 	var forward func(context.Context) error
 	if so.NumScheduledTokens > 0 {
-		forward = func(context.Context) error { return e.execute(so, mo) }
+		forward = func(context.Context) error {
+			if h := e.cfg.Hooks.BeforeForward; h != nil {
+				if err := h(so.Step); err != nil {
+					return err
+				}
+			}
+			return e.execute(so, mo)
+		}
 	}
 	ctx := context.Background()
 	kvOut, err := kvconnector.RunStep(ctx, e.worker, so.ConnectorMeta, so.FinishedReqIDs, forward)
 	if err != nil {
-		e.log.Error("engine: step failed", "step", so.Step, "err", err)
+		// A failed step fails the requests it scheduled (their streams end with FinishAbort):
+		// the scheduler rolls them back to the step's start, so nothing the step was to compute
+		// is cached or stored, and the connector was told to fail the step's transfers. The
+		// connector output is still applied, so no transfer completion is lost.
+		e.metrics.stepErrors.Add(1)
+		mo.Sampled = nil
+		failed := e.sched.FailStep(so, sched.FinishAbort)
+		e.log.Error("engine: step failed; its requests are aborted", "step", so.Step, "requests", len(failed), "err", err)
+		e.deliver(failed)
 	}
 	mo.KVConnector = kvOut
 	outs, err := e.sched.UpdateFromOutput(so, mo)

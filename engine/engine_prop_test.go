@@ -396,11 +396,12 @@ func (h *propHarness) expect(op string, want propState) {
 	}
 }
 
-// check runs after every operation: the scheduler's and pool's invariants (inside Stats) and
-// the engine-level ones.
+// check runs after every operation: the scheduler's and pool's invariants (CheckInvariants,
+// which also fails on a counted violation such as a block owned across a pool release) and the
+// engine-level ones.
 func (h *propHarness) check() {
 	h.rt.Helper()
-	st, err := h.e.Stats(h.ctx)
+	st, err := h.e.CheckInvariants(h.ctx)
 	if err != nil {
 		h.fatalf("after op %d: invariants: %v", h.ops, err)
 	}
@@ -1118,7 +1119,7 @@ func (h *propHarness) finish() {
 		promptTotal += int64(len(r.prompt))
 		reasons[r.finalOut.FinishReason]++
 	}
-	st, err := h.e.Stats(h.ctx)
+	st, err := h.e.CheckInvariants(h.ctx)
 	if err != nil {
 		h.fatalf("final invariants: %v", err)
 	}

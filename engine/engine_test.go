@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"sync"
@@ -671,4 +672,56 @@ func TestCloseReleasesEverything(t *testing.T) {
 		_, err = e.Stats(ctx)
 		require.ErrorIs(t, err, ErrClosed)
 	})
+}
+
+// TestFailedStepAbortsItsRequests: an injected forward error aborts exactly the requests the
+// step scheduled (rolled back first: nothing of the step is cached), the scheduler's invariants
+// hold, and a request that was only waiting, and later ones, generate the reference output.
+func TestFailedStepAbortsItsRequests(t *testing.T) {
+	var fail sync.Once
+	armed := make(chan struct{})
+	e, w := testEngine(t, func(c *Config) {
+		c.MaxNumSeqs = 2
+		c.Hooks.BeforeForward = func(uint64) error {
+			select {
+			case <-armed:
+			default:
+				return nil
+			}
+			err := error(nil)
+			fail.Do(func() { err = errors.New("injected forward error") })
+			return err
+		}
+	})
+	ctx := ctxT(t)
+	_, err := e.Pause(ctx, PauseKeep, false) // all three are queued before anything runs
+	require.NoError(t, err)
+	var streams []*Stream
+	for i := range 3 {
+		s, err := e.Add(ctx, Request{ID: string(rune('a' + i)), PromptTokenIDs: prompt(20, i), Sampling: greedy(5)})
+		require.NoError(t, err)
+		streams = append(streams, s)
+	}
+	close(armed)
+	require.NoError(t, e.Resume(ctx))
+	for i, s := range streams {
+		res, err := s.Collect(ctx)
+		require.NoError(t, err)
+		if i < 2 {
+			assert.Equal(t, FinishAbort, res.FinishReason, "request %d ran in the failed step", i)
+			assert.Empty(t, res.Tokens)
+			continue
+		}
+		assert.Equal(t, referenceGreedy(t, w, prompt(20, i), 5), res.TokenIDs(), "the waiting request is unaffected")
+	}
+	assert.EqualValues(t, 1, e.Metrics().StepErrors)
+	st, err := e.CheckInvariants(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.KVBlocksUsed)
+	s, err := e.Add(ctx, Request{ID: "d", PromptTokenIDs: prompt(20, 0), Sampling: greedy(5)})
+	require.NoError(t, err)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, w, prompt(20, 0), 5), res.TokenIDs())
+	assert.Zero(t, res.NumCachedTokens, "the failed step cached nothing")
 }

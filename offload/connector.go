@@ -81,6 +81,7 @@ type counters struct {
 	cpuSlots          atomic.Int64
 	cpuSlotsUsed      atomic.Int64
 	violations        atomic.Int64
+	loadFailures      atomic.Int64
 }
 
 // New validates cfg and builds a connector. The CPU tier is allocated when the worker side is
@@ -159,6 +160,7 @@ func (c *Connector) Stats() kvconnector.Stats {
 		"offload_duplicate_completes_total": float64(s.duplicateComplete.Load()),
 		"offload_cpu_slots":                 float64(s.cpuSlots.Load()),
 		"offload_cpu_slots_used":            float64(s.cpuSlotsUsed.Load()),
+		"offload_load_failures_total":       float64(s.loadFailures.Load()),
 		"safety_violations_total":           float64(s.violations.Load()),
 	}
 }

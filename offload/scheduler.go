@@ -365,10 +365,18 @@ func (s *schedSide) UpdateConnectorOutput(out kvconnector.Output) {
 		}
 		if mgr != nil {
 			before := mgr.Stats()
-			if j.store {
+			switch {
+			case j.store:
 				mgr.CompleteStore(j.keys, ok)
-			} else {
+			case ok:
 				mgr.CompleteLoad(j.keys)
+			default:
+				// A load that failed its checks (checksum, generation): the request recomputes
+				// (the scheduler hears it through FailedRecving), and keys whose content
+				// failed must not be read again.
+				mgr.CompleteLoad(j.keys)
+				mgr.Remove(j.keys)
+				s.c.stats.loadFailures.Add(1)
 			}
 			after := mgr.Stats()
 			s.c.stats.duplicateComplete.Add(after.DuplicateComplete - before.DuplicateComplete + after.UnknownCompletes - before.UnknownCompletes)
