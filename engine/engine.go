@@ -38,7 +38,8 @@ var (
 
 // Config configures an Engine. Zero values take the documented defaults.
 type Config struct {
-	// Weights is the initial weight set (required) and WeightVersion its version.
+	// Weights is the initial weight set (required) and WeightVersion its version. The engine
+	// serves it until a swap, and a level-2 sleep releases it (New does not keep Config.Weights).
 	Weights       *model.Weights
 	WeightVersion int64
 	// BlockSize is the KV block size in tokens (default 16).
@@ -273,6 +274,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.sched.SetWeightVersion(e.version)
 	e.metrics.weightVersion.Store(e.version)
+	// The engine owns the weights through e.weights and e.model only, so a level-2 sleep or a
+	// swap can release them; the config must not keep the initial set alive.
+	e.cfg.Weights = nil
 	return e, nil
 }
 

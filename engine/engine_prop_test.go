@@ -1357,7 +1357,7 @@ func TestSleep2ThenCommitBackToBack(t *testing.T) {
 	require.NoError(t, e.WakeUp(ctx, nil), "the committed weights survive the sleep")
 	got, err := e.Weights(ctx)
 	require.NoError(t, err)
-	assert.Same(t, w2, got)
+	assert.Equal(t, w2, got)
 	res, err := s.Collect(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, FinishLength, res.FinishReason)

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -724,4 +725,74 @@ func TestFailedStepAbortsItsRequests(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, referenceGreedy(t, w, prompt(20, 0), 5), res.TokenIDs())
 	assert.Zero(t, res.NumCachedTokens, "the failed step cached nothing")
+}
+
+// TestSleep2ReleasesEveryWeightSet: after a level-2 sleep no weight set the engine served or
+// retired is reachable, the initial one included (the config used to keep it for the engine's
+// lifetime). Cleanups on the sets and their embedding arrays prove it.
+func TestSleep2ReleasesEveryWeightSet(t *testing.T) {
+	freed := make(chan string, 4)
+	watch := func(w *model.Weights, name string) {
+		runtime.AddCleanup(w, func(s string) { freed <- s }, name)
+		runtime.AddCleanup(&w.Embed[0], func(s string) { freed <- s }, name+" embedding")
+	}
+	e, ctx := func() (*Engine, context.Context) {
+		w1, err := model.Preset("tiny", 1)
+		require.NoError(t, err)
+		watch(w1, "initial")
+		e, err := New(Config{Weights: w1, WeightVersion: 1, NumBlocks: 64, Workers: 2})
+		require.NoError(t, err)
+		go func() { _ = e.Run(context.Background()) }()
+		t.Cleanup(func() { require.NoError(t, e.Close()) })
+		ctx := ctxT(t)
+		w2, err := model.Preset("tiny", 2)
+		require.NoError(t, err)
+		watch(w2, "committed")
+		_, err = e.UpdateWeights(ctx, w2, 2, false) // w1 becomes the retired spare
+		require.NoError(t, err)
+		return e, ctx
+	}()
+	require.NoError(t, e.Sleep(ctx, 2, PauseAbort))
+	got := map[string]bool{}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(got) < 4 && time.Now().Before(deadline) {
+		runtime.GC()
+		select {
+		case s := <-freed:
+			got[s] = true
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	assert.Equal(t, map[string]bool{"initial": true, "initial embedding": true, "committed": true, "committed embedding": true}, got)
+	w3, err := model.Preset("tiny", 3)
+	require.NoError(t, err)
+	_, err = e.UpdateWeights(ctx, w3, 3, false)
+	require.NoError(t, err)
+	require.NoError(t, e.WakeUp(ctx, nil))
+}
+
+// TestWeightsIsACopy: writing to what Weights returns changes nothing that is served.
+func TestWeightsIsACopy(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	w, err := model.Preset("tiny", 1) // the same set, not shared with the engine
+	require.NoError(t, err)
+	ctx := ctxT(t)
+	p := prompt(12, 3)
+	got, err := e.Weights(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, w, got)
+	for i := range got.Embed {
+		got.Embed[i] = 0
+	}
+	for i := range got.FinalNorm {
+		got.FinalNorm[i] = 0
+	}
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(6)})
+	require.NoError(t, err)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, w, p, 6), res.TokenIDs(), "the served model is unchanged")
+	again, err := e.Weights(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, w, again)
 }
