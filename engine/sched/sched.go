@@ -35,9 +35,9 @@ type Scheduler struct {
 	// they report on KV that no longer exists and must not mark a later load of the id done.
 	ignoreRecv map[string]int
 
-	pause          PauseState
-	version        int64
-	step           uint64
+	pause           PauseState
+	version         int64
+	step            uint64
 	pending         bool // a SchedulerOutput awaits UpdateFromOutput
 	numPreemptions  int64
 	numLoadFailures int64
