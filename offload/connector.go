@@ -32,6 +32,10 @@ type Config struct {
 	// BlockBytes is the size of one pool block in bytes (all layers, K and V). Optional: when
 	// set, New checks CPUBytes against it; otherwise the check happens at BindKVStorage.
 	BlockBytes int64
+	// RecordEvents keeps the CPU tier's cache events (keys stored, removed) for
+	// Scheduler().TakeEvents, e.g. for a KV-aware router that drains them every step. Off by
+	// default: nothing in the engine drains them, and undrained they would grow forever.
+	RecordEvents bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// OnFlushDelivered, if set, is called by the worker side once a reset's flush set reached

@@ -10,3 +10,6 @@ func (c *Connector) CorruptCPUTier() {
 		w.buf[i]++
 	}
 }
+
+// BufferedEvents is the number of cache events waiting for TakeEvents.
+func (c *Connector) BufferedEvents() int { return len(c.sched.events) }

@@ -476,7 +476,8 @@ func (s *schedSide) ResetCache() (int, bool) {
 	return n, true
 }
 
-// TakeEvents implements kvconnector.Scheduler.
+// TakeEvents implements kvconnector.Scheduler: the events since the previous call, always
+// none unless Config.RecordEvents.
 func (s *schedSide) TakeEvents() []kvconnector.Event {
 	if mgr, _ := s.c.manager(); mgr != nil {
 		s.takeManagerEvents(mgr)
@@ -486,9 +487,14 @@ func (s *schedSide) TakeEvents() []kvconnector.Event {
 	return ev
 }
 
+// takeManagerEvents drains the CPU manager's events after every call that may emit some, so
+// they never pile up there; they are kept for TakeEvents only with Config.RecordEvents (with
+// no consumer they would grow by one entry per store and eviction forever).
 func (s *schedSide) takeManagerEvents(mgr *cpu.Manager) {
 	for _, e := range mgr.TakeEvents() {
-		s.events = append(s.events, kvconnector.Event{Removed: e.Removed, Medium: "cpu", BlockHashes: e.Keys})
+		if s.c.cfg.RecordEvents {
+			s.events = append(s.events, kvconnector.Event{Removed: e.Removed, Medium: "cpu", BlockHashes: e.Keys})
+		}
 	}
 }
 
