@@ -143,10 +143,7 @@ func TestPauseWaitLetsRunningFinish(t *testing.T) {
 	// A request added while paused waits until Resume.
 	s2, err := e.Add(ctx, Request{ID: "b", PromptTokenIDs: prompt(8, 2), Sampling: greedy(3)})
 	require.NoError(t, err)
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	_, err = s2.Recv(short)
-	cancel()
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	requireParked(t, e, 1)
 	require.NoError(t, e.Resume(ctx))
 	res2, err := s2.Collect(ctx)
 	require.NoError(t, err)
@@ -191,11 +188,7 @@ func TestPauseKeepFreezesAndResumeContinues(t *testing.T) {
 	st, err := e.Stats(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Running, "keep leaves the request running, frozen")
-	steps := st.Steps
-	time.Sleep(20 * time.Millisecond)
-	st, err = e.Stats(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, steps, st.Steps, "a paused engine does not step")
+	assert.False(t, e.testHasWork(t), "a paused engine does not step")
 	require.NoError(t, e.Resume(ctx))
 	toks = recvAtLeast(t, ctx, s, toks, 40)
 	s.Abort()
@@ -293,10 +286,7 @@ func TestSleepLevel1ReleasesKVAndQueuesGeneration(t *testing.T) {
 	p := prompt(12, 9)
 	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(6)})
 	require.NoError(t, err, "generation while asleep queues")
-	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
-	_, err = s.Recv(short)
-	cancel()
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	requireParked(t, e, 1)
 	require.ErrorIs(t, e.Resume(ctx), ErrAsleep)
 	require.NoError(t, e.WakeUp(ctx, []string{TagKVCache}))
 	// The sleep paused the engine itself, so a full wake resumes it.
@@ -538,11 +528,27 @@ func TestIdleEngineDoesNotStep(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Collect(ctx)
 	require.NoError(t, err)
-	_, err = e.Stats(ctx)
+	// The loop blocks on its input when it has no work (it would step otherwise).
+	assert.False(t, e.testHasWork(t))
+}
+
+// testHasWork reads the loop's busy predicate between steps.
+func (e *Engine) testHasWork(t *testing.T) bool {
+	t.Helper()
+	v, err := call(context.Background(), e, "test_has_work", func(_ context.Context, done func(bool, error)) { done(e.hasWork(), nil) })
 	require.NoError(t, err)
-	before := e.Metrics().Steps
-	time.Sleep(30 * time.Millisecond)
-	assert.Equal(t, before, e.Metrics().Steps)
+	return v
+}
+
+// requireParked checks, between steps, that n requests wait (none runs) and that the loop
+// has no work, i.e. they wait for a Resume or WakeUp rather than for their turn.
+func requireParked(t *testing.T, e *Engine, n int) {
+	t.Helper()
+	st, err := e.Stats(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, n, st.Waiting)
+	assert.Zero(t, st.Running)
+	assert.False(t, e.testHasWork(t), "queued, not scheduled")
 }
 
 // block parks the engine loop inside a utility call until release is called, so tests can
@@ -795,4 +801,41 @@ func TestWeightsIsACopy(t *testing.T) {
 	again, err := e.Weights(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, w, again)
+}
+
+// TestResumeDuringPauseWaitDrain: a Resume queued while a Pause(wait) drains lets the drain
+// finish: the running request ends normally (the Pause, handled first, completes first) and a
+// request queued meanwhile starts only after the running one finished.
+func TestResumeDuringPauseWaitDrain(t *testing.T) {
+	e, w := testEngine(t, nil)
+	ctx := ctxT(t)
+	pa, pb := prompt(8, 1), prompt(8, 2)
+	a, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: pa, Sampling: greedy(16)})
+	require.NoError(t, err)
+	first, err := a.Recv(ctx) // a is running
+	require.NoError(t, err)
+	var b *Stream
+	release := e.block(t)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _, err := e.Pause(ctx, PauseWait, false); assert.NoError(t, err) }()
+	waitQueued(t, e, 1)
+	go func() { defer wg.Done(); assert.NoError(t, e.Resume(ctx)) }()
+	waitQueued(t, e, 2)
+	go func() { b, err = e.Add(ctx, Request{ID: "b", PromptTokenIDs: pb, Sampling: greedy(3)}) }()
+	waitQueued(t, e, 3)
+	release()
+	wg.Wait()
+	paused, err := e.IsPaused(ctx)
+	require.NoError(t, err)
+	assert.False(t, paused)
+	resA, err := a.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, FinishLength, resA.FinishReason, "the drain was not cut short")
+	assert.Equal(t, referenceGreedy(t, w, pa, 16), tokenIDs(append(first.Tokens, resA.Tokens...)))
+	require.NotNil(t, b)
+	resB, err := b.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, w, pb, 3), resB.TokenIDs())
+	assert.False(t, resB.Timings.FirstToken.Before(resA.Timings.Finish), "b started after a finished")
 }

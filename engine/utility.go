@@ -115,7 +115,11 @@ func (e *Engine) resetCaches() ResetResult {
 	return fromDetail(ok, d)
 }
 
-// Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep.
+// Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep. A Resume
+// that arrives while a Pause(wait) (or a Sleep) is still draining does not cut the drain short:
+// it takes effect right after that call completes, as if sent after it returned, so the pause
+// returns first (its running requests finished normally) and only then do queued requests
+// start.
 func (e *Engine) Resume(ctx context.Context) error {
 	_, err := call(ctx, e, "resume", func(_ context.Context, done func(struct{}, error)) {
 		e.afterPending(func() {

@@ -180,14 +180,14 @@ func TestEnginePauseClearThenSleepWithCopiesInFlight(t *testing.T) {
 
 	errs := make(chan error, 2)
 	go func() { _, err := s.e.Pause(ctx, engine.PauseAbort, true); errs <- err }()
-	time.Sleep(20 * time.Millisecond)
+	waitQueuedCalls(t, s.e, 1)
 	sleepDone := make(chan map[string]float64, 1)
 	go func() {
 		err := s.e.Sleep(ctx, 1, engine.PauseAbort)
 		sleepDone <- s.conn.Stats() // read the moment Sleep returned
 		errs <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	waitQueuedCalls(t, s.e, 2)
 	close(g.release)
 	require.NoError(t, <-errs)
 	require.NoError(t, <-errs)
