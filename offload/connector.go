@@ -86,6 +86,7 @@ type counters struct {
 	cpuSlotsUsed      atomic.Int64
 	violations        atomic.Int64
 	loadFailures      atomic.Int64
+	checksumFailures  atomic.Int64
 }
 
 // New validates cfg and builds a connector. The CPU tier is allocated when the worker side is
@@ -165,6 +166,7 @@ func (c *Connector) Stats() kvconnector.Stats {
 		"offload_cpu_slots":                 float64(s.cpuSlots.Load()),
 		"offload_cpu_slots_used":            float64(s.cpuSlotsUsed.Load()),
 		"offload_load_failures_total":       float64(s.loadFailures.Load()),
+		"offload_checksum_failures_total":   float64(s.checksumFailures.Load()),
 		"safety_violations_total":           float64(s.violations.Load()),
 	}
 }

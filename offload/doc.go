@@ -45,6 +45,7 @@
 // offload_lookup_misses_total, offload_stale_completions_total,
 // offload_unknown_completions_total, offload_duplicate_completes_total,
 // offload_load_failures_total (loads that failed a check: their requests recomputed and the
-// keys were dropped), offload_cpu_slots,
+// keys were dropped), offload_checksum_failures_total (chunks whose loaded bytes failed their
+// checksum; each is also a safety violation), offload_cpu_slots,
 // offload_cpu_slots_used, safety_violations_total.
 package offload

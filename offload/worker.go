@@ -491,6 +491,7 @@ func (w *workerSide) loadChunk(t *Transfer, c *ChunkTransfer, storage kvconnecto
 		got = copySum(storage.Block(b), src[(c.Offset+i)*bf:(c.Offset+i+1)*bf], got)
 	}
 	if got != want {
+		w.c.stats.checksumFailures.Add(1)
 		w.c.violation(t.ID, "checksum mismatch on load", "slot", c.Slot.ID, "want", want, "got", got)
 		return false
 	}
