@@ -196,8 +196,8 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		ErrorCode: api.ErrorCode, HeartbeatInterval: cfg.FleetHeartbeat, HeartbeatTTL: cfg.FleetHeartbeatTTL,
 		Logger: cfg.Logger, Tracer: cfg.Tracer, Metrics: metrics}
 	if acfg.Bus == nil {
-		url := cfg.Redis
-		acfg.Dial = func(ctx context.Context) (bus.Bus, error) { return dialRedis(ctx, url) }
+		url, log := cfg.Redis, cfg.Logger
+		acfg.Dial = func(ctx context.Context) (bus.Bus, error) { return dialRedis(ctx, url, id, log) }
 	}
 	a, err := agent.New(acfg)
 	if err != nil {
@@ -288,6 +288,11 @@ func (c *Config) fleetDefaults() error {
 	}
 	if c.Redis == "" && c.Bus == nil {
 		return fmt.Errorf("%w: --fleet needs --redis URL", ErrInvalidConfig)
+	}
+	if c.Redis != "" {
+		if err := checkRedisURL(c.Redis); err != nil {
+			return err
+		}
 	}
 	if err := protocol.CheckSecret([]byte(c.FleetSecret)); err != nil {
 		return fmt.Errorf("%w: --fleet-secret: %w", ErrInvalidConfig, err)
