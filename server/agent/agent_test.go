@@ -116,9 +116,19 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.Equal(t, "digest_mismatch", a.Code)
 	assert.EqualValues(t, 2, a.WeightVersion)
 
+	// A commit through a level-2 sleep (the weights are released, then the new set wakes).
+	require.Equal(t, protocol.ResultOK, f.do(protocol.Stage{Weights: checkpoint(t, 4, 4)}).Result)
+	a = f.do(protocol.Commit{Version: 4, Mode: protocol.ModeWait, SleepLevel: 2})
+	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
+	assert.Equal(t, []string{"pause", "sleep", "commit", "wake", "resume"}, phaseNames(a))
+	res, err = n.add("after-level-2", 3).Collect(t.Context())
+	require.NoError(t, err)
+	require.Len(t, res.Tokens, 3)
+	assert.EqualValues(t, 4, res.Tokens[0].WeightVersion)
+
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="pause",result="ok"}`))
 	assert.EqualValues(t, 2, n.metric(`rollout_control_commands_total{kind="sleep",result="ok"}`))
-	assert.EqualValues(t, 2, n.metric(`rollout_control_commands_total{kind="commit",result="ok"}`))
+	assert.EqualValues(t, 3, n.metric(`rollout_control_commands_total{kind="commit",result="ok"}`))
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="commit",result="failed"}`))
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="resume",result="failed"}`))
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="stage",result="failed"}`))
