@@ -38,7 +38,8 @@ var (
 
 // Config configures an Engine. Zero values take the documented defaults.
 type Config struct {
-	// Weights is the initial weight set (required) and WeightVersion its version.
+	// Weights is the initial weight set (required) and WeightVersion its version. The engine
+	// serves it until a swap, and a level-2 sleep releases it (New does not keep Config.Weights).
 	Weights       *model.Weights
 	WeightVersion int64
 	// BlockSize is the KV block size in tokens (default 16).
@@ -75,6 +76,9 @@ type Hooks struct {
 	OnFinish func(id string, reason FinishReason, promptTokens, genTokens int, t Timings)
 	// OnStep is called after every step with the number of tokens it computed.
 	OnStep func(tokens int)
+	// BeforeForward is called before each forward pass; a non-nil error fails the step as a
+	// model error would (for fault-injection tests; nil in production).
+	BeforeForward func(step uint64) error
 }
 
 func (c *Config) defaults() error {
@@ -270,6 +274,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.sched.SetWeightVersion(e.version)
 	e.metrics.weightVersion.Store(e.version)
+	// The engine owns the weights through e.weights and e.model only, so a level-2 sleep or a
+	// swap can release them; the config must not keep the initial set alive.
+	e.cfg.Weights = nil
 	return e, nil
 }
 
@@ -576,12 +583,27 @@ func (e *Engine) step() {
 	mo := &sched.ModelOutput{Step: so.Step, Sampled: map[string]sched.Sample{}}
 	var forward func(context.Context) error
 	if so.NumScheduledTokens > 0 {
-		forward = func(context.Context) error { return e.execute(so, mo) }
+		forward = func(context.Context) error {
+			if h := e.cfg.Hooks.BeforeForward; h != nil {
+				if err := h(so.Step); err != nil {
+					return err
+				}
+			}
+			return e.execute(so, mo)
+		}
 	}
 	ctx := context.Background()
 	kvOut, err := kvconnector.RunStep(ctx, e.worker, so.ConnectorMeta, so.FinishedReqIDs, forward)
 	if err != nil {
-		e.log.Error("engine: step failed", "step", so.Step, "err", err)
+		// A failed step fails the requests it scheduled (their streams end with FinishAbort):
+		// the scheduler rolls them back to the step's start, so nothing the step was to compute
+		// is cached or stored, and the connector was told to fail the step's transfers. The
+		// connector output is still applied, so no transfer completion is lost.
+		e.metrics.stepErrors.Add(1)
+		mo.Sampled = nil
+		failed := e.sched.FailStep(so, sched.FinishAbort)
+		e.log.Error("engine: step failed; its requests are aborted", "step", so.Step, "requests", len(failed), "err", err)
+		e.deliver(failed)
 	}
 	mo.KVConnector = kvOut
 	outs, err := e.sched.UpdateFromOutput(so, mo)

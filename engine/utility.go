@@ -115,7 +115,11 @@ func (e *Engine) resetCaches() ResetResult {
 	return fromDetail(ok, d)
 }
 
-// Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep.
+// Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep. A Resume
+// that arrives while a Pause(wait) (or a Sleep) is still draining does not cut the drain short:
+// it takes effect right after that call completes, as if sent after it returned, so the pause
+// returns first (its running requests finished normally) and only then do queued requests
+// start.
 func (e *Engine) Resume(ctx context.Context) error {
 	_, err := call(ctx, e, "resume", func(_ context.Context, done func(struct{}, error)) {
 		e.afterPending(func() {
@@ -153,8 +157,9 @@ func (e *Engine) asleep() bool { return e.sleep0 || e.sleepKV || e.sleepWeights 
 // pause stands) and then, for level ≥ 1, resets every cache, keeps stepping until every flush
 // the reset produced has been delivered to the connector's workers, waits for every transfer
 // touching the KV pool, turns every request still holding blocks (a connector load that landed
-// meanwhile) into one that recomputes after the wake-up, and only then releases the pool. Level 2 also releases the weights: a
-// wake-up then needs a new weight set (CommitWeights while asleep). Level 0 only pauses.
+// meanwhile) into one that recomputes after the wake-up, and only then releases the pool.
+// Level 2 also releases every weight set the engine serves or retired (a staged one stays): a
+// wake-up then needs new weights (CommitWeights while asleep). Level 0 only pauses.
 func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 	if level < 0 || level > 2 {
 		return fmt.Errorf("%w: sleep level %d: want 0, 1 or 2", ErrInvalidArgument, level)
@@ -199,6 +204,8 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 			e.releaseKV()
 			e.spare.Store(nil) // sleeping is for giving memory back
 			if level == 2 {
+				// Every weight set the engine serves or retired goes (the spare is gone
+				// above). A staged set stays: it is what the caller asked to serve next.
 				e.model, e.weights = nil, nil
 				e.sleepWeights = true
 			}
@@ -404,10 +411,18 @@ func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version in
 	})
 }
 
-// Weights returns the serving weight set (nil after a level-2 sleep), e.g. for a trainer
-// that starts from the served policy.
+// Weights returns a copy of the serving weight set (nil after a level-2 sleep), e.g. for a
+// trainer that starts from the served policy. It is a copy because the serving model shares
+// memory with the set: writes to it would change what is served without a version bump and
+// race the forward pass.
 func (e *Engine) Weights(ctx context.Context) (*model.Weights, error) {
-	return call(ctx, e, "weights", func(_ context.Context, done func(*model.Weights, error)) { done(e.weights, nil) })
+	w, err := call(ctx, e, "weights", func(_ context.Context, done func(*model.Weights, error)) { done(e.weights, nil) })
+	if err != nil || w == nil {
+		return nil, err
+	}
+	// The set is immutable once staged (only the caller that passed it in could write to it),
+	// so it is copied on the caller's goroutine, not the engine's.
+	return w.Clone(), nil
 }
 
 func sameShape(a, b model.Config) bool {

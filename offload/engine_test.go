@@ -2,6 +2,7 @@ package offload_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -179,14 +180,14 @@ func TestEnginePauseClearThenSleepWithCopiesInFlight(t *testing.T) {
 
 	errs := make(chan error, 2)
 	go func() { _, err := s.e.Pause(ctx, engine.PauseAbort, true); errs <- err }()
-	time.Sleep(20 * time.Millisecond)
+	waitQueuedCalls(t, s.e, 1)
 	sleepDone := make(chan map[string]float64, 1)
 	go func() {
 		err := s.e.Sleep(ctx, 1, engine.PauseAbort)
 		sleepDone <- s.conn.Stats() // read the moment Sleep returned
 		errs <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	waitQueuedCalls(t, s.e, 2)
 	close(g.release)
 	require.NoError(t, <-errs)
 	require.NoError(t, <-errs)
@@ -358,4 +359,70 @@ func TestAbortWhileAsleepBuildsNoStore(t *testing.T) {
 	assert.Zero(t, s.conn.Violations(), "a store read the released KV storage")
 	require.NoError(t, s.e.WakeUp(ctx, nil))
 	assert.Zero(t, s.e.Metrics().InvariantViolations)
+}
+
+// TestFailedLoadRecomputes: a load that fails its checksum is a counted violation, but the
+// request must not run on that KV: it recomputes (exactly the reference output), the failed
+// keys leave the CPU tier, and its recompute stores good chunks a later request loads.
+func TestFailedLoadRecomputes(t *testing.T) {
+	s := startEngine(t, 0, engine.Hooks{})
+	ctx := testCtx(t)
+	p := tinyPrompt(40, 3)
+	want := referenceGreedy(t, s.w, p, 6)
+	run := func(id string) engine.Result {
+		t.Helper()
+		st, err := s.e.Add(ctx, engine.Request{ID: id, PromptTokenIDs: p, Sampling: greedy(6)})
+		require.NoError(t, err)
+		res, err := st.Collect(ctx)
+		require.NoError(t, err)
+		waitIdle(t, s.conn)
+		r, err := s.e.ResetPrefixCache(ctx, false, false) // the next request looks in the CPU tier
+		require.NoError(t, err)
+		require.True(t, r.Success, r.Reason)
+		return res
+	}
+	assert.Equal(t, want, run("a").TokenIDs())
+	s.conn.CorruptCPUTier()
+	assert.Equal(t, want, run("b").TokenIDs(), "b ran on KV that failed its checksum")
+	stats := s.conn.Stats()
+	assert.EqualValues(t, 1, stats["offload_load_failures_total"])
+	assert.EqualValues(t, 2, stats["safety_violations_total"], "the checksum mismatches themselves, one per chunk")
+	c := run("c")
+	assert.Equal(t, want, c.TokenIDs())
+	assert.Equal(t, 32, c.NumCachedTokens, "c loaded the chunks b stored after recomputing")
+	assert.EqualValues(t, 2, s.conn.Violations(), "no further violation: the bad keys were dropped")
+}
+
+// TestFailedForwardFailsStepAndStores: a forward error fails the requests of that step (they
+// end aborted) and the stores built for the chunks it was to compute (never readable); the
+// engine goes idle instead of spinning on the never-submitted stores, and serves on correctly.
+func TestFailedForwardFailsStepAndStores(t *testing.T) {
+	var failNext atomic.Bool
+	s := startEngine(t, 0, engine.Hooks{BeforeForward: func(uint64) error {
+		if failNext.CompareAndSwap(true, false) {
+			return errors.New("injected forward error")
+		}
+		return nil
+	}})
+	ctx := testCtx(t)
+	p := tinyPrompt(40, 4)
+	failNext.Store(true)
+	a, err := s.e.Add(ctx, engine.Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(6)})
+	require.NoError(t, err)
+	res, err := a.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, engine.FinishAbort, res.FinishReason)
+	assert.Empty(t, res.Tokens)
+	waitIdle(t, s.conn)
+	assert.EqualValues(t, 1, s.e.Metrics().StepErrors)
+	st, err := s.e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.KVBlocksUsed)
+	b, err := s.e.Add(ctx, engine.Request{ID: "b", PromptTokenIDs: p, Sampling: greedy(6)})
+	require.NoError(t, err)
+	res, err = b.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, s.w, p, 6), res.TokenIDs())
+	assert.Zero(t, res.NumCachedTokens, "nothing of the failed step was cached or stored")
+	assert.Zero(t, s.conn.Violations())
 }

@@ -387,3 +387,27 @@ func TestNoLookupWithLessThanOneChunkBeyondLocalHit(t *testing.T) {
 	assert.Equal(t, misses+1, h.stat("offload_lookup_misses_total"))
 	assert.Empty(t, h.loaded("c"))
 }
+
+// Cache events do not pile up when nothing drains them (they used to grow by one entry per
+// store and eviction forever); with RecordEvents they are kept until TakeEvents.
+func TestCacheEventsAreBounded(t *testing.T) {
+	for _, record := range []bool{false, true} {
+		h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 32, cpuChunks: 4, recordEvents: record})
+		for i := range 6 { // more chunks than the CPU tier holds: stores and evictions
+			h.add(string(rune('a'+i)), seq(12, i), 1)
+			h.runIdle()
+		}
+		require.NoError(t, h.worker.WaitIdle(context.Background()))
+		h.runIdle()
+		assert.Positive(t, h.stat("offload_stored_bytes_total"))
+		if !record {
+			assert.Zero(t, h.conn.BufferedEvents())
+			assert.Empty(t, h.conn.Scheduler().TakeEvents())
+			continue
+		}
+		ev := h.conn.Scheduler().TakeEvents()
+		assert.NotEmpty(t, ev)
+		assert.True(t, slices.ContainsFunc(ev, func(e kvconnector.Event) bool { return e.Removed }), "evictions recorded")
+		assert.Zero(t, h.conn.BufferedEvents(), "drained")
+	}
+}

@@ -35,11 +35,12 @@ type Scheduler struct {
 	// they report on KV that no longer exists and must not mark a later load of the id done.
 	ignoreRecv map[string]int
 
-	pause          PauseState
-	version        int64
-	step           uint64
-	pending        bool // a SchedulerOutput awaits UpdateFromOutput
-	numPreemptions int64
+	pause           PauseState
+	version         int64
+	step            uint64
+	pending         bool // a SchedulerOutput awaits UpdateFromOutput
+	numPreemptions  int64
+	numLoadFailures int64
 }
 
 // New builds a scheduler over a block pool and a connector (nil means kvconnector.Noop).
@@ -584,7 +585,15 @@ func (s *Scheduler) UpdateFromOutput(so *SchedulerOutput, mo *ModelOutput) ([]Re
 
 	kv := mo.KVConnector
 	s.conn.UpdateConnectorOutput(kv)
-	for _, id := range kv.FinishedRecving {
+	failedLoad := map[string]bool{}
+	recving := kv.FinishedRecving
+	for _, id := range kv.FailedRecving {
+		failedLoad[id] = true
+		if !slices.Contains(recving, id) {
+			recving = append(slices.Clip(recving), id)
+		}
+	}
+	for _, id := range recving {
 		if n := s.ignoreRecv[id]; n > 0 {
 			// The completion of a load DropAllKV forgot: its blocks are gone.
 			if n == 1 {
@@ -599,8 +608,12 @@ func (s *Scheduler) UpdateFromOutput(so *SchedulerOutput, mo *ModelOutput) ([]Re
 			continue
 		}
 		if r.status == StatusWaitingForRemoteKVs {
-			if s.dropOnRecv[id] {
-				// A reset_running reset retired this KV while it was loading.
+			if s.dropOnRecv[id] || failedLoad[id] {
+				// A reset_running reset retired this KV while it was loading, or the load
+				// failed its checks: the blocks hold nothing usable, so recompute.
+				if failedLoad[id] {
+					s.numLoadFailures++
+				}
 				delete(s.dropOnRecv, id)
 				s.turnBack(r)
 				continue
@@ -622,6 +635,33 @@ func (s *Scheduler) UpdateFromOutput(so *SchedulerOutput, mo *ModelOutput) ([]Re
 	}
 	return outs, nil
 }
+
+// FailStep is UpdateFromOutput's counterpart for a step whose execution failed (the forward
+// pass or a connector phase before it): every request the step scheduled is rolled back to the
+// step's start (nothing it was to compute is cached, stored or sampled) and finished with
+// reason, and their final outputs are returned. Call it between Schedule and UpdateFromOutput
+// (which still runs, to hand the connector the step's output; the failed requests' stale
+// results are ignored there). Failing rather than retrying them means a fault that repeats
+// cannot make the engine loop forever on the same requests.
+func (s *Scheduler) FailStep(so *SchedulerOutput, reason FinishReason) []RequestOutput {
+	if so == nil || !s.pending || so.Step != s.step {
+		return nil
+	}
+	var ids []string
+	for _, sr := range so.Scheduled {
+		r := sr.Req
+		if s.requests[sr.ReqID] != r || r.status != StatusRunning {
+			continue
+		}
+		r.numComputed = sr.StartPos
+		ids = append(ids, r.ID)
+	}
+	return s.FinishRequests(ids, reason)
+}
+
+// NumLoadFailures counts connector loads that completed without valid KV (their requests
+// recomputed).
+func (s *Scheduler) NumLoadFailures() int64 { return s.numLoadFailures }
 
 func stepOf(so *SchedulerOutput) any {
 	if so == nil {
