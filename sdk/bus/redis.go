@@ -446,6 +446,18 @@ func (r *Redis) Subscribe(ctx context.Context, channel string) (Subscription, er
 			return nil, r.fail(ctx, "subscribe", err)
 		}
 		return s, nil
+	case <-s.exited:
+		// The reader ended without confirming: it failed (its error is in confirmed) or the
+		// bus was closed meanwhile.
+		_ = s.Close()
+		select {
+		case err := <-s.confirmed:
+			if err != nil {
+				return nil, r.fail(ctx, "subscribe", err)
+			}
+		default:
+		}
+		return nil, ErrClosed
 	case <-ctx.Done():
 		_ = s.Close()
 		return nil, fmt.Errorf("bus: subscribe: %w", ctx.Err())
