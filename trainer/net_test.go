@@ -171,7 +171,7 @@ func TestGradientFiniteDifference(t *testing.T) {
 		}
 		var a acts[float64]
 		n.forward(b, &a)
-		g := newGrads(newParams[float64](c))
+		g := newGrads[float64](c)
 		n.backward(b, &a, coef, g, &work[float64]{})
 
 		names := w.Tensors()
@@ -234,13 +234,13 @@ func TestGradientFloat32MatchesFloat64(t *testing.T) {
 		n64 := newNet(paramsFrom[float64](w), pool)
 		var a64 acts[float64]
 		n64.forward(b, &a64)
-		g64 := newGrads(newParams[float64](c))
+		g64 := newGrads[float64](c)
 		n64.backward(b, &a64, coef, g64, &work[float64]{})
 
 		n32 := newNet(paramsFrom[float32](w), pool)
 		var a32 acts[float32]
 		n32.forward(b, &a32)
-		g32 := newGrads(newParams[float32](c))
+		g32 := newGrads[float32](c)
 		n32.backward(b, &a32, coef, g32, &work[float32]{})
 
 		names := w.Tensors()

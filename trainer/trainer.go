@@ -225,7 +225,7 @@ func New(w *model.Weights, cfg Config) (*Trainer, error) {
 	t := &Trainer{cfg: cfg, pool: kernels.NewPool(cfg.Workers), version: cfg.Version}
 	t.p = paramsFrom[float32](w)
 	t.net = newNet(t.p, t.pool)
-	t.g = newGrads(newParams[float32](w.Config))
+	t.g = newGrads[float32](w.Config)
 	t.opt = newAdamW(w.Config)
 	if refP != nil {
 		t.ref = newNet(refP, t.pool)
@@ -371,7 +371,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 	lp := lossParams{clipLow: t.cfg.ClipLow, clipHigh: t.cfg.ClipHigh, tisCap: t.cfg.TISCap,
 		klCoef: t.cfg.KLCoef, version: t.version}
 	norm := 1 / float64(st.Tokens)
-	t.g.p.zero()
+	t.g.zero()
 	var clipped, truncated, inputTokens int
 	var mismatch float64
 	for lo := 0; lo < len(samples); {
