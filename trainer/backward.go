@@ -35,7 +35,18 @@ func newGrads[F float](c model.Config) *grads[F] {
 // zero clears the gradients for a new step.
 func (g *grads[F]) zero() {
 	g.p.zero()
+	for m := range g.fresh {
+		m.gTPending = false
+	}
 	clear(g.fresh)
+}
+
+// flush completes the gradients after a step's last backward pass (the LM head's is
+// accumulated transposed; see addGrad).
+func (g *grads[F]) flush() {
+	for m := range g.fresh {
+		m.flushTransposed()
+	}
 }
 
 // add runs addGrad into dst, overwriting on the first product since zero.

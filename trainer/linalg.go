@@ -19,6 +19,13 @@ type mat[F float] struct {
 	fwdOK, bwdOK bool
 	gx           *kernels.Matrix // Xᵀ of the last gradient product
 	dyT, gdst    []float32
+
+	// For a matrix taller than wide (the LM head above all), the gradient is accumulated
+	// transposed in gT over a step's micro-batches and added to gTarget by grads.flush.
+	gy        *kernels.Matrix
+	xT, gT    []float32
+	gTPending bool
+	gTarget   []float32
 }
 
 func newMat[F float](rows, cols int, parts ...[]F) *mat[F] {
@@ -50,7 +57,13 @@ func mustPack(reuse *kernels.Matrix, rows, cols int, parts ...[]float32) *kernel
 // transpose writes src [rows][cols] transposed into dst [cols][rows]. It moves 16×8 tiles,
 // so that each destination row gets a whole cache line per tile and the inner loops have no
 // bounds checks.
-func transpose(dst, src []float32, rows, cols int) {
+func transpose(dst, src []float32, rows, cols int) { transposeOp(dst, src, rows, cols, false) }
+
+// transposeAdd adds src [rows][cols] transposed into dst [cols][rows].
+func transposeAdd(dst, src []float32, rows, cols int) { transposeOp(dst, src, rows, cols, true) }
+
+func transposeOp(dst, src []float32, rows, cols int, add bool) {
+	kernels.ClearUpper()
 	const br, bc = 16, 8
 	r0 := 0
 	for ; r0+br <= rows; r0 += br {
@@ -62,21 +75,35 @@ func transpose(dst, src []float32, rows, cols int) {
 			}
 			for j := range bc {
 				d := (*[br]float32)(dst[(c0+j)*rows+r0:][:br])
-				for i := range br {
-					d[i] = t[i][j]
+				if add {
+					for i := range br {
+						d[i] += t[i][j]
+					}
+				} else {
+					for i := range br {
+						d[i] = t[i][j]
+					}
 				}
 			}
 		}
 		for r := r0; r < r0+br; r++ {
 			for c := c0; c < cols; c++ {
-				dst[c*rows+r] = src[r*cols+c]
+				put(dst, c*rows+r, src[r*cols+c], add)
 			}
 		}
 	}
 	for r := r0; r < rows; r++ {
 		for c := range cols {
-			dst[c*rows+r] = src[r*cols+c]
+			put(dst, c*rows+r, src[r*cols+c], add)
 		}
+	}
+}
+
+func put(dst []float32, i int, v float32, add bool) {
+	if add {
+		dst[i] += v
+	} else {
+		dst[i] = v
 	}
 }
 
@@ -156,6 +183,10 @@ func addGrad[F float](pool *kernels.Pool, m *mat[F], g, dy, x []F, n int, overwr
 	}
 	if m32, ok := any(m).(*mat[float32]); ok {
 		x32, dy32, g32 := any(x).([]float32), any(dy).([]float32), any(g).([]float32)
+		if m.rows > m.cols {
+			m32.addGradTransposed(pool, g32, dy32, x32, n, overwrite)
+			return
+		}
 		gx, err := kernels.PackTransposed(m32.gx, m.cols, n, x32[:n*m.cols])
 		if err != nil {
 			panic(fmt.Sprintf("trainer: packing a %dx%d transpose: %v", m.cols, n, err))
@@ -190,6 +221,44 @@ func addGrad[F float](pool *kernels.Pool, m *mat[F], g, dy, x []F, n int, overwr
 				gr[k] += d * v
 			}
 		}
+	}
+}
+
+// addGradTransposed is addGrad for a matrix taller than wide (QKV, gate-up, and above all the
+// LM head with its vocabulary of rows): it computes dWᵀ = Xᵀ·dy, with dyᵀ packed as the weight
+// straight from dy (PackTransposed) and only the narrower X transposed, instead of
+// transposing dy [n][rows] (for the LM head that transpose cost as much as the product). The
+// result accumulates in gT until grads.flush adds it, transposed once per step, to g.
+func (m *mat[F]) addGradTransposed(pool *kernels.Pool, g, dy, x []float32, n int, overwrite bool) {
+	gy, err := kernels.PackTransposed(m.gy, m.rows, n, dy[:n*m.rows])
+	if err != nil {
+		panic(fmt.Sprintf("trainer: packing a %dx%d transpose: %v", m.rows, n, err))
+	}
+	m.gy = gy
+	m.xT = grow(m.xT, m.cols*n)
+	transpose(m.xT, x[:n*m.cols], n, m.cols)
+	if overwrite || !m.gTPending {
+		m.gT = grow(m.gT, m.rows*m.cols)
+		gy.MatMul(pool, m.gT, m.xT, m.cols)
+		if overwrite {
+			clear(g[:m.rows*m.cols])
+		}
+		m.gTPending, m.gTarget = true, g
+		return
+	}
+	m.gdst = grow(m.gdst, m.rows*m.cols)
+	gy.MatMul(pool, m.gdst, m.xT, m.cols)
+	kernels.ClearUpper()
+	for i, v := range m.gdst {
+		m.gT[i] += v
+	}
+}
+
+// flushTransposed adds a pending transposed gradient to its target.
+func (m *mat[F]) flushTransposed() {
+	if m.gTPending {
+		transposeAdd(m.gTarget, m.gT, m.cols, m.rows)
+		m.gTPending = false
 	}
 }
 

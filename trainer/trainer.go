@@ -449,6 +449,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 	}
 
 	t0 := time.Now()
+	t.g.flush()
 	st.GradNorm = gradNorm(t.g.p)
 	if math.IsNaN(st.GradNorm) || math.IsInf(st.GradNorm, 0) {
 		return StepStats{}, fmt.Errorf("%w: gradient norm %v (the weights are unchanged)", ErrInvalidSample, st.GradNorm)
