@@ -450,7 +450,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 
 	t0 := time.Now()
 	t.g.flush()
-	st.GradNorm = gradNorm(t.g.p)
+	st.GradNorm = gradNorm(t.pool, t.g.p)
 	if math.IsNaN(st.GradNorm) || math.IsInf(st.GradNorm, 0) {
 		return StepStats{}, fmt.Errorf("%w: gradient norm %v (the weights are unchanged)", ErrInvalidSample, st.GradNorm)
 	}
@@ -459,7 +459,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 		scale = t.cfg.MaxGradNorm / st.GradNorm
 	}
 	st.LR = t.cfg.LRAt(t.steps)
-	t.opt.update(t.p, t.g.p, t.steps+1, st.LR, t.cfg.Beta1, t.cfg.Beta2, t.cfg.AdamEps, t.cfg.WeightDecay, scale)
+	t.opt.update(t.pool, t.p, t.g.p, t.steps+1, st.LR, t.cfg.Beta1, t.cfg.Beta2, t.cfg.AdamEps, t.cfg.WeightDecay, scale)
 	t.net.invalidate()
 	t.steps++
 	t.version++

@@ -213,10 +213,12 @@ func TestAdamWUpdate(t *testing.T) {
 	p := newParams[float32](c)
 	g := newParams[float32](c)
 	a := newAdamW(c)
+	pool := kernels.NewPool(2)
+	defer pool.Close()
 	p.embed[0], g.embed[0] = 0.5, 2
 	p.finalNorm[0], g.finalNorm[0] = 1, -1
 	const lr, b1, b2, eps, wd, scale = 0.1, 0.9, 0.99, 1e-8, 0.01, 0.5
-	a.update(p, g, 1, lr, b1, b2, eps, wd, scale)
+	a.update(pool, p, g, 1, lr, b1, b2, eps, wd, scale)
 	// Step 1: m̂ = g·scale, v̂ = (g·scale)², so the Adam step is lr·sign(g) (plus decay).
 	require.InDelta(t, 0.5-lr*(1+wd*0.5), p.embed[0], 1e-6)
 	require.InDelta(t, 1+lr, p.finalNorm[0], 1e-6, "no decay on norm gains")
