@@ -126,6 +126,9 @@ func TestResumeRejectsBadCheckpoint(t *testing.T) {
 	_, err = Resume(dir, Config{})
 	require.ErrorIs(t, err, ErrBadCheckpoint)
 
+	_, err = Resume(dir, Config{KLCoef: 0.1})
+	require.ErrorIs(t, err, ErrInvalidConfig, "KL on resume needs the reference")
+
 	require.NoError(t, CheckShape(tinyConfig(true), tinyConfig(true)))
 	require.ErrorIs(t, CheckShape(tinyConfig(true), bigger), ErrShapeMismatch)
 }
