@@ -309,7 +309,8 @@ func (t *Trainer) checkSample(i int, s *Sample) error {
 	case len(s.Versions) != len(s.Completion):
 		return bad("%d versions for %d completion tokens", len(s.Versions), len(s.Completion))
 	case len(s.Prompt)+len(s.Completion)-1 > c.MaxPositionEmbeddings:
-		return bad("%d prompt + %d completion tokens exceed the context of %d", len(s.Prompt), len(s.Completion), c.MaxPositionEmbeddings+1)
+		return bad("%d prompt + %d completion tokens need %d positions, the context has %d",
+			len(s.Prompt), len(s.Completion), len(s.Prompt)+len(s.Completion)-1, c.MaxPositionEmbeddings)
 	}
 	for j, id := range s.Prompt {
 		if id < 0 || id >= c.VocabSize {
