@@ -173,9 +173,12 @@ type StepStats struct {
 	// TokensPerSec is the input tokens (prompt and completion) run through forward and
 	// backward per second of Step.
 	TokensPerSec float64 `json:"tokens_per_sec"`
-	// MicroBatches is the number of micro-batches the gradients were accumulated over.
-	MicroBatches int       `json:"micro_batches"`
-	Time         StepTimes `json:"time"`
+	// MicroBatches is the number of micro-batches the gradients were accumulated over, and
+	// BackwardPasses how many of them needed a backward pass (the others held only samples of
+	// zero advantage and no KL term).
+	MicroBatches   int       `json:"micro_batches"`
+	BackwardPasses int       `json:"backward_passes"`
+	Time           StepTimes `json:"time"`
 }
 
 // Trainer trains a model with GRPO. Its methods may be called from any goroutine; they are
@@ -376,13 +379,24 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 	t.g.zero()
 	var clipped, truncated, inputTokens int
 	var mismatch float64
-	for lo := 0; lo < len(samples); {
+	// Samples with a zero advantage have no policy gradient (only a KL one, when enabled):
+	// packing them last puts them in micro-batches of their own, whose backward pass is
+	// skipped, while their forward still feeds the loss and mismatch statistics.
+	order := make([]int, 0, len(samples))
+	for pass := range 2 {
+		for i := range samples {
+			if (adv[i] != 0 || t.ref != nil) == (pass == 0) {
+				order = append(order, i)
+			}
+		}
+	}
+	for lo := 0; lo < len(order); {
 		if err := ctx.Err(); err != nil {
 			return StepStats{}, err
 		}
 		hi, n := lo, 0
-		for hi < len(samples) {
-			k := len(samples[hi].Prompt) + len(samples[hi].Completion) - 1
+		for hi < len(order) {
+			k := len(samples[order[hi]].Prompt) + len(samples[order[hi]].Completion) - 1
 			if hi > lo && n+k > t.cfg.MicroBatchTokens {
 				break
 			}
@@ -390,8 +404,8 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 			hi++
 		}
 		b := &batch{}
-		for _, s := range samples[lo:hi] {
-			b.addSequence(s.Prompt, s.Completion, t.p.cfg.NumAttentionHeads)
+		for _, si := range order[lo:hi] {
+			b.addSequence(samples[si].Prompt, samples[si].Completion, t.p.cfg.NumAttentionHeads)
 		}
 		inputTokens += n
 		st.MicroBatches++
@@ -405,7 +419,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 		}
 		glogp := make([]float64, len(b.targets))
 		k, signal := 0, false
-		for si := lo; si < hi; si++ {
+		for _, si := range order[lo:hi] {
 			s := &samples[si]
 			for j := range s.Completion {
 				logp, roll := t.a.logp[k], float64(s.Logprobs[j])
@@ -438,6 +452,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 		if signal {
 			t0 = time.Now()
 			t.net.backward(b, &t.a, glogp, t.g, &t.w)
+			st.BackwardPasses++
 			st.Time.Backward += time.Since(t0)
 		}
 		lo = hi

@@ -148,6 +148,43 @@ func TestMicroBatchesMatchOneBatch(t *testing.T) {
 	}
 }
 
+// TestZeroAdvantageSkipsBackward checks that samples of groups without signal share
+// micro-batches of their own, which skip the backward pass, and that the update equals one
+// computed in a single micro-batch.
+func TestZeroAdvantageSkipsBackward(t *testing.T) {
+	w := randomWeights(t, tinyConfig(true), 4)
+	whole, err := New(w, Config{Workers: 1})
+	require.NoError(t, err)
+	defer whole.Close()
+	split, err := New(w, Config{Workers: 1, MicroBatchTokens: 7}) // one sample each
+	require.NoError(t, err)
+	defer split.Close()
+	s := testSamples(t, whole, 3)
+	for i := range s {
+		switch s[i].Group {
+		case 0:
+			s[i].Reward = 1 // every sample of group 0 alike: no signal
+		default:
+			s[i].Reward = float64(i % 2)
+		}
+	}
+	a, err := whole.Step(t.Context(), s)
+	require.NoError(t, err)
+	b, err := split.Step(t.Context(), s)
+	require.NoError(t, err)
+	require.Equal(t, 1, a.ZeroAdvantageGroups)
+	require.Equal(t, 1, a.BackwardPasses)
+	require.Equal(t, 6, b.MicroBatches)
+	require.Equal(t, 3, b.BackwardPasses, "the three zero-advantage samples skip backward")
+	require.InDelta(t, a.MismatchMax, b.MismatchMax, 1e-12)
+	wa, wb := whole.Weights(), split.Weights()
+	for i, ts := range wa.Tensors() {
+		for j, v := range *ts.Data {
+			require.InDelta(t, v, (*wb.Tensors()[i].Data)[j], 1e-6, ts.Name)
+		}
+	}
+}
+
 // TestCheckpointResume checks that save+resume continues exactly like an uninterrupted run,
 // and that the saved weights are what the engine loads.
 func TestCheckpointResume(t *testing.T) {
