@@ -365,6 +365,9 @@ func (l *loop) resync(ctx context.Context) error {
 }
 
 func (l *loop) busError(what string, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the agent is stopping; the bus is fine
+	}
 	if !l.busDown {
 		l.a.log.Warn("agent: bus unavailable; the server keeps serving and retries", "op", what, "err", err)
 	}
