@@ -1,0 +1,13 @@
+// Package bus is the fleet control plane's transport: one Bus interface with a Redis
+// implementation (go-redis/v9) and an in-process one (for embedded fleets and tests), both
+// held to the same contract by one test suite.
+//
+// The contract follows Redis's strengths and weaknesses rather than hiding them:
+//   - Publish/Subscribe is at-most-once notification. Subscribe returns only once the
+//     subscription is confirmed, and every later (re)subscription is reported as an
+//     EventSubscribed, because messages published while a subscriber was disconnected are
+//     lost: on that event the subscriber must resync from keys.
+//   - Keys (Set with a TTL, Get, Scan, CompareAndSwap) hold the truth.
+//   - Lists (Push, Pop) hold acks durably until read, so a reader that was briefly away
+//     misses nothing.
+package bus

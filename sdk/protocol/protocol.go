@@ -1,0 +1,761 @@
+package protocol
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Version is the wire version every message carries in its V field.
+const Version = 1
+
+// MaxMessageBytes bounds every encoded message; larger ones are rejected unread.
+const MaxMessageBytes = 64 << 10
+
+// MinSecretBytes is the shortest fleet secret accepted: HMAC-SHA256 with fewer than 32 bytes
+// of key is weaker than the hash it is built on.
+const MinSecretBytes = 32
+
+// Errors callers branch on. A Verify or Decode error wraps exactly one of them.
+var (
+	ErrMalformed    = errors.New("protocol: malformed message")
+	ErrTooLarge     = errors.New("protocol: message too large")
+	ErrVersion      = errors.New("protocol: unsupported wire version")
+	ErrUnsigned     = errors.New("protocol: unsigned message")
+	ErrBadSignature = errors.New("protocol: bad signature")
+	ErrExpired      = errors.New("protocol: command past its deadline")
+	ErrWrongFleet   = errors.New("protocol: command for another fleet")
+	ErrShortSecret  = errors.New("protocol: fleet secret shorter than 32 bytes")
+	ErrInvalid      = errors.New("protocol: invalid value")
+)
+
+// Kind names a command.
+type Kind string
+
+// Commands. Commit runs a server's whole cut (pause → sleep → swap → wake → resume) as one
+// command, so an update costs two round trips (stage, commit) rather than one per phase.
+const (
+	KindPause  Kind = "pause"
+	KindResume Kind = "resume"
+	KindSleep  Kind = "sleep"
+	KindWake   Kind = "wake"
+	KindReset  Kind = "reset"
+	KindStage  Kind = "stage"
+	KindCommit Kind = "commit"
+	KindAbort  Kind = "abort"
+)
+
+// Kinds lists every command kind.
+func Kinds() []Kind {
+	return []Kind{KindPause, KindResume, KindSleep, KindWake, KindReset, KindStage, KindCommit, KindAbort}
+}
+
+// Valid reports whether k is a known kind.
+func (k Kind) Valid() bool { return slices.Contains(Kinds(), k) }
+
+// Pause modes, as the engine's.
+const (
+	ModeAbort = "abort"
+	ModeWait  = "wait"
+	ModeKeep  = "keep"
+)
+
+func validMode(m string) bool { return m == ModeAbort || m == ModeWait || m == ModeKeep }
+
+// Wake-up tags.
+const (
+	TagWeights = "weights"
+	TagKVCache = "kv_cache"
+)
+
+// WeightsRef names one version of the weights: where servers fetch it and its SHA-256 digest
+// (as `rollout weights digest` prints it).
+type WeightsRef struct {
+	Version int64  `json:"version"`
+	URI     string `json:"uri"`
+	SHA256  string `json:"sha256,omitempty"`
+}
+
+// Validate checks a ref a server could act on.
+func (r WeightsRef) Validate() error {
+	if r.Version <= 0 {
+		return fmt.Errorf("%w: weights version must be > 0 (got %d)", ErrInvalid, r.Version)
+	}
+	if r.URI == "" {
+		return fmt.Errorf("%w: weights uri is empty", ErrInvalid)
+	}
+	if r.SHA256 != "" {
+		if b, err := hex.DecodeString(r.SHA256); err != nil || len(b) != sha256.Size {
+			return fmt.Errorf("%w: sha256 %q is not 64 hex digits", ErrInvalid, r.SHA256)
+		}
+	}
+	return nil
+}
+
+// Pause stops scheduling; with ClearCache it then resets the prefix cache and the connector.
+type Pause struct {
+	Mode       string `json:"mode"`
+	ClearCache bool   `json:"clear_cache"`
+}
+
+// Resume lets scheduling continue.
+type Resume struct{}
+
+// Sleep pauses (with Mode when not paused already) and releases memory: level 1 the KV
+// cache, level 2 also the weights.
+type Sleep struct {
+	Level int    `json:"level"`
+	Mode  string `json:"mode,omitempty"`
+}
+
+// Wake restores what Tags name (empty: everything).
+type Wake struct {
+	Tags []string `json:"tags,omitempty"`
+}
+
+// Reset resets the prefix cache; ResetExternal also the offloaded KV, ResetRunning preempts
+// running requests so nothing stays in use.
+type Reset struct {
+	ResetExternal bool `json:"reset_external"`
+	ResetRunning  bool `json:"reset_running"`
+}
+
+// Stage fetches, verifies and stages Weights while the server keeps serving.
+type Stage struct {
+	Weights WeightsRef `json:"weights"`
+}
+
+// Commit swaps in the staged Version: pause(Mode, ClearCache) → sleep(SleepLevel, when > 0)
+// → swap → wake → resume, in one command.
+type Commit struct {
+	Version    int64  `json:"version"`
+	Mode       string `json:"mode"`
+	ClearCache bool   `json:"clear_cache"`
+	SleepLevel int    `json:"sleep_level"`
+}
+
+// Abort finishes the named requests (empty: all) with finish reason abort.
+type Abort struct {
+	RequestIDs []string `json:"request_ids,omitempty"`
+}
+
+// Validate checks each command's fields.
+func (p Pause) Validate() error {
+	if !validMode(p.Mode) {
+		return fmt.Errorf("%w: pause mode %q: want abort, wait or keep", ErrInvalid, p.Mode)
+	}
+	return nil
+}
+
+// Validate checks the sleep level and mode.
+func (s Sleep) Validate() error {
+	if s.Level < 0 || s.Level > 2 {
+		return fmt.Errorf("%w: sleep level %d: want 0, 1 or 2", ErrInvalid, s.Level)
+	}
+	if s.Mode != "" && !validMode(s.Mode) {
+		return fmt.Errorf("%w: sleep mode %q: want abort, wait or keep", ErrInvalid, s.Mode)
+	}
+	return nil
+}
+
+// Validate checks the wake tags.
+func (w Wake) Validate() error {
+	for _, t := range w.Tags {
+		if t != TagWeights && t != TagKVCache {
+			return fmt.Errorf("%w: wake tag %q: want weights or kv_cache", ErrInvalid, t)
+		}
+	}
+	return nil
+}
+
+// Validate checks the ref.
+func (s Stage) Validate() error { return s.Weights.Validate() }
+
+// Validate checks the commit's version, mode and level.
+func (c Commit) Validate() error {
+	if c.Version <= 0 {
+		return fmt.Errorf("%w: commit version must be > 0 (got %d)", ErrInvalid, c.Version)
+	}
+	if !validMode(c.Mode) {
+		return fmt.Errorf("%w: commit mode %q: want abort, wait or keep", ErrInvalid, c.Mode)
+	}
+	if c.SleepLevel < 0 || c.SleepLevel > 2 {
+		return fmt.Errorf("%w: commit sleep level %d: want 0, 1 or 2", ErrInvalid, c.SleepLevel)
+	}
+	return nil
+}
+
+// Envelope is one signed command. Body holds the JSON of the command Kind names.
+type Envelope struct {
+	V     int    `json:"v"`
+	ID    string `json:"id"`
+	Fleet string `json:"fleet"`
+	// Targets are the server ids the command is for; empty means every server.
+	Targets []string `json:"targets,omitempty"`
+	// IssuedAt and Deadline are Unix milliseconds; a server drops a command past its deadline.
+	IssuedAt int64 `json:"issued_at"`
+	Deadline int64 `json:"deadline"`
+	// Trace is the W3C trace context (traceparent, tracestate) of the caller's span.
+	Trace map[string]string `json:"trace,omitempty"`
+	Kind  Kind              `json:"kind"`
+	Body  json.RawMessage   `json:"body"`
+	// Sig is the hex HMAC-SHA256 of Canonical with the fleet secret; empty when unsigned.
+	Sig string `json:"sig,omitempty"`
+}
+
+// NewID returns a random 128-bit command id.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// NewEnvelope builds an unsigned envelope for cmd, which must be one of the command types.
+func NewEnvelope(fleet string, targets []string, cmd any, now time.Time, timeout time.Duration) (*Envelope, error) {
+	kind, err := kindOf(cmd)
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := cmd.(interface{ Validate() error }); ok {
+		if err := v.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	if fleet == "" {
+		return nil, fmt.Errorf("%w: empty fleet name", ErrInvalid)
+	}
+	if timeout <= 0 {
+		return nil, fmt.Errorf("%w: timeout must be > 0", ErrInvalid)
+	}
+	body, err := json.Marshal(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	return &Envelope{V: Version, ID: NewID(), Fleet: fleet, Targets: slices.Clone(targets),
+		IssuedAt: now.UnixMilli(), Deadline: now.Add(timeout).UnixMilli(), Kind: kind, Body: body}, nil
+}
+
+func kindOf(cmd any) (Kind, error) {
+	switch cmd.(type) {
+	case Pause, *Pause:
+		return KindPause, nil
+	case Resume, *Resume:
+		return KindResume, nil
+	case Sleep, *Sleep:
+		return KindSleep, nil
+	case Wake, *Wake:
+		return KindWake, nil
+	case Reset, *Reset:
+		return KindReset, nil
+	case Stage, *Stage:
+		return KindStage, nil
+	case Commit, *Commit:
+		return KindCommit, nil
+	case Abort, *Abort:
+		return KindAbort, nil
+	}
+	return "", fmt.Errorf("%w: %T is not a command", ErrInvalid, cmd)
+}
+
+// Command strictly decodes Body into the command type Kind names and validates it.
+func (e *Envelope) Command() (any, error) {
+	var cmd interface{ Validate() error }
+	switch e.Kind {
+	case KindPause:
+		cmd = &Pause{}
+	case KindResume:
+		cmd = &Resume{}
+	case KindSleep:
+		cmd = &Sleep{}
+	case KindWake:
+		cmd = &Wake{}
+	case KindReset:
+		cmd = &Reset{}
+	case KindStage:
+		cmd = &Stage{}
+	case KindCommit:
+		cmd = &Commit{}
+	case KindAbort:
+		cmd = &Abort{}
+	default:
+		return nil, fmt.Errorf("%w: unknown command kind %q", ErrMalformed, e.Kind)
+	}
+	if err := strict(e.Body, cmd); err != nil {
+		return nil, fmt.Errorf("%s body: %w", e.Kind, err)
+	}
+	if err := cmd.Validate(); err != nil {
+		return nil, err
+	}
+	return deref(cmd), nil
+}
+
+func deref(cmd any) any {
+	switch c := cmd.(type) {
+	case *Pause:
+		return *c
+	case *Resume:
+		return *c
+	case *Sleep:
+		return *c
+	case *Wake:
+		return *c
+	case *Reset:
+		return *c
+	case *Stage:
+		return *c
+	case *Commit:
+		return *c
+	case *Abort:
+		return *c
+	}
+	return cmd
+}
+
+// Validate methods for the commands with nothing to check, so every command has one.
+func (Resume) Validate() error { return nil }
+
+// Validate accepts every reset.
+func (Reset) Validate() error { return nil }
+
+// Validate accepts every abort.
+func (Abort) Validate() error { return nil }
+
+// ForServer reports whether the envelope targets server id.
+func (e *Envelope) ForServer(id string) bool {
+	return len(e.Targets) == 0 || slices.Contains(e.Targets, id)
+}
+
+// Canonical is what Sig signs: every field but Sig, length-prefixed, in a fixed order, with
+// Targets sorted and Body in canonical JSON (sorted keys, no whitespace).
+func (e *Envelope) Canonical() []byte {
+	var c canon
+	c.str("rollout.command")
+	c.int(int64(e.V))
+	c.str(e.ID)
+	c.str(e.Fleet)
+	targets := slices.Clone(e.Targets)
+	slices.Sort(targets)
+	c.strs(targets)
+	c.int(e.IssuedAt)
+	c.int(e.Deadline)
+	c.strMap(e.Trace)
+	c.str(string(e.Kind))
+	c.bytes(canonicalJSON(e.Body))
+	return c.b.Bytes()
+}
+
+// Sign sets Sig from secret.
+func (e *Envelope) Sign(secret []byte) { e.Sig = mac(secret, e.Canonical()) }
+
+// Verify checks, in order: wire version, fleet, signature (when secret is set; with an empty
+// secret any signature is ignored), and the deadline against now. The ID must be checked for
+// replay by the caller, who keeps the ids it has seen until their deadlines pass.
+func (e *Envelope) Verify(secret []byte, fleet string, now time.Time) error {
+	if e.V != Version {
+		return fmt.Errorf("%w: v=%d, want %d", ErrVersion, e.V, Version)
+	}
+	if e.ID == "" || !e.Kind.Valid() {
+		return fmt.Errorf("%w: missing id or unknown kind %q", ErrMalformed, e.Kind)
+	}
+	if e.Fleet != fleet {
+		return fmt.Errorf("%w: %q, this is %q", ErrWrongFleet, e.Fleet, fleet)
+	}
+	if len(secret) > 0 {
+		if e.Sig == "" {
+			return ErrUnsigned
+		}
+		if !checkMAC(secret, e.Canonical(), e.Sig) {
+			return ErrBadSignature
+		}
+	}
+	if now.UnixMilli() > e.Deadline {
+		return fmt.Errorf("%w: deadline %s", ErrExpired, time.UnixMilli(e.Deadline).UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// Encode marshals the envelope, refusing one over MaxMessageBytes.
+func (e *Envelope) Encode() ([]byte, error) { return encode(e) }
+
+// DecodeEnvelope strictly decodes an envelope (signature and deadline are Verify's job).
+func DecodeEnvelope(b []byte) (*Envelope, error) {
+	var e Envelope
+	if err := decode(b, &e); err != nil {
+		return nil, err
+	}
+	if e.V != Version {
+		return nil, fmt.Errorf("%w: v=%d, want %d", ErrVersion, e.V, Version)
+	}
+	return &e, nil
+}
+
+// Result says how a command ended on one server.
+type Result string
+
+// Results. Rejected means the server refused the command before acting on it.
+const (
+	ResultOK       Result = "ok"
+	ResultFailed   Result = "failed"
+	ResultRejected Result = "rejected"
+)
+
+// Phase is one step of a command on one server, with its timing.
+type Phase struct {
+	Name    string  `json:"name"`
+	OK      bool    `json:"ok"`
+	Error   string  `json:"error,omitempty"`
+	Seconds float64 `json:"seconds"`
+	// Detail carries phase-specific facts (blocks cleared, jobs flushed, bytes fetched).
+	Detail map[string]int64 `json:"detail,omitempty"`
+}
+
+// Ack is one server's answer to one command, pushed onto the command's ack list.
+type Ack struct {
+	V         int    `json:"v"`
+	CommandID string `json:"command_id"`
+	ServerID  string `json:"server_id"`
+	Kind      Kind   `json:"kind"`
+	Result    Result `json:"result"`
+	// Code is a short machine-readable reason for a failure or rejection; Error the message.
+	Code   string  `json:"code,omitempty"`
+	Error  string  `json:"error,omitempty"`
+	Phases []Phase `json:"phases,omitempty"`
+	// WeightVersion and StagedVersion are the server's after the command.
+	WeightVersion int64 `json:"weight_version"`
+	StagedVersion int64 `json:"staged_version,omitempty"`
+	// LastTokenBefore and FirstTokenAfter (Unix nanoseconds, 0 when unknown) bound a commit's
+	// generation bubble: the last token generated before the pause, the first after the resume.
+	LastTokenBefore int64 `json:"last_token_before,omitempty"`
+	FirstTokenAfter int64 `json:"first_token_after,omitempty"`
+	// Duplicate is set on a re-ack of a command already executed.
+	Duplicate bool  `json:"duplicate,omitempty"`
+	At        int64 `json:"at"`
+}
+
+// Encode marshals the ack.
+func (a *Ack) Encode() ([]byte, error) { return encode(a) }
+
+// DecodeAck strictly decodes an ack.
+func DecodeAck(b []byte) (*Ack, error) {
+	var a Ack
+	if err := decode(b, &a); err != nil {
+		return nil, err
+	}
+	if a.V != Version {
+		return nil, fmt.Errorf("%w: v=%d, want %d", ErrVersion, a.V, Version)
+	}
+	return &a, nil
+}
+
+// Server states a heartbeat reports.
+const (
+	StateRunning  = "running"
+	StatePaused   = "paused"
+	StateSleeping = "sleeping"
+	StateUpdating = "updating"
+	// StateStopping is a server's last heartbeat as it shuts down (never in rotation).
+	StateStopping = "stopping"
+)
+
+// Heartbeat is what a server publishes about itself under its heartbeat key, with a TTL.
+type Heartbeat struct {
+	V             int    `json:"v"`
+	Fleet         string `json:"fleet"`
+	ServerID      string `json:"server_id"`
+	State         string `json:"state"`
+	WeightVersion int64  `json:"weight_version"`
+	StagedVersion int64  `json:"staged_version,omitempty"`
+	// Epoch is the desired-state epoch the server last converged to; InRotation is true only
+	// when it serves the desired version and is neither paused nor asleep by its own doing.
+	Epoch        int64   `json:"epoch"`
+	InRotation   bool    `json:"in_rotation"`
+	Running      int     `json:"running"`
+	Waiting      int     `json:"waiting"`
+	KVUsage      float64 `json:"kv_usage"`
+	AdvertiseURL string  `json:"advertise_url"`
+	Build        string  `json:"build,omitempty"`
+	// Error is the last convergence failure, if any (e.g. a fetch that failed).
+	Error string `json:"error,omitempty"`
+	At    int64  `json:"at"`
+	Sig   string `json:"sig,omitempty"`
+}
+
+// Canonical is what a heartbeat's Sig signs.
+func (h *Heartbeat) Canonical() []byte {
+	var c canon
+	c.str("rollout.heartbeat")
+	c.int(int64(h.V))
+	c.str(h.Fleet)
+	c.str(h.ServerID)
+	c.str(h.State)
+	c.int(h.WeightVersion)
+	c.int(h.StagedVersion)
+	c.int(h.Epoch)
+	c.bool(h.InRotation)
+	c.int(int64(h.Running))
+	c.int(int64(h.Waiting))
+	c.str(strconv.FormatFloat(h.KVUsage, 'g', -1, 64))
+	c.str(h.AdvertiseURL)
+	c.str(h.Build)
+	c.str(h.Error)
+	c.int(h.At)
+	return c.b.Bytes()
+}
+
+// Sign sets Sig from secret.
+func (h *Heartbeat) Sign(secret []byte) { h.Sig = mac(secret, h.Canonical()) }
+
+// Verify checks the fleet and, when secret is set, the signature.
+func (h *Heartbeat) Verify(secret []byte, fleet string) error {
+	if h.Fleet != fleet {
+		return fmt.Errorf("%w: %q, this is %q", ErrWrongFleet, h.Fleet, fleet)
+	}
+	return verifySig(secret, h.Canonical(), h.Sig)
+}
+
+// Encode marshals the heartbeat.
+func (h *Heartbeat) Encode() ([]byte, error) { return encode(h) }
+
+// DecodeHeartbeat strictly decodes a heartbeat.
+func DecodeHeartbeat(b []byte) (*Heartbeat, error) {
+	var h Heartbeat
+	if err := decode(b, &h); err != nil {
+		return nil, err
+	}
+	if h.V != Version {
+		return nil, fmt.Errorf("%w: v=%d, want %d", ErrVersion, h.V, Version)
+	}
+	if h.ServerID == "" {
+		return nil, fmt.Errorf("%w: heartbeat without server_id", ErrMalformed)
+	}
+	return &h, nil
+}
+
+// DesiredState is what every server of the fleet should converge to. Epoch grows by one on
+// every change (compare-and-set), so a server can tell a newer record from one it has seen.
+type DesiredState struct {
+	V     int    `json:"v"`
+	Fleet string `json:"fleet"`
+	Epoch int64  `json:"epoch"`
+	// Weights is the version every server should serve (nil: whatever it loaded at start).
+	Weights *WeightsRef `json:"weights,omitempty"`
+	// Plan is how a server that converges by itself commits Weights (mode, clear_cache,
+	// sleep_level; Version is ignored): the same cut the transaction's commit command uses.
+	Plan *Commit `json:"plan,omitempty"`
+	// Paused asks servers to stay paused (an operator's fleet pause).
+	Paused bool `json:"paused"`
+	// Signed says the fleet's messages are signed: a server without a secret must not join.
+	Signed    bool   `json:"signed"`
+	UpdatedAt int64  `json:"updated_at"`
+	Sig       string `json:"sig,omitempty"`
+}
+
+// Canonical is what a desired state's Sig signs.
+func (d *DesiredState) Canonical() []byte {
+	var c canon
+	c.str("rollout.desired")
+	c.int(int64(d.V))
+	c.str(d.Fleet)
+	c.int(d.Epoch)
+	c.bool(d.Weights != nil)
+	if d.Weights != nil {
+		c.int(d.Weights.Version)
+		c.str(d.Weights.URI)
+		c.str(d.Weights.SHA256)
+	}
+	c.bool(d.Plan != nil)
+	if d.Plan != nil {
+		c.int(d.Plan.Version)
+		c.str(d.Plan.Mode)
+		c.bool(d.Plan.ClearCache)
+		c.int(int64(d.Plan.SleepLevel))
+	}
+	c.bool(d.Paused)
+	c.bool(d.Signed)
+	c.int(d.UpdatedAt)
+	return c.b.Bytes()
+}
+
+// Sign sets Sig from secret.
+func (d *DesiredState) Sign(secret []byte) { d.Sig = mac(secret, d.Canonical()) }
+
+// Verify checks the fleet and, when secret is set, the signature.
+func (d *DesiredState) Verify(secret []byte, fleet string) error {
+	if d.Fleet != fleet {
+		return fmt.Errorf("%w: %q, this is %q", ErrWrongFleet, d.Fleet, fleet)
+	}
+	if d.Weights != nil {
+		if err := d.Weights.Validate(); err != nil {
+			return err
+		}
+	}
+	return verifySig(secret, d.Canonical(), d.Sig)
+}
+
+// Encode marshals the desired state.
+func (d *DesiredState) Encode() ([]byte, error) { return encode(d) }
+
+// DecodeDesiredState strictly decodes a desired state.
+func DecodeDesiredState(b []byte) (*DesiredState, error) {
+	var d DesiredState
+	if err := decode(b, &d); err != nil {
+		return nil, err
+	}
+	if d.V != Version {
+		return nil, fmt.Errorf("%w: v=%d, want %d", ErrVersion, d.V, Version)
+	}
+	return &d, nil
+}
+
+// CheckSecret refuses a secret too short to sign with; an empty secret means unsigned.
+func CheckSecret(secret []byte) error {
+	if len(secret) > 0 && len(secret) < MinSecretBytes {
+		return fmt.Errorf("%w (got %d)", ErrShortSecret, len(secret))
+	}
+	return nil
+}
+
+// Names of the bus keys and channels of one fleet. Redis Cluster hashes the {fleet} tag, so
+// every key of a fleet lands in one slot.
+type Names struct{ Fleet string }
+
+// Control is the pub/sub channel commands are published on.
+func (n Names) Control() string { return "rollout:{" + n.Fleet + "}:control" }
+
+// Desired is the desired-state key.
+func (n Names) Desired() string { return "rollout:{" + n.Fleet + "}:desired" }
+
+// HeartbeatPrefix prefixes every server's heartbeat key.
+func (n Names) HeartbeatPrefix() string { return "rollout:{" + n.Fleet + "}:hb:" }
+
+// Heartbeat is server id's heartbeat key.
+func (n Names) Heartbeat(id string) string { return n.HeartbeatPrefix() + id }
+
+// Acks is the durable ack list of command id.
+func (n Names) Acks(commandID string) string { return "rollout:{" + n.Fleet + "}:ack:" + commandID }
+
+// canon builds canonical bytes: each field a big-endian uint32 length and its bytes.
+type canon struct{ b bytes.Buffer }
+
+func (c *canon) bytes(p []byte) {
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(p)))
+	c.b.Write(n[:])
+	c.b.Write(p)
+}
+func (c *canon) str(s string) { c.bytes([]byte(s)) }
+func (c *canon) int(v int64)  { c.str(strconv.FormatInt(v, 10)) }
+func (c *canon) bool(v bool)  { c.str(strconv.FormatBool(v)) }
+func (c *canon) strs(v []string) {
+	c.int(int64(len(v)))
+	for _, s := range v {
+		c.str(s)
+	}
+}
+func (c *canon) strMap(m map[string]string) {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	c.int(int64(len(keys)))
+	for _, k := range keys {
+		c.str(k)
+		c.str(m[k])
+	}
+}
+
+// canonicalJSON makes the signed body independent of how the sender wrote its JSON: object
+// keys sorted, no whitespace, strings re-escaped one way, numbers kept as written. Two bodies
+// with the same canonical form decode to the same command, so nothing an attacker can change
+// without the secret survives verification.
+func canonicalJSON(b []byte) []byte {
+	if len(bytes.TrimSpace(b)) == 0 {
+		// A missing body is encoded as null: both must sign alike.
+		return []byte("null")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return b // malformed bodies fail strict decoding later; sign what arrived
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return b // trailing data: strict decoding refuses it too
+	}
+	out, err := json.Marshal(v) // maps marshal with sorted keys
+	if err != nil {
+		return b
+	}
+	return out
+}
+
+func mac(secret, msg []byte) string {
+	h := hmac.New(sha256.New, secret)
+	h.Write(msg)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func checkMAC(secret, msg []byte, sig string) bool {
+	got, err := hex.DecodeString(sig)
+	if err != nil {
+		return false
+	}
+	h := hmac.New(sha256.New, secret)
+	h.Write(msg)
+	return hmac.Equal(got, h.Sum(nil))
+}
+
+func verifySig(secret, canonical []byte, sig string) error {
+	if len(secret) == 0 {
+		return nil
+	}
+	if sig == "" {
+		return ErrUnsigned
+	}
+	if !checkMAC(secret, canonical, sig) {
+		return ErrBadSignature
+	}
+	return nil
+}
+
+func encode(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if len(b) > MaxMessageBytes {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(b), MaxMessageBytes)
+	}
+	return b, nil
+}
+
+func decode(b []byte, v any) error {
+	if len(b) > MaxMessageBytes {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(b), MaxMessageBytes)
+	}
+	return strict(b, v)
+}
+
+// strict decodes one JSON value, refusing unknown fields and trailing data.
+func strict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: trailing data", ErrMalformed)
+	}
+	return nil
+}
