@@ -7,6 +7,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/sdk/bus"
@@ -452,3 +455,38 @@ func TestRunRetriesWhileTheBusIsDown(t *testing.T) {
 type nopCloser struct{ bus.Bus }
 
 func (nopCloser) Close() error { return nil }
+
+// TestCommandSpanJoinsTheSendersTrace: the span of a command is a child of the span whose
+// W3C trace context the envelope carries, and links to it.
+func TestCommandSpanJoinsTheSendersTrace(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(t.Context()) }()
+	mem := newMem(t)
+	f := newFleet(t, mem)
+	n := startNode(t, mem, func(c *server.Config) { c.Tracer = tp.Tracer("test") })
+	n.joined(f)
+
+	ctx, sender := tp.Tracer("sdk").Start(t.Context(), "sdk.pause")
+	e, err := protocol.NewEnvelope(fleetName, nil, protocol.Pause{Mode: protocol.ModeAbort}, time.Now(), 30*time.Second)
+	require.NoError(t, err)
+	e.Trace = map[string]string{}
+	propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(e.Trace))
+	e.Sign(testSecret)
+	f.publish(e)
+	require.Equal(t, protocol.ResultOK, f.ack(e.ID).Result)
+	sender.End()
+
+	var got sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == "agent.pause" {
+			got = s
+		}
+	}
+	require.NotNil(t, got, "no agent.pause span")
+	sc := sender.SpanContext()
+	assert.Equal(t, sc.TraceID(), got.SpanContext().TraceID())
+	assert.Equal(t, sc.SpanID(), got.Parent().SpanID())
+	require.Len(t, got.Links(), 1)
+	assert.Equal(t, sc.SpanID(), got.Links()[0].SpanContext.SpanID())
+}
