@@ -247,6 +247,10 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		}
 		return err
 	}
+	wasPaused := st.State != "running"
+	// From the pause on, the cut runs to its end whatever the sender's deadline.
+	cut, cancel := context.WithTimeout(context.WithoutCancel(ctx), cutTimeout)
+	defer cancel()
 	if err := step("pause", func(p *phase) error {
 		r, err := eng.Pause(ctx, c.Mode, c.ClearCache)
 		if c.ClearCache {
@@ -254,14 +258,16 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		}
 		return err
 	}); err != nil {
+		// A pause cut short by the deadline may still have taken effect in the engine: undo
+		// it rather than leave the server paused by a commit that did not happen.
+		if !wasPaused && !stayPaused && eng.State().State == "paused" {
+			_ = step("resume", func(*phase) error { return eng.Resume(cut) })
+		}
 		return res
 	}
 	if t := eng.Steps().Last(); !t.IsZero() {
 		res.LastTokenBefore = t.UnixNano()
 	}
-	// Paused: from here the cut runs to its end whatever the sender's deadline.
-	cut, cancel := context.WithTimeout(context.WithoutCancel(ctx), cutTimeout)
-	defer cancel()
 	slept := false
 	if c.SleepLevel > 0 {
 		slept = step("sleep", func(p *phase) error {
