@@ -129,6 +129,7 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	require.Len(t, res.Tokens, 3)
 	assert.EqualValues(t, 4, res.Tokens[0].WeightVersion)
 
+	assert.EqualValues(t, 2, n.metric(`rollout_update_weights_seconds_count{phase="commit"}`), "two swaps")
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="pause",result="ok"}`))
 	assert.EqualValues(t, 2, n.metric(`rollout_control_commands_total{kind="sleep",result="ok"}`))
 	assert.EqualValues(t, 3, n.metric(`rollout_control_commands_total{kind="commit",result="ok"}`))
