@@ -491,3 +491,25 @@ func TestCommandSpanJoinsTheSendersTrace(t *testing.T) {
 	require.Len(t, got.Links(), 1)
 	assert.Equal(t, sc.SpanID(), got.Links()[0].SpanContext.SpanID())
 }
+
+// TestTwoServersAckOnOneList: a fleet-wide command is acked by every server on the
+// command's one list; each heartbeats under its own key.
+func TestTwoServersAckOnOneList(t *testing.T) {
+	mem := newMem(t)
+	f := newFleet(t, mem)
+	n1 := startNode(t, mem, nil)
+	n2 := startNode(t, mem, func(c *server.Config) { c.ServerID = "s2" })
+	n1.joined(f)
+	n2.joined(f)
+	e := f.envelope(protocol.Reset{})
+	f.publish(e)
+	got := map[string]protocol.Result{}
+	for range 2 {
+		a := f.ack(e.ID)
+		got[a.ServerID] = a.Result
+	}
+	assert.Equal(t, map[string]protocol.Result{serverID: protocol.ResultOK, "s2": protocol.ResultOK}, got)
+	hb, ok := f.heartbeat("s2")
+	require.True(t, ok)
+	assert.Equal(t, n2.URL(), hb.AdvertiseURL)
+}
