@@ -119,9 +119,10 @@ type Core struct {
 	badRaw  []byte                 // last refused desired-state bytes, so a bad key is counted once
 	eng     EngineState
 
-	seen  map[string]*seenCmd
-	queue []*Work
-	busy  *Work
+	seen   map[string]*seenCmd
+	pruned time.Time // last walk of seen
+	queue  []*Work
+	busy   *Work
 
 	wantConverge bool
 	convEpoch    int64 // epoch last converged to
@@ -283,8 +284,13 @@ func reasonOf(err error) string {
 }
 
 // prune forgets commands past their deadline: a copy arriving later is refused as expired
-// before the dedupe check, so nothing needs them.
+// before the dedupe check, so nothing needs them. It walks the map at most once a second, so
+// a burst of commands costs no more than one walk.
 func (c *Core) prune(now time.Time) {
+	if now.Sub(c.pruned) < time.Second && !now.Before(c.pruned) {
+		return
+	}
+	c.pruned = now
 	ms := now.UnixMilli()
 	for id, s := range c.seen {
 		if s.ack != nil && s.deadline < ms {
