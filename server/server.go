@@ -344,11 +344,11 @@ func (s *Server) Close() error {
 	return s.ln.Close()
 }
 
-// closeEngine stops an engine that was never run (Run on a cancelled context releases it).
+// closeEngine releases an engine that was never run (or stops one that is).
 func (s *Server) closeEngine() {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = s.eng.Run(ctx)
+	if err := s.eng.Close(); err != nil {
+		s.log.Error("server: closing the engine", "err", err)
+	}
 }
 
 // Run serves until ctx is cancelled, then shuts down gracefully: intake stops (new requests
