@@ -88,6 +88,16 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.Positive(t, a.Phases[0].Detail["bytes"])
 	assert.EqualValues(t, 2, a.StagedVersion)
 	assert.EqualValues(t, 1, a.WeightVersion)
+	// Staging it again (a retried transaction) has nothing to do; another digest under the
+	// same version is a conflict.
+	a = f.do(protocol.Stage{Weights: ref})
+	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
+	assert.EqualValues(t, 1, a.Phases[0].Detail["already_staged"])
+	other := checkpoint(t, 2, 5)
+	a = f.do(protocol.Stage{Weights: other})
+	assert.Equal(t, protocol.ResultFailed, a.Result)
+	assert.Equal(t, "conflict", a.Code)
+	assert.EqualValues(t, 2, a.StagedVersion)
 	a = f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, ClearCache: true, SleepLevel: 1})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
 	assert.Equal(t, []string{"pause", "sleep", "commit", "wake", "resume"}, phaseNames(a))
@@ -135,7 +145,7 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.EqualValues(t, 3, n.metric(`rollout_control_commands_total{kind="commit",result="ok"}`))
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="commit",result="failed"}`))
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="resume",result="failed"}`))
-	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="stage",result="failed"}`))
+	assert.EqualValues(t, 2, n.metric(`rollout_control_commands_total{kind="stage",result="failed"}`))
 	assert.Zero(t, n.metric(`rollout_control_rejected_total{reason="bad_signature"}`))
 }
 

@@ -206,7 +206,14 @@ func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef) Result {
 	case st.WeightVersion >= ref.Version:
 		p.detail("already_serving", 1)
 		return Result{Phases: []protocol.Phase{p.end(nil)}}
-	case st.StagedVersion == ref.Version && a.stagedVersion == ref.Version && a.stagedSHA == ref.SHA256:
+	case st.StagedVersion == ref.Version:
+		// A version number names one set of weights (the engine refuses to restage it), so a
+		// second stage of it, e.g. a retried transaction, has nothing to do; unless this
+		// agent staged it from another digest, which is a conflict to report.
+		if a.stagedVersion == ref.Version && a.stagedSHA != "" && ref.SHA256 != "" && a.stagedSHA != ref.SHA256 {
+			err := fmt.Errorf("version %d is already staged with digest %s, not %s", ref.Version, a.stagedSHA, ref.SHA256)
+			return Result{Phases: []protocol.Phase{p.end(err)}, Err: err, Code: "conflict"}
+		}
 		p.detail("already_staged", 1)
 		return Result{Phases: []protocol.Phase{p.end(nil)}}
 	}
