@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -522,4 +524,68 @@ func TestTwoServersAckOnOneList(t *testing.T) {
 	hb, ok := f.heartbeat("s2")
 	require.True(t, ok)
 	assert.Equal(t, n2.URL(), hb.AdvertiseURL)
+}
+
+// flakyPush fails every Push while down is set, and says so on tried.
+type flakyPush struct {
+	bus.Bus
+	mu    sync.Mutex
+	down  bool
+	tried chan struct{}
+}
+
+func (f *flakyPush) Push(ctx context.Context, list string, val []byte, ttl time.Duration) error {
+	f.mu.Lock()
+	down := f.down
+	f.mu.Unlock()
+	if down {
+		select {
+		case f.tried <- struct{}{}:
+		default:
+		}
+		return fmt.Errorf("%w: test outage", bus.ErrUnavailable)
+	}
+	return f.Bus.Push(ctx, list, val, ttl)
+}
+
+func (f *flakyPush) setDown(v bool) {
+	f.mu.Lock()
+	f.down = v
+	f.mu.Unlock()
+}
+
+func (*flakyPush) Close() error { return nil }
+
+// TestAckSurvivesABusOutage: an ack that cannot be pushed is kept and pushed once the bus
+// works again.
+func TestAckSurvivesABusOutage(t *testing.T) {
+	mem := newMem(t)
+	f := newFleet(t, mem)
+	n := startNode(t, mem, func(c *server.Config) { c.ServerID = "host" }) // for its engine
+	n.joined(f)
+	fb := &flakyPush{Bus: mem, tried: make(chan struct{}, 1)}
+	a, err := agent.New(agent.Config{Bus: fb, Fleet: fleetName, ServerID: serverID, Secret: testSecret,
+		HeartbeatInterval: 10 * time.Millisecond, HeartbeatTTL: time.Hour,
+		Engine: &agent.EngineAdapter{Engine: n.Engine(), Clock: agent.NewStepClock(nil)},
+		Stage:  func(context.Context, protocol.WeightsRef) (int64, error) { return 0, nil }, Logger: quietLogger()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	n.joined(f) // the host's heartbeat exists already; wait for ours
+	waitFor(t, "s1 joined", func() bool { _, ok := f.heartbeat(serverID); return ok })
+
+	fb.setDown(true)
+	e := f.envelope(protocol.Reset{}, serverID)
+	f.publish(e)
+	<-fb.tried
+	f.noAck(e.ID)
+	fb.setDown(false)
+	ack := f.ack(e.ID)
+	assert.Equal(t, protocol.ResultOK, ack.Result)
+	assert.False(t, ack.Duplicate)
 }
