@@ -255,6 +255,10 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		return err
 	}
 	wasPaused := st.State != "running"
+	// Whether the server was generating: after a pause that aborted its requests, their
+	// clients resubmit (the SDK continues each sample), so the first token after the resume
+	// is worth waiting for even when nothing waits at the resume itself.
+	loaded := !wasPaused && st.Running+st.Waiting > 0
 	// From the pause on, the cut runs to its end whatever the sender's deadline.
 	cut, cancel := context.WithTimeout(context.WithoutCancel(ctx), cutTimeout)
 	defer cancel()
@@ -305,7 +309,7 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 	if err := step("resume", func(*phase) error { return eng.Resume(cut) }); err != nil {
 		return res
 	}
-	if cerr == nil && running+waiting > 0 && res.Committed > 0 {
+	if (loaded || cerr == nil && running+waiting > 0) && res.Committed > 0 {
 		// Bounded by the command's deadline too: the ack must arrive before the sender gives up.
 		wctx, cancel := context.WithTimeout(ctx, firstTokenWait)
 		if t, err := eng.Steps().First(wctx); err == nil {

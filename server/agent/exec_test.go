@@ -75,3 +75,68 @@ func TestCommitUndoesAPauseCutShort(t *testing.T) {
 	assert.Equal(t, "resume", res.Phases[1].Name)
 	assert.True(t, res.Phases[1].OK)
 }
+
+// cutEngine is an engine whose every call succeeds and whose Resume is reported on resumed,
+// so a test can produce the first token step after it.
+type cutEngine struct {
+	stuckEngine
+	running int
+	resumed chan struct{}
+}
+
+func (e *cutEngine) Pause(context.Context, string, bool) (ResetResult, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.state = "paused"
+	e.running = 0 // mode abort: the requests are gone; their clients will resubmit
+	return ResetResult{Success: true}, nil
+}
+
+func (e *cutEngine) Resume(ctx context.Context) error {
+	_ = e.stuckEngine.Resume(ctx)
+	close(e.resumed)
+	return nil
+}
+
+func (e *cutEngine) Commit(context.Context, int64) (int64, error) { return 2, nil }
+
+func (e *cutEngine) State() EngineState {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return EngineState{State: e.state, WeightVersion: 1, StagedVersion: 2, Running: e.running}
+}
+
+// TestCommitWaitsForTheResubmittedFirstToken: a server that was generating when a
+// pause(abort) cleared it waits (bounded) after the resume for the first token of the
+// resubmitted requests, so the ack bounds the bubble; an idle one acks at once.
+func TestCommitWaitsForTheResubmittedFirstToken(t *testing.T) {
+	for _, loaded := range []bool{true, false} {
+		eng := &cutEngine{stuckEngine: stuckEngine{state: "running", clock: NewStepClock(nil)}, resumed: make(chan struct{})}
+		if loaded {
+			eng.running = 3
+		}
+		eng.clock.Hook(nil)(5) // a token step before the commit
+		mem := bus.NewMem(bus.MemOptions{})
+		t.Cleanup(func() { _ = mem.Close() })
+		a, err := New(Config{Bus: mem, Fleet: "f", ServerID: "s1", Engine: eng,
+			Stage: func(context.Context, protocol.WeightsRef) (int64, error) { return 0, nil }})
+		require.NoError(t, err)
+		stepped := make(chan struct{})
+		if loaded {
+			go func() {
+				<-eng.resumed
+				eng.clock.Hook(nil)(1) // the resubmitted request's first token
+				close(stepped)
+			}()
+		}
+		res := a.commit(t.Context(), protocol.Commit{Version: 2, Mode: protocol.ModeAbort, ClearCache: true}, false)
+		require.NoError(t, res.Err)
+		assert.Positive(t, res.LastTokenBefore)
+		if loaded {
+			<-stepped
+			assert.Greater(t, res.FirstTokenAfter, res.LastTokenBefore)
+		} else {
+			assert.Zero(t, res.FirstTokenAfter, "an idle server does not wait")
+		}
+	}
+}
