@@ -312,7 +312,7 @@ func (c *Core) Done(res Result, st EngineState, now time.Time) {
 	if w == nil {
 		return
 	}
-	if res.Committed > 0 && w != nil && w.Envelope == nil {
+	if res.Committed > 0 && w.Envelope == nil {
 		// Kept for a commit command that arrives after this self-convergence.
 		c.commits = map[int64]Result{res.Committed: res}
 	}
