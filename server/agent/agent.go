@@ -292,11 +292,11 @@ func (l *loop) run(ctx context.Context) (err error) {
 			}
 		case <-a.drainReq:
 			l.core.Drain()
-			if l.b != nil {
+			if l.b != nil && ctx.Err() == nil { // stopping: stop's heartbeat says it
 				l.heartbeat(ctx)
 			}
 		case <-tick.C:
-			if l.b == nil {
+			if l.b == nil || ctx.Err() != nil {
 				continue
 			}
 			if err := l.resync(ctx); err != nil {
@@ -369,6 +369,9 @@ func (l *loop) resync(ctx context.Context) error {
 }
 
 func (l *loop) busError(what string, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the agent is stopping, not the bus failing
+	}
 	if !l.busDown {
 		l.a.log.Warn("agent: bus unavailable; the server keeps serving and retries", "op", what, "err", err)
 	}
