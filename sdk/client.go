@@ -95,6 +95,31 @@ type serverView struct {
 	seen     time.Time // when the client read hb
 	inflight int       // sequences this client has in flight on the server
 	suspect  time.Time // a request to it failed at this time; cleared by a newer heartbeat
+	// ack is what an ack newer than hb said about the server (nil: nothing newer): the agent
+	// heartbeats on its own schedule, so after a commit or a pause the ack is the fresher
+	// word until the next heartbeat.
+	ack *ackView
+}
+
+// ackView is the routing state an ack implies, from the server's clock at ack.At.
+type ackView struct {
+	at         int64 // Unix ms
+	inRotation bool
+	state      string
+	version    int64
+}
+
+// apply lays an ack's view over an older heartbeat, and drops it once a heartbeat is newer.
+func (v *serverView) apply() {
+	if v.ack == nil {
+		return
+	}
+	if v.hb.At > v.ack.at {
+		v.ack = nil
+		return
+	}
+	v.hb.InRotation, v.hb.State = v.ack.inRotation, v.ack.state
+	v.hb.WeightVersion = max(v.hb.WeightVersion, v.ack.version)
 }
 
 // Dial connects to the fleet and checks it before returning: the bus answers, the fleet's
@@ -382,6 +407,7 @@ func (c *Client) refresh(ctx context.Context, strict bool) error {
 			v.suspect = time.Time{} // the server heartbeated after the failure: trust it again
 		}
 		v.hb, v.seen, v.live = hb, now, true
+		v.apply()
 	}
 	// A server whose heartbeat expired while the client had requests on it stays only for
 	// the in-flight count; it is not routable.
@@ -400,6 +426,10 @@ func (c *Client) refresher() {
 	defer c.wg.Done()
 	t := time.NewTicker(c.opts.RefreshInterval)
 	defer t.Stop()
+	// Kicks (after failures, or while Generate waits for a server) refresh early, but at
+	// most every minKick, so waiting callers do not spin on the bus.
+	const minKick = 25 * time.Millisecond
+	var last time.Time
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -412,7 +442,15 @@ func (c *Client) refresher() {
 			return
 		case <-t.C:
 		case <-c.kick:
+			if d := minKick - time.Since(last); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-c.stop:
+					return
+				}
+			}
 		}
+		last = time.Now()
 		if err := c.refresh(ctx, false); err != nil && ctx.Err() == nil {
 			c.log.Warn("sdk: refreshing fleet view", "fleet", c.opts.Fleet, "err", err)
 		}
@@ -490,4 +528,41 @@ func (c *Client) liveIDs(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(ids)
 	return ids, nil
+}
+
+// noteAck updates the routing view from a successful ack: a paused or sleeping server leaves
+// rotation at once, a committed or resumed one comes back (when the fleet is not paused and
+// it serves the desired version) without waiting for its next heartbeat.
+func (c *Client) noteAck(a *protocol.Ack) {
+	if a == nil || a.Result != protocol.ResultOK {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v := c.view[a.ServerID]
+	if v == nil || !v.live {
+		return
+	}
+	var desired int64
+	paused := false
+	if c.desired != nil {
+		paused = c.desired.Paused
+		if c.desired.Weights != nil {
+			desired = c.desired.Weights.Version
+		}
+	}
+	av := &ackView{at: a.At, version: a.WeightVersion}
+	switch a.Kind {
+	case protocol.KindPause:
+		av.state = protocol.StatePaused
+	case protocol.KindSleep:
+		av.state = protocol.StateSleeping
+	case protocol.KindCommit, protocol.KindResume:
+		av.state = protocol.StateRunning
+		av.inRotation = !paused && a.WeightVersion >= desired
+	default:
+		return
+	}
+	v.ack = av
+	v.apply()
 }

@@ -376,6 +376,7 @@ func (c *Client) collect(ctx context.Context, s *sent, onAck func(ServerResult) 
 			}
 			r := resultOf(a, time.Since(s.start))
 			got[a.ServerID] = r
+			c.noteAck(a)
 			if onAck != nil && onAck(r) {
 				stopped = true
 			}

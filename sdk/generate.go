@@ -50,6 +50,8 @@ type SamplingParams struct {
 	// Logprobs is how many top logprobs to return per token; each token's own logprob is
 	// always returned.
 	Logprobs int `json:"logprobs"`
+	// IgnoreEOS keeps generating past the model's EOS (fixed-length rollouts).
+	IgnoreEOS bool `json:"ignore_eos,omitempty"`
 }
 
 // GenerateRequest is one prompt and how many samples of it to generate.
@@ -91,6 +93,9 @@ type Sample struct {
 	// Servers are the servers that generated the sample's tokens, in order (more than one
 	// when it was continued elsewhere).
 	Servers []string `json:"servers"`
+	// Segments are the requests that generated the tokens, in order: one, plus one per
+	// continuation.
+	Segments []Segment `json:"segments"`
 	// Continuations counts how often the sample was resubmitted after a pause aborted it.
 	Continuations int `json:"continuations"`
 	// NumCachedTokens is the prompt tokens the first server found in its prefix cache.
@@ -122,6 +127,12 @@ func (s Sample) WeightVersions() []int64 {
 		out[i] = t.WeightVersion
 	}
 	return out
+}
+
+// Segment is one server request's share of a sample: Tokens tokens from Server.
+type Segment struct {
+	Server string `json:"server"`
+	Tokens int    `json:"tokens"`
 }
 
 // GenerateResult is every sample of a request and where they were generated.
@@ -307,6 +318,7 @@ func appendOutput(s *Sample, o wireOutput, server string) {
 		s.Tokens = append(s.Tokens, t)
 	}
 	s.FinishReason = o.FinishReason
+	s.Segments = append(s.Segments, Segment{Server: server, Tokens: len(o.TokenIDs)})
 	if len(s.Servers) == 0 || s.Servers[len(s.Servers)-1] != server {
 		s.Servers = append(s.Servers, server)
 	}
@@ -503,6 +515,10 @@ func (c *Client) pick(ctx context.Context, key uint64, minVersion int64, n int, 
 func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candidate, <-chan struct{}, error) {
 	var cands []candidate
 	live, atVersion := 0, 0
+	var desired int64
+	if c.desired != nil && c.desired.Weights != nil {
+		desired = c.desired.Weights.Version
+	}
 	for id, v := range c.view {
 		if !v.live {
 			continue
@@ -511,7 +527,9 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 		if v.hb.WeightVersion >= minVersion {
 			atVersion++
 		}
-		if !v.hb.InRotation || v.hb.State != protocol.StateRunning || v.hb.WeightVersion < minVersion ||
+		// Below the desired version a server is stale whatever its last heartbeat said (it
+		// may predate the update this client just committed).
+		if !v.hb.InRotation || v.hb.State != protocol.StateRunning || v.hb.WeightVersion < max(minVersion, desired) ||
 			!v.suspect.IsZero() || exclude[id] || v.hb.AdvertiseURL == "" {
 			continue
 		}
@@ -523,10 +541,6 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 	}
 	if live == 0 {
 		return nil, nil, fmt.Errorf("%w: fleet %q has no live server", ErrNoServers, c.opts.Fleet)
-	}
-	var desired int64
-	if c.desired != nil && c.desired.Weights != nil {
-		desired = c.desired.Weights.Version
 	}
 	if atVersion == 0 && desired < minVersion {
 		return nil, nil, fmt.Errorf("%w: no server serves version %d and the fleet's desired version is %d", ErrStale, minVersion, desired)

@@ -475,7 +475,11 @@ func (d *updateDriver) recordCommit(ctx context.Context, r ServerResult, publish
 	su.Commit = &rr
 	var total float64
 	for _, p := range r.Phases {
-		su.Phases = append(su.Phases, PhaseResult{Name: p.Name, OK: p.OK, Error: p.Error, Seconds: p.Seconds})
+		name := p.Name
+		if name == "commit" {
+			name = "swap" // the agent names the swap step after its command
+		}
+		su.Phases = append(su.Phases, PhaseResult{Name: name, OK: p.OK, Error: p.Error, Seconds: p.Seconds})
 		total += p.Seconds
 	}
 	if r.Err != nil {
