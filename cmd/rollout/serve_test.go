@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -78,7 +80,6 @@ func TestServeGenerateOverHTTPAndShutdown(t *testing.T) {
 
 func TestServeAndGenerateRefuseWhatIsNotBuilt(t *testing.T) {
 	for _, args := range [][]string{
-		{"serve", "--redis", "redis://127.0.0.1:6379", "--fleet", "demo", "--addr", "127.0.0.1:0"},
 		{"generate", "--redis", "redis://127.0.0.1:6379", "--fleet", "demo", "hi"},
 	} {
 		var out, errb bytes.Buffer
@@ -92,6 +93,28 @@ func TestServeAndGenerateRefuseWhatIsNotBuilt(t *testing.T) {
 	errb.Reset()
 	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--kv-bytes", "lots"}, &out, &errb))
 	assert.Contains(t, errb.String(), "--kv-bytes")
+}
+
+// TestServeRefusesBadFleetFlags: fleet flags are checked before anything starts, each with
+// one clear line.
+func TestServeRefusesBadFleetFlags(t *testing.T) {
+	short := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(short, []byte("too-short\n"), 0o600))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--redis", "redis://127.0.0.1:1", "--addr", "127.0.0.1:0"}, "need --fleet"},
+		{[]string{"serve", "--fleet", "demo", "--addr", "127.0.0.1:0"}, "--fleet needs --redis"},
+		{[]string{"serve", "--redis", "redis://127.0.0.1:1", "--fleet", "demo", "--fleet-secret", "short", "--addr", "127.0.0.1:0"}, "shorter than 32 bytes"},
+		{[]string{"serve", "--redis", "redis://127.0.0.1:1", "--fleet", "demo", "--fleet-secret-file", short, "--addr", "127.0.0.1:0"}, "shorter than 32 bytes"},
+		{[]string{"serve", "--fleet-secret-file", filepath.Join(t.TempDir(), "missing"), "--addr", "127.0.0.1:0"}, "--fleet-secret-file"},
+	} {
+		var out, errb bytes.Buffer
+		assert.Equal(t, 1, run(t.Context(), tc.args, &out, &errb), tc.args)
+		assert.Contains(t, errb.String(), tc.want, tc.args)
+		assert.Equal(t, 1, bytes.Count(errb.Bytes(), []byte("\n")), errb.String())
+	}
 }
 
 func TestParseSize(t *testing.T) {
