@@ -565,4 +565,7 @@ func (c *Client) noteAck(a *protocol.Ack) {
 	}
 	v.ack = av
 	v.apply()
+	// Wake Generate calls waiting for a server to come back.
+	close(c.refreshed)
+	c.refreshed = make(chan struct{})
 }
