@@ -251,7 +251,7 @@ func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (
 	if err != nil {
 		return nil, err
 	}
-	targets, err := c.resolveTargets(ctx, plan.Targets)
+	targets, err := c.resolveTargets(ctx, plan.Targets, true)
 	if err != nil {
 		return nil, err
 	}
@@ -475,11 +475,7 @@ func (d *updateDriver) recordCommit(ctx context.Context, r ServerResult, publish
 	su.Commit = &rr
 	var total float64
 	for _, p := range r.Phases {
-		name := p.Name
-		if name == "commit" {
-			name = "swap" // the agent names the swap step after its command
-		}
-		su.Phases = append(su.Phases, PhaseResult{Name: name, OK: p.OK, Error: p.Error, Seconds: p.Seconds})
+		su.Phases = append(su.Phases, PhaseResult{Name: phaseName(p.Name), OK: p.OK, Error: p.Error, Seconds: p.Seconds})
 		total += p.Seconds
 	}
 	if r.Err != nil {
@@ -517,7 +513,7 @@ func (d *updateDriver) phaseSpans(ctx context.Context, r ServerResult) {
 	at := time.UnixMilli(r.Ack.At).Add(-time.Duration(total * float64(time.Second)))
 	for _, p := range r.Phases {
 		end := at.Add(time.Duration(p.Seconds * float64(time.Second)))
-		_, s := d.c.tracer.Start(ctx, "sdk.update_weights."+p.Name, trace.WithTimestamp(at),
+		_, s := d.c.tracer.Start(ctx, "sdk.update_weights."+phaseName(p.Name), trace.WithTimestamp(at),
 			trace.WithAttributes(attribute.String("rollout.server_id", r.ServerID), attribute.Bool("rollout.ok", p.OK)))
 		if p.Error != "" {
 			s.RecordError(errors.New(p.Error))
@@ -573,4 +569,13 @@ func (d *updateDriver) fleetError(kind error) error {
 		return errors.Join(fe, d.desErr)
 	}
 	return fe
+}
+
+// phaseName names a commit phase as the result reports it: the agent names the swap step
+// after its command.
+func phaseName(n string) string {
+	if n == "commit" {
+		return "swap"
+	}
+	return n
 }
