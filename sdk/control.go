@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -117,6 +118,22 @@ type ServerResult struct {
 
 // OK reports whether the command succeeded on the server.
 func (r ServerResult) OK() bool { return r.Err == nil }
+
+// MarshalJSON adds "error" (Err's message) to the JSON form, for `--json` output.
+func (r ServerResult) MarshalJSON() ([]byte, error) {
+	type plain ServerResult
+	return json.Marshal(struct {
+		plain
+		Error string `json:"error,omitempty"`
+	}{plain(r), errText(r.Err)})
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
 
 // Pause stops scheduling on the targets (the whole fleet by default, which also records the
 // pause in the desired state so that a server that missed the command pauses when it

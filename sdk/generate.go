@@ -174,7 +174,6 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (res *Genera
 		return nil, fmt.Errorf("sdk: server %s returned %d outputs for n=%d", server, len(out.Outputs), req.N)
 	}
 	var wg sync.WaitGroup
-	var mu sync.Mutex
 	var firstErr error
 	for i, o := range out.Outputs {
 		s := &res.Samples[i]
@@ -184,12 +183,12 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (res *Genera
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := g.continueSample(ctx, i, s, res, &mu); err != nil {
-					mu.Lock()
+				if err := g.continueSample(ctx, i, s, res); err != nil {
+					g.mu.Lock()
 					if firstErr == nil {
 						firstErr = err
 					}
-					mu.Unlock()
+					g.mu.Unlock()
 				}
 			}()
 		}
@@ -258,7 +257,8 @@ type genCall struct {
 	c    *Client
 	req  GenerateRequest
 	key  uint64
-	snap uint64 // the client's abort-all count when the call began
+	snap uint64     // the client's abort-all count when the call began
+	mu   sync.Mutex // guards the result's Retries and the first error, across samples' continuations
 }
 
 // needsContinuation reports whether a pause (not the caller) cut s short.
@@ -267,7 +267,7 @@ func (g *genCall) needsContinuation(s *Sample) bool {
 }
 
 // continueSample resubmits sample i (prompt + its tokens) until it finishes.
-func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *GenerateResult, mu *sync.Mutex) error {
+func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *GenerateResult) error {
 	for g.needsContinuation(s) {
 		s.Continuations++
 		prompt := make([]int, 0, len(g.req.PromptTokenIDs)+len(s.Tokens))
@@ -282,7 +282,7 @@ func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *Gen
 			p.Seed = &sd
 		}
 		id := g.req.RequestID + "-s" + strconv.Itoa(i) + "-c" + strconv.Itoa(s.Continuations)
-		out, server, err := g.segment(ctx, id, prompt, 1, p, res, mu)
+		out, server, err := g.segment(ctx, id, prompt, 1, p, res)
 		if err != nil {
 			return err
 		}
@@ -363,7 +363,7 @@ type wireError struct {
 }
 
 // segment sends one /generate request, moving to another server when one fails.
-func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p SamplingParams, res *GenerateResult, mu ...*sync.Mutex) (*wireResponse, string, error) {
+func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p SamplingParams, res *GenerateResult) (*wireResponse, string, error) {
 	body, err := json.Marshal(wireRequest{PromptTokenIDs: prompt, N: n, Sampling: p, RequestID: id, CacheSalt: g.req.CacheSalt, MinVersion: g.req.MinVersion})
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -399,13 +399,9 @@ func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p
 		} else {
 			g.c.suspect(cand.id)
 		}
-		if len(mu) > 0 {
-			mu[0].Lock()
-		}
+		g.mu.Lock()
 		res.Retries++
-		if len(mu) > 0 {
-			mu[0].Unlock()
-		}
+		g.mu.Unlock()
 		if attempt >= maxRetries {
 			return nil, "", fmt.Errorf("sdk: generate gave up after %d attempts: %w", attempt+1, lastErr)
 		}

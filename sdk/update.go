@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -153,6 +154,15 @@ type ServerUpdate struct {
 	Commit *ServerResult `json:"commit,omitempty"`
 	// Err is the server's failure, if any.
 	Err error `json:"-"`
+}
+
+// MarshalJSON adds "error" (Err's message) to the JSON form.
+func (u ServerUpdate) MarshalJSON() ([]byte, error) {
+	type plain ServerUpdate
+	return json.Marshal(struct {
+		plain
+		Error string `json:"error,omitempty"`
+	}{plain(u), errText(u.Err)})
 }
 
 // UpdateResult reports an UpdateWeights transaction.
