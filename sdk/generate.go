@@ -145,6 +145,15 @@ type GenerateResult struct {
 	// a server failed.
 	Continuations int `json:"continuations"`
 	Retries       int `json:"retries"`
+	// Failures are the server failures the call moved away from, in order.
+	Failures []ServerFailure `json:"failures,omitempty"`
+}
+
+// ServerFailure is one request of a Generate call that failed on a server before the call
+// moved on.
+type ServerFailure struct {
+	ServerID string `json:"server_id"`
+	Error    string `json:"error"`
 }
 
 // Generate generates req.N samples of the prompt on the fleet. It routes to an in-rotation,
@@ -401,6 +410,7 @@ func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p
 		}
 		g.mu.Lock()
 		res.Retries++
+		res.Failures = append(res.Failures, ServerFailure{ServerID: cand.id, Error: err.Error()})
 		g.mu.Unlock()
 		if attempt >= maxRetries {
 			return nil, "", fmt.Errorf("sdk: generate gave up after %d attempts: %w", attempt+1, lastErr)

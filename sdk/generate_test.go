@@ -134,6 +134,9 @@ func TestGenerateRetriesOnAnotherServer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{agents[other].id}, res.Servers)
 	assert.Equal(t, 1, res.Retries)
+	require.Len(t, res.Failures, 1)
+	assert.Equal(t, agents[1-other].id, res.Failures[0].ServerID)
+	assert.Contains(t, res.Failures[0].Error, "503")
 
 	// A dead server (connection refused) too.
 	gens[1-other].srv.Close()
