@@ -277,7 +277,11 @@ func (g *genCall) needsContinuation(s *Sample) bool {
 
 // continueSample resubmits sample i (prompt + its tokens) until it finishes.
 func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *GenerateResult) error {
+	stuck := 0 // continuations in a row that returned no token
 	for g.needsContinuation(s) {
+		if stuck > maxRetries {
+			return fmt.Errorf("%w: sample %d of %s was aborted %d times in a row without a new token", ErrFailed, i, g.req.RequestID, stuck)
+		}
 		s.Continuations++
 		prompt := make([]int, 0, len(g.req.PromptTokenIDs)+len(s.Tokens))
 		prompt = append(prompt, g.req.PromptTokenIDs...)
@@ -297,6 +301,11 @@ func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *Gen
 		}
 		if len(out.Outputs) != 1 {
 			return fmt.Errorf("sdk: server %s returned %d outputs for a continuation", server, len(out.Outputs))
+		}
+		if o := out.Outputs[0]; len(o.TokenIDs) == 0 && o.FinishReason == "abort" {
+			stuck++
+		} else {
+			stuck = 0
 		}
 		appendOutput(s, out.Outputs[0], server)
 	}

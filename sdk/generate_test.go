@@ -43,12 +43,17 @@ func (g *fakeGen) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	g.mu.Lock()
 	g.requests = append(g.requests, req)
-	status, abortAt, hook := g.status, g.abortAt, g.hook
-	g.abortAt = 0
+	hook := g.hook
 	g.mu.Unlock()
 	if hook != nil {
 		hook()
 	}
+	g.mu.Lock()
+	status, abortAt := g.status, g.abortAt
+	if abortAt > 0 {
+		g.abortAt = 0
+	}
+	g.mu.Unlock()
 	if status != 0 {
 		w.WriteHeader(status)
 		_, _ = w.Write([]byte(`{"error":{"message":"injected","type":"server_error","code":"injected"}}`))
@@ -58,7 +63,10 @@ func (g *fakeGen) serve(w http.ResponseWriter, r *http.Request) {
 	for range req.N {
 		o := wireOutput{FinishReason: "length"}
 		n := req.Sampling.MaxTokens
-		if abortAt > 0 && abortAt < n {
+		switch {
+		case abortAt < 0:
+			n, o.FinishReason = 0, "abort"
+		case abortAt > 0 && abortAt < n:
 			n, o.FinishReason = abortAt, "abort"
 		}
 		for j := range n {
@@ -239,4 +247,18 @@ func TestChooseBoundedLoad(t *testing.T) {
 	long2 := make([]int, 40)
 	long2[39] = 1
 	assert.Equal(t, affinityKey(long, ""), affinityKey(long2, ""))
+}
+
+func TestGenerateGivesUpOnAServerThatAlwaysAborts(t *testing.T) {
+	_, gens, c := genFleet(t, 1, 0)
+	gens[0].mu.Lock()
+	gens[0].hook = func() {
+		gens[0].mu.Lock()
+		gens[0].abortAt = -1 // every request: abort with no token
+		gens[0].mu.Unlock()
+	}
+	gens[0].mu.Unlock()
+	_, err := c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}, Sampling: SamplingParams{MaxTokens: 4}})
+	require.ErrorIs(t, err, ErrFailed)
+	assert.Contains(t, err.Error(), "without a new token")
 }
