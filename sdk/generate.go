@@ -544,11 +544,23 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 		}
 		// Below the desired version a server is stale whatever its last heartbeat said (it
 		// may predate the update this client just committed).
-		if !v.hb.InRotation || v.hb.State != protocol.StateRunning || v.hb.WeightVersion < max(minVersion, desired) ||
+		if !v.hb.InRotation || !servingState(v.hb.State) || v.hb.WeightVersion < max(minVersion, desired) ||
 			!v.suspect.IsZero() || exclude[id] || v.hb.AdvertiseURL == "" {
 			continue
 		}
 		cands = append(cands, candidate{id: id, url: v.hb.AdvertiseURL, load: v.hb.Running + v.hb.Waiting + v.inflight})
+	}
+	if len(cands) == 0 && (c.desired == nil || !c.desired.Paused) {
+		// Nobody is in rotation, but this client is committing new weights to some servers
+		// (an update's cut): their engines queue requests while paused or asleep and run them
+		// first after the resume, on the new weights. Sending there now makes the bubble the
+		// cut itself instead of the cut plus the wait for a heartbeat.
+		for id, v := range c.view {
+			if v.live && v.committing > 0 && max(v.hb.WeightVersion, v.committing) >= max(minVersion, desired) &&
+				v.suspect.IsZero() && !exclude[id] && v.hb.AdvertiseURL != "" {
+				cands = append(cands, candidate{id: id, url: v.hb.AdvertiseURL, load: v.hb.Running + v.hb.Waiting + v.inflight})
+			}
+		}
 	}
 	if len(cands) > 0 {
 		slices.SortFunc(cands, func(a, b candidate) int { return compareStrings(a.id, b.id) })
@@ -682,4 +694,21 @@ func (l *abortLog) record(ids []string) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// servingState: the states a server in rotation may report (updating: a commit's last step,
+// after the resume, while the agent waits for the first token).
+func servingState(s string) bool {
+	return s == protocol.StateRunning || s == protocol.StateUpdating
+}
+
+// committing marks (version > 0) or clears (0) a commit of this client in flight to ids.
+func (c *Client) committing(ids []string, version int64) {
+	c.mu.Lock()
+	for _, id := range ids {
+		if v := c.view[id]; v != nil {
+			v.committing = version
+		}
+	}
+	c.mu.Unlock()
 }

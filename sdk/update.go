@@ -446,6 +446,8 @@ func (d *updateDriver) commit(ctx context.Context, targets []string) action {
 	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.commit", trace.WithAttributes(attribute.StringSlice("rollout.targets", targets)))
 	defer span.End()
 	cmd := protocol.Commit{Version: d.ref.Version, Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel}
+	d.c.committing(targets, d.ref.Version)
+	defer d.c.committing(targets, 0)
 	s, err := d.c.publish(ctx, targets, cmd, d.rp.commitTimeout)
 	if err != nil {
 		span.RecordError(err)
