@@ -189,21 +189,37 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		adv = advertiseURL(s.ln.Addr())
 	}
 	acfg := agent.Config{Bus: cfg.Bus, Fleet: cfg.Fleet, ServerID: id, AdvertiseURL: adv, Build: cfg.Version,
-		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps},
+		Secret: []byte(cfg.FleetSecret), Engine: observedEngine{Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps}, m: metrics},
 		Stage: func(ctx context.Context, ref protocol.WeightsRef) (int64, error) {
 			return s.api.StageWeights(ctx, weights.Ref{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256})
 		},
 		ErrorCode: api.ErrorCode, HeartbeatInterval: cfg.FleetHeartbeat, HeartbeatTTL: cfg.FleetHeartbeatTTL,
 		Logger: cfg.Logger, Tracer: cfg.Tracer, Metrics: metrics}
 	if acfg.Bus == nil {
-		url := cfg.Redis
-		acfg.Dial = func(ctx context.Context) (bus.Bus, error) { return dialRedis(ctx, url) }
+		url, log := cfg.Redis, cfg.Logger
+		acfg.Dial = func(ctx context.Context) (bus.Bus, error) { return dialRedis(ctx, url, id, log) }
 	}
 	a, err := agent.New(acfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return a, nil
+}
+
+// observedEngine times the agent's weight swaps into rollout_update_weights_seconds{phase="commit"},
+// as /update_weights does its own.
+type observedEngine struct {
+	agent.Engine
+	m *api.Metrics
+}
+
+func (o observedEngine) Commit(ctx context.Context, version int64) (int64, error) {
+	t := time.Now()
+	v, err := o.Engine.Commit(ctx, version)
+	if err == nil {
+		o.m.ObserveCommit(time.Since(t))
+	}
+	return v, err
 }
 
 // defaultServerID is hostname-port, or a random id when the hostname is unknown.
@@ -289,6 +305,11 @@ func (c *Config) fleetDefaults() error {
 	if c.Redis == "" && c.Bus == nil {
 		return fmt.Errorf("%w: --fleet needs --redis URL", ErrInvalidConfig)
 	}
+	if c.Redis != "" {
+		if err := checkRedisURL(c.Redis); err != nil {
+			return err
+		}
+	}
 	if err := protocol.CheckSecret([]byte(c.FleetSecret)); err != nil {
 		return fmt.Errorf("%w: --fleet-secret: %w", ErrInvalidConfig, err)
 	}
@@ -323,11 +344,11 @@ func (s *Server) Close() error {
 	return s.ln.Close()
 }
 
-// closeEngine stops an engine that was never run (Run on a cancelled context releases it).
+// closeEngine releases an engine that was never run (or stops one that is).
 func (s *Server) closeEngine() {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = s.eng.Run(ctx)
+	if err := s.eng.Close(); err != nil {
+		s.log.Error("server: closing the engine", "err", err)
+	}
 }
 
 // Run serves until ctx is cancelled, then shuts down gracefully: intake stops (new requests

@@ -81,7 +81,7 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&cfg.OffloadDelay, "offload-delay", 0, "extra delay per offload transfer (tests and benchmarks only)")
 	f.StringVar(&cfg.Redis, "redis", "", "Redis URL of the fleet control plane")
 	f.StringVar(&cfg.Fleet, "fleet", "", "fleet name to join")
-	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: derived)")
+	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: hostname-port)")
 	f.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "URL the fleet routes requests to (default: from --addr)")
 	f.StringVar(&cfg.FleetSecret, "fleet-secret", "", "HMAC secret of the fleet's control commands (at least 32 bytes)")
 	f.StringVar(&secretFile, "fleet-secret-file", "", "file holding the fleet secret (trailing newline ignored), so it stays out of ps")

@@ -210,7 +210,9 @@ func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (upda
 		resp.WeightVersion, resp.Staged, resp.StagedVersion = a.eng.Version(), true, req.Version
 	} else {
 		t := time.Now()
-		v, err := a.eng.CommitWeights(ctx)
+		// The commit names the version: if another caller staged over it meanwhile, this
+		// fails (ErrNotStaged) instead of committing someone else's weights.
+		v, err := a.eng.CommitWeights(ctx, req.Version)
 		if err != nil {
 			return resp, err
 		}

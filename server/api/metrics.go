@@ -98,6 +98,10 @@ func (m *Metrics) observeUpdate(phase string, d time.Duration) {
 	m.updateWeights.WithLabelValues(phase).Observe(d.Seconds())
 }
 
+// ObserveCommit records the swap of a weight update made outside /update_weights (the fleet
+// agent's commit), as phase "commit".
+func (m *Metrics) ObserveCommit(d time.Duration) { m.observeUpdate("commit", d) }
+
 func (m *Metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
