@@ -11,5 +11,6 @@ func addCommands(root *cobra.Command) {
 		newGenerateCmd(),
 		newBenchCmd(),
 		newServeCmd(),
+		newWeightsCmd(),
 	)
 }
