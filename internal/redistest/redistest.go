@@ -181,6 +181,8 @@ type Proxy struct {
 
 	mu          sync.Mutex
 	partitioned bool
+	frozen      bool
+	thaw        chan struct{} // closed and replaced when a freeze ends
 	closed      bool
 	conns       map[net.Conn]struct{} // every open connection, either side
 	held        map[net.Conn]struct{} // accepted during a partition, not forwarded
@@ -194,7 +196,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatalf("redistest: proxy listen: %v", err)
 	}
-	p := &Proxy{t: t, target: target, l: l, conns: map[net.Conn]struct{}{}, held: map[net.Conn]struct{}{}}
+	p := &Proxy{t: t, target: target, l: l, thaw: make(chan struct{}), conns: map[net.Conn]struct{}{}, held: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -221,11 +223,27 @@ func (p *Proxy) Partition() {
 	}
 }
 
-// Heal ends a partition: connections held during it are closed (their clients redial) and new
-// ones are forwarded again.
+// Freeze is a silent partition: open connections stay open but nothing crosses them any
+// more (what was sent is delivered on Heal), and new ones are held as in Partition. Only a
+// client that times out on its own notices, as on a network that drops packets without a
+// reset.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	p.partitioned = true
+	p.frozen = true
+	p.mu.Unlock()
+}
+
+// Heal ends a partition or a freeze: connections held during it are closed (their clients
+// redial), frozen ones carry on, and new ones are forwarded again.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	p.partitioned = false
+	if p.frozen {
+		p.frozen = false
+		close(p.thaw)
+		p.thaw = make(chan struct{})
+	}
 	held := p.held
 	p.held = map[net.Conn]struct{}{}
 	p.mu.Unlock()
@@ -245,6 +263,10 @@ func (p *Proxy) Held() int {
 func (p *Proxy) close() {
 	p.mu.Lock()
 	p.closed = true
+	if p.frozen {
+		p.frozen = false
+		close(p.thaw)
+	}
 	all := []net.Conn{}
 	for c := range p.conns {
 		all = append(all, c)
@@ -314,6 +336,7 @@ func (p *Proxy) forward(c net.Conn) {
 		for {
 			n, err := src.Read(buf)
 			if n > 0 {
+				p.waitThaw()
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					break
 				}
@@ -329,6 +352,19 @@ func (p *Proxy) forward(c net.Conn) {
 	go pipe(up, c)
 	go pipe(c, up)
 	wg.Wait()
+}
+
+// waitThaw returns once the proxy is not frozen.
+func (p *Proxy) waitThaw() {
+	for {
+		p.mu.Lock()
+		frozen, thaw := p.frozen, p.thaw
+		p.mu.Unlock()
+		if !frozen {
+			return
+		}
+		<-thaw
+	}
 }
 
 func (p *Proxy) drop(c net.Conn) {

@@ -134,3 +134,41 @@ func TestProxyPartitionHeal(t *testing.T) {
 
 	mustReply(t, p.Addr(), "PING", "+PONG")
 }
+
+func TestProxyFreeze(t *testing.T) {
+	s := redistest.Start(t)
+	p := redistest.NewProxy(t, s.Addr())
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	p.Freeze()
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		line, _ := r.ReadString('\n')
+		got <- line
+	}()
+	// New connections are held while frozen.
+	held, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	for deadline := time.Now().Add(10 * time.Second); p.Held() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy holds %d connections, want 1", p.Held())
+		}
+	}
+	p.Heal()
+	// The frozen connection carries what was sent once healed.
+	if line := <-got; line != "+PONG\r\n" {
+		t.Fatalf("frozen connection after heal read %q", line)
+	}
+	mustReply(t, p.Addr(), "PING", "+PONG")
+}

@@ -23,11 +23,12 @@ type MemOptions struct {
 type Mem struct {
 	now func() time.Time
 
-	mu     sync.Mutex
-	closed bool
-	subs   map[string]map[*memSub]struct{}
-	keys   map[string]memValue
-	lists  map[string]*memList
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{} // closed by Close, so waiting Pops end
+	subs    map[string]map[*memSub]struct{}
+	keys    map[string]memValue
+	lists   map[string]*memList
 }
 
 type memValue struct {
@@ -46,7 +47,7 @@ func NewMem(o MemOptions) *Mem {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Mem{now: o.Now, subs: map[string]map[*memSub]struct{}{}, keys: map[string]memValue{}, lists: map[string]*memList{}}
+	return &Mem{now: o.Now, closing: make(chan struct{}), subs: map[string]map[*memSub]struct{}{}, keys: map[string]memValue{}, lists: map[string]*memList{}}
 }
 
 var _ Bus = (*Mem)(nil)
@@ -186,7 +187,10 @@ func (m *Mem) Delete(ctx context.Context, keys ...string) error {
 	defer m.mu.Unlock()
 	for _, k := range keys {
 		delete(m.keys, k)
-		delete(m.lists, k)
+		if l := m.lists[k]; l != nil {
+			close(l.ready) // waiters move on to the list a later Push creates
+			delete(m.lists, k)
+		}
 	}
 	return nil
 }
@@ -256,6 +260,8 @@ func (m *Mem) Pop(ctx context.Context, list string, limit int, wait time.Duratio
 			return nil, nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-m.closing:
+			return nil, ErrClosed
 		}
 	}
 }
@@ -268,6 +274,7 @@ func (m *Mem) Close() error {
 		return nil
 	}
 	m.closed = true
+	close(m.closing)
 	var all []*memSub
 	for _, subs := range m.subs {
 		for s := range subs {

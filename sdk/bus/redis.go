@@ -500,7 +500,11 @@ func (s *redisSub) run() {
 			}
 			pinged = false
 			fails++
-			s.r.log.Warn("bus: redis subscription lost, reconnecting", "channel", s.channel, "err", err, "attempt", fails)
+			if fails == 1 {
+				s.r.log.Warn("bus: redis subscription lost, reconnecting", "channel", s.channel, "err", err)
+			} else {
+				s.r.log.Debug("bus: redis subscription still down", "channel", s.channel, "err", err, "attempt", fails)
+			}
 			if !s.sleep(backoff(fails, s.r.backoff)) {
 				return
 			}

@@ -462,6 +462,8 @@ const (
 	StatePaused   = "paused"
 	StateSleeping = "sleeping"
 	StateUpdating = "updating"
+	// StateStopping is a server's last heartbeat as it shuts down (never in rotation).
+	StateStopping = "stopping"
 )
 
 // Heartbeat is what a server publishes about itself under its heartbeat key, with a TTL.
