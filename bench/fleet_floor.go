@@ -58,16 +58,25 @@ func RedisFloor(ctx context.Context, url string, n, rounds int) (Latency, error)
 	channel := "rollout-bench-floor:" + strconv.FormatInt(time.Now().UnixNano(), 36)
 
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	var (
+		wg   sync.WaitGroup
+		subs []*redis.PubSub
+	)
+	// A blocked ReceiveMessage does not watch ctx; closing its PubSub is what ends it.
+	defer func() {
+		cancel()
+		for _, ps := range subs {
+			_ = ps.Close()
+		}
+		wg.Wait()
+	}()
 	errc := make(chan error, n)
 	for i := range n {
 		c := redis.NewClient(opt)
 		ps := c.Subscribe(ctx, channel)
+		subs = append(subs, ps)
 		// Receive returns the subscription confirmation: only then is the subscriber counted.
 		if _, err := ps.Receive(ctx); err != nil {
-			_ = ps.Close()
 			_ = c.Close()
 			return Latency{}, fmt.Errorf("bench: subscribe: %w", err)
 		}
@@ -75,7 +84,6 @@ func RedisFloor(ctx context.Context, url string, n, rounds int) (Latency, error)
 		go func() {
 			defer wg.Done()
 			defer c.Close()
-			defer ps.Close()
 			ack := "ack-" + strconv.Itoa(i)
 			for {
 				m, err := ps.ReceiveMessage(ctx)
