@@ -11,11 +11,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/engine/weights"
 )
 
 // runOK runs the CLI and fails the test on a non-zero exit; it returns stdout.
@@ -125,4 +128,82 @@ func TestWeightsDigestIsWhatUpdateWeightsChecks(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not exit")
 	}
+}
+
+// TestWeightsServe serves a store with one version and loads it over HTTP the way a server's
+// weight update does, with the digest the index lists, which is `weights digest`'s.
+func TestWeightsServe(t *testing.T) {
+	store := t.TempDir()
+	runOK(t, "model", "init", "--preset", "tiny", "--seed", "4", "--out", filepath.Join(store, "v1"))
+	sum := strings.TrimSpace(runOK(t, "weights", "digest", filepath.Join(store, "v1")))
+
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var out, errb syncBuffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, []string{"weights", "serve", store, "--addr", addr}, &out, &errb) }()
+	base := "http://" + addr
+	var idx struct {
+		Versions []struct {
+			Version int64  `json:"version"`
+			SHA256  string `json:"sha256"`
+			Path    string `json:"path"`
+		} `json:"versions"`
+		Latest int64 `json:"latest"`
+	}
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(base + "/index.json")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&idx) == nil
+	}, 20*time.Second, 10*time.Millisecond, "weights serve did not come up: %s", errb.String())
+	require.Len(t, idx.Versions, 1)
+	assert.Equal(t, int64(1), idx.Latest)
+	assert.Equal(t, sum, idx.Versions[0].SHA256)
+	assert.Contains(t, out.String(), "--source "+base+"/v1/ --sha256 "+sum)
+
+	w, err := weights.Load(t.Context(), weights.Ref{Version: 1, URI: base + idx.Versions[0].Path, SHA256: sum}, weights.Options{})
+	require.NoError(t, err)
+	assert.Positive(t, w.Config.NumParams())
+
+	// A version published while serving appears without a restart.
+	runOK(t, "model", "init", "--preset", "tiny", "--seed", "5", "--out", filepath.Join(store, "v2"))
+	resp, err := http.Get(base + "/index.json")
+	require.NoError(t, err)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&idx))
+	resp.Body.Close()
+	assert.Equal(t, int64(2), idx.Latest)
+
+	cancel()
+	select {
+	case code := <-exited:
+		assert.Equal(t, 0, code, errb.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("weights serve did not exit")
+	}
+
+	var eo, ee bytes.Buffer
+	assert.Equal(t, 1, run(t.Context(), []string{"weights", "serve", filepath.Join(store, "missing")}, &eo, &ee))
+	assert.Contains(t, ee.String(), "not a directory")
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a command writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
