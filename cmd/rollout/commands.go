@@ -12,5 +12,6 @@ func addCommands(root *cobra.Command) {
 		newBenchCmd(),
 		newServeCmd(),
 		newWeightsCmd(),
+		newFleetCmd(),
 	)
 }
