@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -99,6 +100,8 @@ type Options struct {
 	Args []string
 	// RedisURL, when set, gives server i its Redis URL (e.g. through a redistest.Proxy).
 	RedisURL func(i int) string
+	// ServerArgs, when set, adds flags for server i only (e.g. its own --weights-root).
+	ServerArgs func(i int) []string
 }
 
 // DefaultSecret is the secret of a fleet started without Options.Secret.
@@ -178,6 +181,9 @@ func Start(t testing.TB, o Options) *Fleet {
 		p.args = append([]string{"serve", "--addr", p.Addr, "--advertise-url", p.URL(), "--server-id", p.ID,
 			"--redis", url, "--fleet", o.Fleet, "--shutdown-grace", "1s", "--log-level", "info"}, secretArgs...)
 		p.args = append(p.args, o.Args...)
+		if o.ServerArgs != nil {
+			p.args = append(p.args, o.ServerArgs(i)...)
+		}
 		f.Procs = append(f.Procs, p)
 		t.Cleanup(func() {
 			p.Stop()
@@ -327,6 +333,22 @@ func (p *Proc) Status(path string) int {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// Ready is GET /ready: its status and the weight version it reports (-1 when not ready).
+func (p *Proc) Ready() (int, int64) {
+	resp, err := http.Get(p.URL() + "/ready")
+	if err != nil {
+		return 0, -1
+	}
+	defer resp.Body.Close()
+	var body struct {
+		WeightVersion int64 `json:"weight_version"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&body) != nil {
+		return resp.StatusCode, -1
+	}
+	return resp.StatusCode, body.WeightVersion
 }
 
 // Metric sums the samples of the Prometheus metric name on the server's /metrics whose labels
