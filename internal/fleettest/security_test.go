@@ -103,9 +103,7 @@ func assertServing(t *testing.T, f *fleettest.Fleet, version int64) {
 // attacker without the secret (or with an old capture) could send, and a tampered desired
 // state; every server refuses each one, counts it by reason, and keeps serving untouched.
 func TestSecurityRejectsForgedCommands(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process fleet test")
-	}
+	skipShort(t)
 	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "sec"})
 	b := dialBus(t, f)
 	secret := []byte(f.Secret)
