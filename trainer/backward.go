@@ -1,0 +1,209 @@
+package trainer
+
+import (
+	"math"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
+)
+
+// grads are the gradient tensors of a net, grouped like the net's matrices.
+type grads[F float] struct {
+	p      *params[F]
+	layers []gradLayer[F]
+	cls    [][]F
+}
+
+type gradLayer[F float] struct {
+	qkv, wo, gateUp, down [][]F
+}
+
+func newGrads[F float](p *params[F]) *grads[F] {
+	g := &grads[F]{p: p}
+	for i := range p.layers {
+		l := &p.layers[i]
+		g.layers = append(g.layers, gradLayer[F]{
+			qkv: [][]F{l.wq, l.wk, l.wv}, wo: [][]F{l.wo},
+			gateUp: [][]F{l.wGate, l.wUp}, down: [][]F{l.wDown},
+		})
+	}
+	g.cls = [][]F{p.cls()}
+	return g
+}
+
+// work holds the backward pass's scratch buffers, reused across calls.
+type work[F float] struct {
+	dlogits, dxnF, dx, dxn, dtmp, dact, dgu, datt, dqkv []F
+}
+
+// backward adds to g the gradient of Σ_i glogp[i]·logp[i] (the targets' logprobs of the
+// forward that filled a) with respect to every parameter.
+func (n *net[F]) backward(b *batch, a *acts[F], glogp []float64, g *grads[F], w *work[F]) {
+	c := n.cfg
+	N, M := len(b.tokens), len(b.targets)
+	h, f, kvd, v := c.HiddenSize, c.IntermediateSize, c.KVDim(), c.VocabSize
+	qkvW := h + 2*kvd
+
+	// LM head: d logp / d logit_j = 1[j = target] - softmax_j.
+	w.dlogits = grow(w.dlogits, M*v)
+	n.pool.Parallel(M, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			row, d := a.logits[i*v:(i+1)*v], w.dlogits[i*v:(i+1)*v]
+			gi := glogp[i]
+			if gi == 0 {
+				clear(d)
+				continue
+			}
+			// softmax_j = exp(l_j - max - lse); the shifted exponentials reuse the engine's kernel.
+			s := F(-gi / expShifted(d, row, a.maxL[i]))
+			kernels.ClearUpper()
+			for j := range d {
+				d[j] *= s
+			}
+			d[b.targetTok[i]] += F(gi)
+		}
+	})
+	addGrad(n.pool, n.cls, g.cls, w.dlogits, a.xnF, M)
+	w.dxnF = grow(w.dxnF, M*h)
+	mulT(n.pool, n.cls, w.dxnF, w.dlogits, M)
+	w.dx = grow(w.dx, N*h)
+	clear(w.dx)
+	for i, t := range b.targets {
+		rmsNormBack(w.dx[t*h:(t+1)*h], g.p.finalNorm, a.x[t*h:(t+1)*h], w.dxnF[i*h:(i+1)*h], n.p.finalNorm, a.invF[i])
+	}
+
+	w.dxn = grow(w.dxn, N*h)
+	w.dtmp = grow(w.dtmp, N*h)
+	w.dact = grow(w.dact, N*f)
+	w.dgu = grow(w.dgu, N*2*f)
+	w.datt = grow(w.datt, N*h)
+	w.dqkv = grow(w.dqkv, N*qkvW)
+	for li := len(n.layers) - 1; li >= 0; li-- {
+		l, pl, gl, la := &n.layers[li], &n.p.layers[li], &g.layers[li], &a.layers[li]
+		gp := &g.p.layers[li]
+		// MLP: x_out = xmid + down(silu(gate)·up).
+		mulT(n.pool, l.down, w.dact, w.dx, N)
+		addGrad(n.pool, l.down, gl.down, w.dx, la.act, N)
+		n.pool.Parallel(N, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				swigluBack(w.dgu[t*2*f:(t+1)*2*f], la.gu[t*2*f:(t+1)*2*f], w.dact[t*f:(t+1)*f])
+			}
+		})
+		addGrad(n.pool, l.gateUp, gl.gateUp, w.dgu, la.xn2, N)
+		mulT(n.pool, l.gateUp, w.dxn, w.dgu, N)
+		for t := range N {
+			rmsNormBack(w.dx[t*h:(t+1)*h], gp.ffnNorm, la.xmid[t*h:(t+1)*h], w.dxn[t*h:(t+1)*h], pl.ffnNorm, la.inv2[t])
+		}
+		// Attention: xmid = x + o_proj(attention(rope(q), rope(k), v)).
+		mulT(n.pool, l.wo, w.datt, w.dx, N)
+		addGrad(n.pool, l.wo, gl.wo, w.dx, la.att, N)
+		clear(w.dqkv)
+		n.attentionBack(b, la, w.datt, w.dqkv)
+		for t := range N {
+			n.ropeBack(w.dqkv[t*qkvW:t*qkvW+h+kvd], b.pos[t])
+		}
+		addGrad(n.pool, l.qkv, gl.qkv, w.dqkv, la.xn1, N)
+		mulT(n.pool, l.qkv, w.dxn, w.dqkv, N)
+		for t := range N {
+			rmsNormBack(w.dx[t*h:(t+1)*h], gp.attnNorm, la.x[t*h:(t+1)*h], w.dxn[t*h:(t+1)*h], pl.attnNorm, la.inv1[t])
+		}
+	}
+	kernels.ClearUpper()
+	for t, id := range b.tokens {
+		ge, d := g.p.embed[id*h:(id+1)*h], w.dx[t*h:(t+1)*h]
+		for i := range ge {
+			ge[i] += d[i]
+		}
+	}
+}
+
+// rmsNormBack adds the gradient of y = g·x·r (r = 1/sqrt(mean(x²)+eps), which inv holds)
+// given dy: dg_i += dy_i·x_i·r and dx_i += r·g_i·dy_i − x_i·r³·Σ_j g_j·dy_j·x_j / h.
+func rmsNormBack[F float](dx, dg, x, dy, g []F, inv F) {
+	kernels.ClearUpper()
+	s := 0.0
+	for j, xv := range x {
+		s += float64(g[j]) * float64(dy[j]) * float64(xv)
+	}
+	r := float64(inv)
+	k := s * r * r * r / float64(len(x))
+	for i, xv := range x {
+		dg[i] += dy[i] * xv * inv
+		dx[i] += F(r*float64(g[i])*float64(dy[i]) - k*float64(xv))
+	}
+}
+
+// swigluBack writes the gradients of gate and up (dgu, laid out like gu: gate then up) of
+// act = silu(gate)·up given dact.
+func swigluBack[F float](dgu, gu, dact []F) {
+	f := len(dact)
+	g, u := gu[:f], gu[f:]
+	dg, du := dgu[:f], dgu[f:]
+	for i, x := range g {
+		e := math.Exp(-math.Abs(float64(x)))
+		sig := 1 / (1 + e)
+		if x < 0 {
+			sig = e / (1 + e)
+		}
+		xf := float64(x)
+		silu := xf * sig
+		dsilu := sig * (1 + xf*(1-sig))
+		d := float64(dact[i])
+		dg[i] = F(d * float64(u[i]) * dsilu)
+		du[i] = F(d * silu)
+	}
+}
+
+// attentionBack adds to dqkv the gradients of the post-RoPE q and k and of v given datt, the
+// gradient of the attention output. Work is split by (span, KV head) so that the K and V rows
+// a unit writes are its own.
+func (n *net[F]) attentionBack(b *batch, la *layerActs[F], datt, dqkv []F) {
+	c := n.cfg
+	h, kvd, hd := c.HiddenSize, c.KVDim(), c.HeadDim()
+	heads, kvHeads := c.NumAttentionHeads, c.NumKeyValueHeads
+	group := heads / kvHeads
+	qkvW := h + 2*kvd
+	units := len(b.spans) * kvHeads
+	n.pool.Parallel(units, func(lo, hi int) {
+		var dp []F
+		for u := lo; u < hi; u++ {
+			sp, kh := b.spans[u/kvHeads], u%kvHeads
+			dp = grow(dp, sp.n)
+			rows := la.qkv[sp.start*qkvW:]
+			kOff, vOff := h+kh*hd, h+kvd+kh*hd
+			for head := kh * group; head < (kh+1)*group; head++ {
+				base := b.probOff[u/kvHeads] + head*tri(sp.n)
+				for t := range sp.n {
+					row := sp.start + t
+					p := la.probs[base+tri(t) : base+tri(t+1)]
+					do := datt[row*h+head*hd : row*h+(head+1)*hd]
+					q := la.qkv[row*qkvW+head*hd : row*qkvW+(head+1)*hd]
+					d := dp[:t+1]
+					dotRows(d, do, rows, qkvW, vOff, t+1, 1) // dP_j = do·v_j
+					kernels.ClearUpper()
+					dot := 0.0
+					for j, pj := range p {
+						dot += float64(pj) * float64(d[j])
+						axpy(dqkv[(sp.start+j)*qkvW+vOff:][:hd], pj, do) // dv_j += p_j·do
+					}
+					for j, pj := range p {
+						d[j] = F(float64(pj)*(float64(d[j])-dot)) * n.scale // dS_j, scaled
+					}
+					accumRows(dqkv[row*qkvW+head*hd:][:hd], d, rows, qkvW, kOff, t+1) // dq += Σ dS_j k_j
+					for j, dj := range d {
+						axpy(dqkv[(sp.start+j)*qkvW+kOff:][:hd], dj, q) // dk_j += dS_j·q
+					}
+				}
+			}
+		}
+	})
+}
+
+func axpy[F float](y []F, a F, x []F) {
+	if a == 0 {
+		return
+	}
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += a * x[i]
+	}
+}
