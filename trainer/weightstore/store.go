@@ -1,0 +1,271 @@
+package weightstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/weights"
+)
+
+// Sentinel errors callers branch on; returned errors wrap them with details.
+var (
+	// ErrVersionExists means Publish was asked for a version the store already holds:
+	// versions are immutable, since servers may have verified them.
+	ErrVersionExists = errors.New("weightstore: version already published")
+	// ErrNotFound means a version the store does not hold.
+	ErrNotFound = errors.New("weightstore: version not found")
+	// ErrInvalidVersion means a negative version number.
+	ErrInvalidVersion = errors.New("weightstore: invalid version")
+)
+
+// Entry describes one published version.
+type Entry struct {
+	// Version is the weight version.
+	Version int64 `json:"version"`
+	// SHA256 is the hex digest weights.Digest computes for the checkpoint.
+	SHA256 string `json:"sha256"`
+	// Path is the version's URL path under the store's root, "/vN/".
+	Path string `json:"path"`
+	// Files are the checkpoint's file names, the ones the digest covers.
+	Files []string `json:"files"`
+	// Bytes is the checkpoint's total size.
+	Bytes int64 `json:"bytes"`
+	// Published is when the version appeared in the directory.
+	Published time.Time `json:"published"`
+}
+
+// Index is what the handler serves at / and /index.json: every version, oldest first.
+type Index struct {
+	Versions []Entry `json:"versions"`
+	// Latest is the newest version, -1 when the store is empty.
+	Latest int64 `json:"latest"`
+}
+
+// Store is a directory of versions. It may be shared with other processes publishing into
+// the same directory: Refresh (which the handler calls) picks up their versions.
+type Store struct {
+	dir     string
+	mu      sync.Mutex
+	entries map[int64]cached
+}
+
+type cached struct {
+	entry Entry
+	mod   time.Time // the version directory's modification time when the digest was taken
+}
+
+// VersionDir is the directory name of version v: "vN".
+func VersionDir(v int64) string { return "v" + strconv.FormatInt(v, 10) }
+
+// parseVersionDir returns N for a name "vN" (N a canonical non-negative decimal).
+func parseVersionDir(name string) (int64, bool) {
+	s, ok := strings.CutPrefix(name, "v")
+	if !ok || s == "" || (len(s) > 1 && s[0] == '0') {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	return v, err == nil && v >= 0
+}
+
+// Open opens (creating it if needed) the store in dir and indexes the versions already there.
+func Open(ctx context.Context, dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("weightstore: %w", err)
+	}
+	s := &Store{dir: dir, entries: map[int64]cached{}}
+	if err := s.Refresh(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Dir is the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Refresh rescans the directory: versions published by another process are added (their
+// digests computed once), removed ones dropped. Directories that are not "vN" are ignored, so
+// are unfinished ones (Publish renames a complete checkpoint into place).
+func (s *Store) Refresh(ctx context.Context) error {
+	des, err := os.ReadDir(s.dir)
+	if err != nil {
+		return fmt.Errorf("weightstore: %w", err)
+	}
+	seen := map[int64]bool{}
+	for _, de := range des {
+		v, ok := parseVersionDir(de.Name())
+		if !ok || !de.IsDir() {
+			continue
+		}
+		info, err := de.Info()
+		if err != nil {
+			continue // removed while scanning
+		}
+		seen[v] = true
+		s.mu.Lock()
+		c, have := s.entries[v]
+		s.mu.Unlock()
+		if have && c.mod.Equal(info.ModTime()) {
+			continue
+		}
+		e, err := describe(ctx, filepath.Join(s.dir, de.Name()), v)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue // not a checkpoint (yet): not served
+		}
+		e.Published = info.ModTime()
+		s.mu.Lock()
+		s.entries[v] = cached{e, info.ModTime()}
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	for v := range s.entries {
+		if !seen[v] {
+			delete(s.entries, v)
+		}
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// describe lists a checkpoint directory's files and computes its digest.
+func describe(ctx context.Context, path string, v int64) (Entry, error) {
+	sum, err := weights.Digest(ctx, path)
+	if err != nil {
+		return Entry{}, err
+	}
+	files := []string{weights.ConfigFile}
+	if _, err := os.Stat(filepath.Join(path, weights.SafetensorsFile)); err == nil {
+		files = append(files, weights.SafetensorsFile)
+	} else {
+		// Sharded: the index and the shards beside it (the digest has checked the index names
+		// only plain files here).
+		files = append(files, weights.IndexFile)
+		shards, _ := filepath.Glob(filepath.Join(path, "*.safetensors"))
+		for _, sh := range shards {
+			files = append(files, filepath.Base(sh))
+		}
+	}
+	e := Entry{Version: v, SHA256: sum, Path: "/" + VersionDir(v) + "/", Files: files}
+	for _, f := range files {
+		st, err := os.Stat(filepath.Join(path, f))
+		if err != nil {
+			return Entry{}, err
+		}
+		e.Bytes += st.Size()
+	}
+	return e, nil
+}
+
+// Publish writes w as version v (float32 safetensors), computes its digest and makes it
+// visible atomically: the checkpoint is written under a temporary name and renamed to vN, so
+// readers never see half of it. A version already present returns ErrVersionExists.
+func (s *Store) Publish(ctx context.Context, v int64, w *model.Weights) (Entry, error) {
+	if v < 0 {
+		return Entry{}, fmt.Errorf("%w: %d", ErrInvalidVersion, v)
+	}
+	final := filepath.Join(s.dir, VersionDir(v))
+	if _, err := os.Stat(final); err == nil {
+		return Entry{}, fmt.Errorf("%w: %d", ErrVersionExists, v)
+	}
+	tmp, err := os.MkdirTemp(s.dir, ".publish-"+VersionDir(v)+"-")
+	if err != nil {
+		return Entry{}, fmt.Errorf("weightstore: %w", err)
+	}
+	defer os.RemoveAll(tmp) // a no-op once renamed
+	if err := weights.SaveHF(tmp, w, weights.F32); err != nil {
+		return Entry{}, fmt.Errorf("weightstore: publish %d: %w", v, err)
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return Entry{}, fmt.Errorf("weightstore: %w", err)
+	}
+	e, err := describe(ctx, tmp, v)
+	if err != nil {
+		return Entry{}, fmt.Errorf("weightstore: publish %d: %w", v, err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		if _, serr := os.Stat(final); serr == nil {
+			return Entry{}, fmt.Errorf("%w: %d", ErrVersionExists, v)
+		}
+		return Entry{}, fmt.Errorf("weightstore: publish %d: %w", v, err)
+	}
+	info, err := os.Stat(final)
+	if err != nil {
+		return Entry{}, fmt.Errorf("weightstore: %w", err)
+	}
+	e.Published = info.ModTime()
+	s.mu.Lock()
+	s.entries[v] = cached{e, info.ModTime()}
+	s.mu.Unlock()
+	return e, nil
+}
+
+// Versions lists the known versions, oldest first.
+func (s *Store) Versions() []Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Entry, 0, len(s.entries))
+	for _, c := range s.entries {
+		out = append(out, c.entry)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// Get returns version v's entry, or ErrNotFound.
+func (s *Store) Get(v int64) (Entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.entries[v]
+	if !ok {
+		return Entry{}, fmt.Errorf("%w: %d", ErrNotFound, v)
+	}
+	return c.entry, nil
+}
+
+// Latest returns the newest version; false when the store is empty.
+func (s *Store) Latest() (Entry, bool) {
+	vs := s.Versions()
+	if len(vs) == 0 {
+		return Entry{}, false
+	}
+	return vs[len(vs)-1], true
+}
+
+// Ref is the weights.Ref of version v served under baseURL (e.g. "http://host:port"): the
+// URI /update_weights fetches and the digest it verifies.
+func (s *Store) Ref(baseURL string, v int64) (weights.Ref, error) {
+	e, err := s.Get(v)
+	if err != nil {
+		return weights.Ref{}, err
+	}
+	return weights.Ref{Version: v, URI: strings.TrimSuffix(baseURL, "/") + e.Path, SHA256: e.SHA256}, nil
+}
+
+// Prune removes all but the newest keep versions (keep >= 1), oldest first.
+func (s *Store) Prune(keep int) error {
+	if keep < 1 {
+		return fmt.Errorf("%w: prune must keep at least one version (got %d)", ErrInvalidVersion, keep)
+	}
+	vs := s.Versions()
+	for _, e := range vs[:max(0, len(vs)-keep)] {
+		if err := os.RemoveAll(filepath.Join(s.dir, VersionDir(e.Version))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("weightstore: prune: %w", err)
+		}
+		s.mu.Lock()
+		delete(s.entries, e.Version)
+		s.mu.Unlock()
+	}
+	return nil
+}
