@@ -43,7 +43,8 @@ type config struct {
 	OffloadBytes int64
 	Redis, Fleet string
 	Secret       []byte
-	StoreAddr    string // where the weight store listens (servers fetch from it)
+	StoreAddr    string // where the weight store listens
+	StoreURL     string // the store's URL as the servers reach it (default: its listen URL)
 }
 
 func (c *config) validate() error {
@@ -187,7 +188,11 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 				return sdk.WeightsRef{}, err
 			}
 		}
-		ref, err := ws.Ref(v)
+		base := cfg.StoreURL
+		if base == "" {
+			base = ws.URL()
+		}
+		ref, err := store.Ref(base, v)
 		return sdk.WeightsRef{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256}, err
 	}
 

@@ -62,6 +62,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.Fleet, "fleet", "", "fleet name (with --redis)")
 	secretFile := fs.String("fleet-secret-file", "", "file holding the fleet secret (at least 32 bytes)")
 	fs.StringVar(&cfg.StoreAddr, "store-addr", "127.0.0.1:0", "listen address of the weight store the servers fetch from")
+	fs.StringVar(&cfg.StoreURL, "store-url", "", "base URL the servers fetch weights from (default: the store's listen URL)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
