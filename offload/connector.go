@@ -32,6 +32,10 @@ type Config struct {
 	// BlockBytes is the size of one pool block in bytes (all layers, K and V). Optional: when
 	// set, New checks CPUBytes against it; otherwise the check happens at BindKVStorage.
 	BlockBytes int64
+	// RecordEvents keeps the CPU tier's cache events (keys stored, removed) for
+	// Scheduler().TakeEvents, e.g. for a KV-aware router that drains them every step. Off by
+	// default: nothing in the engine drains them, and undrained they would grow forever.
+	RecordEvents bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// OnFlushDelivered, if set, is called by the worker side once a reset's flush set reached
@@ -81,6 +85,8 @@ type counters struct {
 	cpuSlots          atomic.Int64
 	cpuSlotsUsed      atomic.Int64
 	violations        atomic.Int64
+	loadFailures      atomic.Int64
+	checksumFailures  atomic.Int64
 }
 
 // New validates cfg and builds a connector. The CPU tier is allocated when the worker side is
@@ -159,6 +165,8 @@ func (c *Connector) Stats() kvconnector.Stats {
 		"offload_duplicate_completes_total": float64(s.duplicateComplete.Load()),
 		"offload_cpu_slots":                 float64(s.cpuSlots.Load()),
 		"offload_cpu_slots_used":            float64(s.cpuSlotsUsed.Load()),
+		"offload_load_failures_total":       float64(s.loadFailures.Load()),
+		"offload_checksum_failures_total":   float64(s.checksumFailures.Load()),
 		"safety_violations_total":           float64(s.violations.Load()),
 	}
 }

@@ -43,6 +43,9 @@
 // offload_resets_merged_total, offload_stored_bytes_total, offload_loaded_bytes_total,
 // offload_hit_tokens_total, offload_stores_discarded_total, offload_alloc_failures_total,
 // offload_lookup_misses_total, offload_stale_completions_total,
-// offload_unknown_completions_total, offload_duplicate_completes_total, offload_cpu_slots,
+// offload_unknown_completions_total, offload_duplicate_completes_total,
+// offload_load_failures_total (loads that failed a check: their requests recomputed and the
+// keys were dropped), offload_checksum_failures_total (chunks whose loaded bytes failed their
+// checksum; each is also a safety violation), offload_cpu_slots,
 // offload_cpu_slots_used, safety_violations_total.
 package offload

@@ -54,6 +54,7 @@ type harnessCfg struct {
 	maxTokens                 int // per step budget (default 1000)
 	maxSeqs                   int
 	quiet                     bool // discard the connector's logs (tests that provoke violations)
+	recordEvents              bool
 }
 
 func newHarness(t *testing.T, c harnessCfg) *harness {
@@ -86,7 +87,7 @@ func newHarness(t *testing.T, c harnessCfg) *harness {
 	if !c.noConnector {
 		h.conn, err = offload.New(offload.Config{
 			CPUBytes: int64(c.cpuChunks * c.bpc * h.layout.BlockBytes()), BlockSize: c.blockSize, BlocksPerChunk: c.bpc,
-			Policy: c.policy, Delay: c.delay, Logger: logger,
+			Policy: c.policy, Delay: c.delay, Logger: logger, RecordEvents: c.recordEvents,
 		})
 		require.NoError(t, err)
 		sc, h.worker = h.conn.Scheduler(), h.conn.Worker()

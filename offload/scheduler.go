@@ -365,10 +365,18 @@ func (s *schedSide) UpdateConnectorOutput(out kvconnector.Output) {
 		}
 		if mgr != nil {
 			before := mgr.Stats()
-			if j.store {
+			switch {
+			case j.store:
 				mgr.CompleteStore(j.keys, ok)
-			} else {
+			case ok:
 				mgr.CompleteLoad(j.keys)
+			default:
+				// A load that failed its checks (checksum, generation): the request recomputes
+				// (the scheduler hears it through FailedRecving), and keys whose content
+				// failed must not be read again.
+				mgr.CompleteLoad(j.keys)
+				mgr.Remove(j.keys)
+				s.c.stats.loadFailures.Add(1)
 			}
 			after := mgr.Stats()
 			s.c.stats.duplicateComplete.Add(after.DuplicateComplete - before.DuplicateComplete + after.UnknownCompletes - before.UnknownCompletes)
@@ -468,7 +476,8 @@ func (s *schedSide) ResetCache() (int, bool) {
 	return n, true
 }
 
-// TakeEvents implements kvconnector.Scheduler.
+// TakeEvents implements kvconnector.Scheduler: the events since the previous call, always
+// none unless Config.RecordEvents.
 func (s *schedSide) TakeEvents() []kvconnector.Event {
 	if mgr, _ := s.c.manager(); mgr != nil {
 		s.takeManagerEvents(mgr)
@@ -478,9 +487,14 @@ func (s *schedSide) TakeEvents() []kvconnector.Event {
 	return ev
 }
 
+// takeManagerEvents drains the CPU manager's events after every call that may emit some, so
+// they never pile up there; they are kept for TakeEvents only with Config.RecordEvents (with
+// no consumer they would grow by one entry per store and eviction forever).
 func (s *schedSide) takeManagerEvents(mgr *cpu.Manager) {
 	for _, e := range mgr.TakeEvents() {
-		s.events = append(s.events, kvconnector.Event{Removed: e.Removed, Medium: "cpu", BlockHashes: e.Keys})
+		if s.c.cfg.RecordEvents {
+			s.events = append(s.events, kvconnector.Event{Removed: e.Removed, Medium: "cpu", BlockHashes: e.Keys})
+		}
 	}
 }
 

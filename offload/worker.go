@@ -47,16 +47,20 @@ type workerSide struct {
 	unsubmitted []*Transfer
 	completed   map[int64]bool
 	recv        []string
+	failedRecv  []string // loads that completed without valid KV (subset of recv)
 
 	// Current step (engine goroutine only).
 	meta    kvconnector.Metadata
 	payload *Payload
 	popped  map[int64]bool
+	loaded  bool // StartLoadKV submitted this step's loads
 }
 
 var (
-	_ kvconnector.Worker        = (*workerSide)(nil)
-	_ kvconnector.StorageBinder = (*workerSide)(nil)
+	_ kvconnector.Worker            = (*workerSide)(nil)
+	_ kvconnector.StorageBinder     = (*workerSide)(nil)
+	_ kvconnector.StepFailer        = (*workerSide)(nil)
+	_ kvconnector.LoadErrorReporter = (*workerSide)(nil)
 )
 
 func newWorkerSide(c *Connector) *workerSide {
@@ -107,6 +111,7 @@ func (w *workerSide) BindMetadata(meta kvconnector.Metadata) {
 		w.payload = &Payload{}
 	}
 	clear(w.popped)
+	w.loaded = false
 }
 
 // HandlePreemptions implements kvconnector.Worker: stores of this step that are in the flush set
@@ -142,7 +147,41 @@ func (w *workerSide) StartLoadKV(context.Context) error {
 	for _, t := range w.payload.Loads {
 		w.submitLocked(t)
 	}
+	w.loaded = true
 	return nil
+}
+
+// FailStep implements kvconnector.StepFailer: the step's forward pass did not compute the KV
+// its new stores were built to copy, so they are never submitted and complete as failed (their
+// keys never become readable); loads the step did not submit complete as failed loads, so
+// their requests recompute. Stores of earlier steps, and stores this step's flush set already
+// submitted, copy KV computed before and go ahead.
+func (w *workerSide) FailStep() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, t := range w.payload.Stores {
+		if !w.popped[t.ID] {
+			w.popped[t.ID] = true
+			w.completed[t.ID] = false
+		}
+	}
+	if !w.loaded {
+		for _, t := range w.payload.Loads {
+			w.completed[t.ID] = false
+			w.recv = append(w.recv, t.ReqID)
+			w.failedRecv = append(w.failedRecv, t.ReqID)
+		}
+		w.loaded = true
+	}
+}
+
+// TakeFailedRecving implements kvconnector.LoadErrorReporter.
+func (w *workerSide) TakeFailedRecving() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f := w.failedRecv
+	w.failedRecv = nil
+	return f
 }
 
 // WaitForSave implements kvconnector.Worker: stores are deferred to the next step, so there is
@@ -279,6 +318,9 @@ func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) 
 	w.completed[x.t.ID] = ok
 	if !x.t.Store {
 		w.recv = append(w.recv, x.t.ReqID)
+		if !ok {
+			w.failedRecv = append(w.failedRecv, x.t.ReqID)
+		}
 	}
 	delete(w.inflight, x.t.ID)
 	w.c.stats.xfersInflight.Add(-1)
@@ -449,6 +491,7 @@ func (w *workerSide) loadChunk(t *Transfer, c *ChunkTransfer, storage kvconnecto
 		got = copySum(storage.Block(b), src[(c.Offset+i)*bf:(c.Offset+i+1)*bf], got)
 	}
 	if got != want {
+		w.c.stats.checksumFailures.Add(1)
 		w.c.violation(t.ID, "checksum mismatch on load", "slot", c.Slot.ID, "want", want, "got", got)
 		return false
 	}

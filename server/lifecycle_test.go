@@ -239,7 +239,11 @@ func TestNewErrorsLeakNothing(t *testing.T) {
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Model: "builtin:nope", Logger: quietLogger()})
 	assert.Error(t, err)
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Redis: "redis://x", Logger: quietLogger()})
-	assert.ErrorIs(t, err, server.ErrFleetNotBuilt)
+	assert.ErrorIs(t, err, server.ErrInvalidConfig, "--redis without --fleet")
+	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Fleet: "f", Logger: quietLogger()})
+	assert.ErrorIs(t, err, server.ErrInvalidConfig, "--fleet without a bus")
+	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Fleet: "f", Redis: "redis://x", FleetSecret: "short", Logger: quietLogger()})
+	assert.ErrorIs(t, err, server.ErrInvalidConfig, "a secret under 32 bytes")
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", OTel: "jaeger", Logger: quietLogger()})
 	assert.ErrorIs(t, err, server.ErrInvalidConfig)
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", OffloadDelay: time.Second, Logger: quietLogger()})
@@ -247,8 +251,7 @@ func TestNewErrorsLeakNothing(t *testing.T) {
 }
 
 // TestMetricsListedInAPIExist: a fresh server with offloading exports every metric API.md
-// lists (names copied from it), before any traffic, except the fleet control plane's, which
-// arrive with the fleet agent.
+// lists (names copied from it), before any traffic, the control plane's at zero.
 func TestMetricsListedInAPIExist(t *testing.T) {
 	ts := start(t, func(c *server.Config) { c.OffloadCPUBytes = 64 << 20 })
 	m := ts.metrics(t)
@@ -260,10 +263,15 @@ func TestMetricsListedInAPIExist(t *testing.T) {
 		"rollout_prompt_tokens_total", "rollout_requests_running", "rollout_requests_total", "rollout_requests_waiting",
 		"rollout_reset_to_flush_seconds", "rollout_safety_violations_total", "rollout_time_to_first_token_seconds",
 		"rollout_update_weights_seconds", "rollout_weight_version",
+		"rollout_control_commands_total", "rollout_control_rejected_total",
 	} {
 		assert.True(t, strings.Contains(m, "\n"+name), "metric %s is not exported", name)
 	}
 	for _, phase := range []string{"fetch", "stage", "commit", "total"} {
 		assert.Zero(t, metricValue(t, m, `rollout_update_weights_seconds_count{phase="`+phase+`"}`))
+	}
+	assert.Zero(t, metricValue(t, m, `rollout_control_commands_total{kind="commit",result="ok"}`))
+	for _, reason := range []string{"unsigned", "bad_signature", "expired", "replayed", "wrong_fleet", "malformed"} {
+		assert.Zero(t, metricValue(t, m, `rollout_control_rejected_total{reason="`+reason+`"}`))
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,14 +17,15 @@ import (
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/load"
+	"github.com/rolloutkit/rollout/engine/weights"
+	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/protocol"
+	"github.com/rolloutkit/rollout/server/agent"
 	"github.com/rolloutkit/rollout/server/api"
 )
 
 // Errors callers branch on.
 var (
-	// ErrFleetNotBuilt is returned when fleet flags (--redis, --fleet, ...) are given: the
-	// fleet agent is not part of this build yet.
-	ErrFleetNotBuilt = errors.New("server: fleet control plane not built yet")
 	// ErrInvalidConfig wraps every configuration error.
 	ErrInvalidConfig = errors.New("server: invalid config")
 )
@@ -51,8 +53,15 @@ type Config struct {
 	// OffloadDelay slows every transfer (tests and benchmarks only).
 	OffloadCPUBytes int64
 	OffloadDelay    time.Duration
-	// Fleet membership (not built yet: any of these set makes New fail with ErrFleetNotBuilt).
+	// Fleet membership: with Fleet set the server runs a fleet agent over Bus (an open bus
+	// the server uses and does not close, e.g. an embedded fleet's in-process bus) or over
+	// the Redis at the URL Redis (dialled, and redialled while it is down, by the server).
+	// ServerID defaults to hostname-port, AdvertiseURL to the server's URL. FleetSecret, when
+	// set, must be at least 32 bytes.
 	Redis, Fleet, ServerID, AdvertiseURL, FleetSecret string
+	Bus                                               bus.Bus
+	// FleetHeartbeat and FleetHeartbeatTTL pace the agent's heartbeat (0: 1s and 5s).
+	FleetHeartbeat, FleetHeartbeatTTL time.Duration
 	// AdminToken guards the admin routes (unset: loopback only); APIKey the generation routes.
 	AdminToken, APIKey string
 	// WeightsRoot confines file sources of /update_weights.
@@ -73,7 +82,7 @@ type Config struct {
 	Tracer trace.Tracer
 }
 
-// Server is one rollout server: engine, connector and HTTP API (and, later, the fleet agent).
+// Server is one rollout server: engine, connector, HTTP API and, in a fleet, the fleet agent.
 type Server struct {
 	cfg  Config
 	log  *slog.Logger
@@ -84,6 +93,7 @@ type Server struct {
 	// parts are long-lived components run beside the engine (the fleet agent plugs in here);
 	// they stop after HTTP has drained and before the engine does.
 	parts []part
+	agent *agent.Agent
 }
 
 // part is a long-lived component of the server.
@@ -127,9 +137,15 @@ func newServer(cfg Config, ln net.Listener) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	hooks := metrics.Hooks()
+	var steps *agent.StepClock
+	if cfg.Fleet != "" {
+		steps = agent.NewStepClock(nil)
+		hooks.OnStep = steps.Hook(hooks.OnStep)
+	}
 	ecfg := engine.Config{Weights: m.Weights, WeightVersion: cfg.WeightVersion, BlockSize: cfg.BlockSize,
 		NumBlocks: cfg.KVBlocks, KVBytes: cfg.KVBytes, MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxBatchedTokens,
-		Workers: cfg.Workers, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: metrics.Hooks()}
+		Workers: cfg.Workers, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
 	var connStats func() map[string]float64
 	if s.conn != nil {
 		ecfg.Connector, ecfg.ConnectorWorker = s.conn.scheduler, s.conn.worker
@@ -138,16 +154,87 @@ func newServer(cfg Config, ln net.Listener) (*Server, error) {
 	if s.eng, err = engine.New(ecfg); err != nil {
 		return nil, fmt.Errorf("server: engine: %w", err)
 	}
+	var ready func() error
+	if cfg.Fleet != "" {
+		// s.agent is set below, before anything can call /ready (the server is not running).
+		ready = func() error { return s.agent.Ready() }
+	}
 	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config,
 		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, BOSToken: m.BOSToken, EOSToken: m.EOSToken, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
 		WeightsRoot: cfg.WeightsRoot, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue, MaxBodyBytes: cfg.MaxBodyBytes,
-		Metrics: metrics, ConnectorStats: connStats, Version: cfg.Version, Logger: cfg.Logger})
+		Metrics: metrics, ConnectorStats: connStats, Ready: ready, Version: cfg.Version, Logger: cfg.Logger})
 	if err != nil {
 		s.closeEngine()
 		return nil, err
 	}
+	if cfg.Fleet != "" {
+		if s.agent, err = s.newAgent(steps, metrics); err != nil {
+			s.closeEngine()
+			return nil, err
+		}
+		s.parts = append(s.parts, s.agent)
+	}
 	return s, nil
 }
+
+// newAgent builds the fleet agent over the engine and the API's staging path.
+func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.Agent, error) {
+	cfg := s.cfg
+	id := cfg.ServerID
+	if id == "" {
+		id = defaultServerID(s.ln.Addr())
+	}
+	adv := cfg.AdvertiseURL
+	if adv == "" {
+		adv = advertiseURL(s.ln.Addr())
+	}
+	acfg := agent.Config{Bus: cfg.Bus, Fleet: cfg.Fleet, ServerID: id, AdvertiseURL: adv, Build: cfg.Version,
+		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps},
+		Stage: func(ctx context.Context, ref protocol.WeightsRef) (int64, error) {
+			return s.api.StageWeights(ctx, weights.Ref{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256})
+		},
+		ErrorCode: api.ErrorCode, HeartbeatInterval: cfg.FleetHeartbeat, HeartbeatTTL: cfg.FleetHeartbeatTTL,
+		Logger: cfg.Logger, Tracer: cfg.Tracer, Metrics: metrics}
+	if acfg.Bus == nil {
+		url, log := cfg.Redis, cfg.Logger
+		acfg.Dial = func(ctx context.Context) (bus.Bus, error) { return dialRedis(ctx, url, id, log) }
+	}
+	a, err := agent.New(acfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return a, nil
+}
+
+// defaultServerID is hostname-port, or a random id when the hostname is unknown.
+func defaultServerID(addr net.Addr) string {
+	_, port, _ := net.SplitHostPort(addr.String())
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		return "server-" + protocol.NewID()[:12]
+	}
+	return host + "-" + port
+}
+
+// advertiseURL is the server's URL as others reach it: the listen address, or the hostname
+// when it listens on every interface.
+func advertiseURL(addr net.Addr) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return "http://" + addr.String()
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		} else {
+			host = "127.0.0.1"
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// Agent is the server's fleet agent (nil when it is not in a fleet).
+func (s *Server) Agent() *agent.Agent { return s.agent }
 
 func (c *Config) defaults() error {
 	if c.Model == "" {
@@ -174,15 +261,44 @@ func (c *Config) defaults() error {
 	if c.OffloadDelay > 0 && c.OffloadCPUBytes == 0 {
 		return fmt.Errorf("%w: --offload-delay needs --offload-cpu-bytes", ErrInvalidConfig)
 	}
-	var fleet []string
-	for flag, v := range map[string]string{"--redis": c.Redis, "--fleet": c.Fleet, "--server-id": c.ServerID,
-		"--advertise-url": c.AdvertiseURL, "--fleet-secret": c.FleetSecret} {
-		if v != "" {
-			fleet = append(fleet, flag)
+	return c.fleetDefaults()
+}
+
+// fleetDefaults checks the fleet settings: a fleet needs a bus (Redis or Bus, not both),
+// and the other fleet settings need a fleet.
+func (c *Config) fleetDefaults() error {
+	if c.Redis != "" && c.Bus != nil {
+		return fmt.Errorf("%w: Redis and Bus are exclusive", ErrInvalidConfig)
+	}
+	if c.Fleet == "" {
+		var given []string
+		for _, f := range []struct{ flag, v string }{{"--redis", c.Redis}, {"--server-id", c.ServerID},
+			{"--advertise-url", c.AdvertiseURL}, {"--fleet-secret", c.FleetSecret}} {
+			if f.v != "" {
+				given = append(given, f.flag)
+			}
+		}
+		if c.Bus != nil {
+			given = append(given, "Bus")
+		}
+		if len(given) > 0 {
+			return fmt.Errorf("%w: %s need --fleet NAME", ErrInvalidConfig, strings.Join(given, ", "))
+		}
+		return nil
+	}
+	if c.Redis == "" && c.Bus == nil {
+		return fmt.Errorf("%w: --fleet needs --redis URL", ErrInvalidConfig)
+	}
+	if c.Redis != "" {
+		if err := checkRedisURL(c.Redis); err != nil {
+			return err
 		}
 	}
-	if len(fleet) > 0 {
-		return fmt.Errorf("%w (given: %s); run without fleet flags for a standalone server", ErrFleetNotBuilt, strings.Join(fleet, ", "))
+	if err := protocol.CheckSecret([]byte(c.FleetSecret)); err != nil {
+		return fmt.Errorf("%w: --fleet-secret: %w", ErrInvalidConfig, err)
+	}
+	if c.FleetHeartbeat < 0 || c.FleetHeartbeatTTL < 0 {
+		return fmt.Errorf("%w: negative fleet heartbeat interval or TTL", ErrInvalidConfig)
 	}
 	return nil
 }
@@ -212,11 +328,11 @@ func (s *Server) Close() error {
 	return s.ln.Close()
 }
 
-// closeEngine stops an engine that was never run (Run on a cancelled context releases it).
+// closeEngine releases an engine that was never run (or stops one that is).
 func (s *Server) closeEngine() {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_ = s.eng.Run(ctx)
+	if err := s.eng.Close(); err != nil {
+		s.log.Error("server: closing the engine", "err", err)
+	}
 }
 
 // Run serves until ctx is cancelled, then shuts down gracefully: intake stops (new requests
@@ -238,14 +354,29 @@ func (s *Server) Run(ctx context.Context) error {
 	for _, p := range s.parts {
 		go func() { partsDone <- p.Run(partsCtx) }()
 	}
+	// A part that ends on its own (the agent refusing to join a fleet) ends the server.
+	partFailed := make(chan error, 1)
+	running := len(s.parts)
 	defer func() {
 		stopParts()
-		for range s.parts {
+		for ; running > 0; running-- {
 			if err := <-partsDone; err != nil {
 				s.log.Error("server: component stopped with an error", "err", err)
 			}
 		}
 	}()
+	if running > 0 {
+		watchCtx, stopWatch := context.WithCancel(context.Background())
+		defer stopWatch()
+		go func() {
+			select {
+			case err := <-partsDone:
+				partsDone <- err // the deferred wait above collects it
+				partFailed <- err
+			case <-watchCtx.Done():
+			}
+		}()
+	}
 
 	conns := &connTracker{states: map[net.Conn]http.ConnState{}}
 	srv := &http.Server{Handler: s.api.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ConnState: conns.track,
@@ -255,13 +386,21 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("server: listening", "addr", s.Addr(), "model", s.cfg.ModelName, "weight_version", s.eng.Version(),
 		"offload", s.conn != nil, "admin_token", s.cfg.AdminToken != "", "api_key", s.cfg.APIKey != "")
 
-	var serveErr error
+	var serveErr, partErr error
 	select {
 	case <-ctx.Done():
 	case serveErr = <-serveDone:
 		serveDone = nil
+	case partErr = <-partFailed:
+		if partErr == nil {
+			partErr = errors.New("a server component stopped")
+		}
+		s.log.Error("server: a component stopped; shutting down", "err", partErr)
 	}
 	s.api.BeginShutdown()
+	if s.agent != nil {
+		s.agent.Drain()
+	}
 	s.log.Info("server: shutting down", "inflight", s.api.Inflight(), "grace", s.cfg.ShutdownGrace)
 	graceCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
 	err := s.drain(graceCtx, srv, conns)
@@ -280,6 +419,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return fmt.Errorf("server: serve: %w", serveErr)
+	}
+	if partErr != nil {
+		return fmt.Errorf("server: %w", partErr)
 	}
 	s.log.Info("server: stopped")
 	return nil

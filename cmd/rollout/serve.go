@@ -20,6 +20,7 @@ func newServeCmd() *cobra.Command {
 		cfg                   server.Config
 		kvBytes, offloadBytes sizeValue
 		maxBody               sizeValue
+		secretFile            string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -40,6 +41,16 @@ func newServeCmd() *cobra.Command {
 			}
 			if cfg.KVBlocks > 0 && cfg.KVBytes > 0 {
 				return fmt.Errorf("--kv-blocks and --kv-bytes are exclusive")
+			}
+			if secretFile != "" {
+				if cfg.FleetSecret != "" {
+					return fmt.Errorf("--fleet-secret and --fleet-secret-file are exclusive")
+				}
+				s, err := readSecretFile(secretFile)
+				if err != nil {
+					return fmt.Errorf("--fleet-secret-file: %w", err)
+				}
+				cfg.FleetSecret = s
 			}
 			tp, shutdown, err := telemetry.Setup(cmd.Context(), telemetry.Options{Exporter: cfg.OTel, ServiceName: "rollout-serve",
 				Stdout: cmd.OutOrStdout()})
@@ -72,7 +83,8 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&cfg.Fleet, "fleet", "", "fleet name to join")
 	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: derived)")
 	f.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "URL the fleet routes requests to (default: from --addr)")
-	f.StringVar(&cfg.FleetSecret, "fleet-secret", "", "HMAC secret of the fleet's control commands")
+	f.StringVar(&cfg.FleetSecret, "fleet-secret", "", "HMAC secret of the fleet's control commands (at least 32 bytes)")
+	f.StringVar(&secretFile, "fleet-secret-file", "", "file holding the fleet secret (trailing newline ignored), so it stays out of ps")
 	f.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token of the admin routes (unset: loopback clients only)")
 	f.StringVar(&cfg.APIKey, "api-key", "", "bearer token of the generation routes (unset: open)")
 	f.StringVar(&cfg.WeightsRoot, "weights-root", "", "directory file:// weight sources must lie in (unset: anywhere)")
@@ -84,6 +96,19 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "time in-flight requests get to finish on shutdown")
 	f.Int64Var(&cfg.WeightVersion, "weight-version", 0, "version number of the initial weights")
 	return cmd
+}
+
+// readSecretFile reads a secret from a file, without the trailing newline editors add.
+func readSecretFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimRight(string(b), "\r\n")
+	if s == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return s, nil
 }
 
 // sizeValue is a byte count flag: a plain number or one with a unit (K, M, G, T: powers of

@@ -6,11 +6,17 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/internal/redistest"
+	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 func freeAddr(t *testing.T) string {
@@ -78,7 +84,6 @@ func TestServeGenerateOverHTTPAndShutdown(t *testing.T) {
 
 func TestServeAndGenerateRefuseWhatIsNotBuilt(t *testing.T) {
 	for _, args := range [][]string{
-		{"serve", "--redis", "redis://127.0.0.1:6379", "--fleet", "demo", "--addr", "127.0.0.1:0"},
 		{"generate", "--redis", "redis://127.0.0.1:6379", "--fleet", "demo", "hi"},
 	} {
 		var out, errb bytes.Buffer
@@ -94,6 +99,28 @@ func TestServeAndGenerateRefuseWhatIsNotBuilt(t *testing.T) {
 	assert.Contains(t, errb.String(), "--kv-bytes")
 }
 
+// TestServeRefusesBadFleetFlags: fleet flags are checked before anything starts, each with
+// one clear line.
+func TestServeRefusesBadFleetFlags(t *testing.T) {
+	short := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(short, []byte("too-short\n"), 0o600))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--redis", "redis://127.0.0.1:1", "--addr", "127.0.0.1:0"}, "need --fleet"},
+		{[]string{"serve", "--fleet", "demo", "--addr", "127.0.0.1:0"}, "--fleet needs --redis"},
+		{[]string{"serve", "--redis", "redis://127.0.0.1:1", "--fleet", "demo", "--fleet-secret", "short", "--addr", "127.0.0.1:0"}, "shorter than 32 bytes"},
+		{[]string{"serve", "--redis", "redis://127.0.0.1:1", "--fleet", "demo", "--fleet-secret-file", short, "--addr", "127.0.0.1:0"}, "shorter than 32 bytes"},
+		{[]string{"serve", "--fleet-secret-file", filepath.Join(t.TempDir(), "missing"), "--addr", "127.0.0.1:0"}, "--fleet-secret-file"},
+	} {
+		var out, errb bytes.Buffer
+		assert.Equal(t, 1, run(t.Context(), tc.args, &out, &errb), tc.args)
+		assert.Contains(t, errb.String(), tc.want, tc.args)
+		assert.Equal(t, 1, bytes.Count(errb.Bytes(), []byte("\n")), errb.String())
+	}
+}
+
 func TestParseSize(t *testing.T) {
 	for in, want := range map[string]int64{"0": 0, "1048576": 1 << 20, "512MiB": 512 << 20, "2GB": 2e9, "1.5k": 1536, "8 MB": 8e6, "3G": 3 << 30} {
 		got, err := parseSize(in)
@@ -104,4 +131,60 @@ func TestParseSize(t *testing.T) {
 		_, err := parseSize(in)
 		assert.Error(t, err, in)
 	}
+}
+
+// TestServeJoinsAFleetOverRedis: `rollout serve` with fleet settings from the environment
+// (the secret from a file) joins a real redis-server: its signed heartbeat appears, in
+// rotation, and on shutdown its last heartbeat says stopping.
+func TestServeJoinsAFleetOverRedis(t *testing.T) {
+	rs := redistest.Start(t)
+	secret := "a-fleet-secret-of-at-least-32-bytes!"
+	file := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(file, []byte(secret+"\n"), 0o600))
+	t.Setenv("ROLLOUT_REDIS", rs.URL())
+	t.Setenv("ROLLOUT_FLEET", "cli")
+	t.Setenv("ROLLOUT_FLEET_SECRET_FILE", file)
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var serveOut, serveErr bytes.Buffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, []string{"serve", "--addr", addr, "--kv-blocks", "256", "--server-id", "cli-1", "--log-level", "warn"}, &serveOut, &serveErr)
+	}()
+	b, err := bus.DialRedis(t.Context(), rs.URL(), bus.RedisOptions{})
+	require.NoError(t, err)
+	defer b.Close()
+	key := protocol.Names{Fleet: "cli"}.Heartbeat("cli-1")
+	heartbeat := func() *protocol.Heartbeat {
+		raw, err := b.Get(t.Context(), key)
+		if err != nil {
+			return nil
+		}
+		hb, err := protocol.DecodeHeartbeat(raw)
+		require.NoError(t, err)
+		require.NoError(t, hb.Verify([]byte(secret), "cli"))
+		return hb
+	}
+	require.Eventually(t, func() bool { hb := heartbeat(); return hb != nil && hb.InRotation }, 20*time.Second, 10*time.Millisecond,
+		"no heartbeat: %s", serveErr.String())
+	hb := heartbeat()
+	assert.Equal(t, "http://"+addr, hb.AdvertiseURL)
+	assert.Equal(t, protocol.StateRunning, hb.State)
+	resp, err := http.Get("http://" + addr + "/ready")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+
+	cancel()
+	select {
+	case code := <-exited:
+		assert.Equal(t, 0, code, serveErr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not exit after cancellation")
+	}
+	hb = heartbeat()
+	require.NotNil(t, hb)
+	assert.Equal(t, protocol.StateStopping, hb.State)
+	assert.False(t, hb.InRotation)
 }

@@ -54,5 +54,8 @@
 // lands; RequestFinished returning true delays it until FinishedSending.
 //
 // ResetPrefixCache never reports a success it did not achieve: it returns what it cleared and why
-// it could not clear the rest.
+// it could not clear the rest; blocks still in use after it (a load in flight, a free the
+// connector delays) make it fail even when forced. With resetRunning, requests whose load landed
+// recompute too, and a load in flight is dropped when it lands. DropAllKV is for a caller about
+// to release the KV memory itself (the engine's sleep): afterwards no request owns a block.
 package sched

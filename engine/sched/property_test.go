@@ -256,10 +256,12 @@ func TestPropertySchedulerRandomInterleaving(t *testing.T) {
 				resetRunning := rapid.Bool().Draw(t, "resetRunning")
 				running := s.NumRunning()
 				ok, d := s.ResetPrefixCache(resetRunning, rapid.Bool().Draw(t, "resetConnector"))
-				if resetRunning && (!ok || d.RequestsPreempted != running || s.NumRunning() != 0) {
+				// Preempted counts landed loads too; blocks a load in flight or a delayed free
+				// holds make even a reset_running reset fail, with the reason.
+				if resetRunning && (d.RequestsPreempted < running || s.NumRunning() != 0) {
 					t.Fatalf("reset with resetRunning: ok %v detail %+v", ok, d)
 				}
-				if ok != (d.BlocksInUse == 0 || resetRunning) {
+				if ok != (d.BlocksInUse == 0) {
 					t.Fatalf("reset ok=%v with %d blocks in use (resetRunning %v): %+v", ok, d.BlocksInUse, resetRunning, d)
 				}
 				if ok {

@@ -68,10 +68,10 @@ type Bus interface {
 
 	// Push appends val to the list and (re)sets the list's TTL to ttl (> 0).
 	Push(ctx context.Context, list string, val []byte, ttl time.Duration) error
-	// Pop removes and returns up to max values from the head of the list, waiting up to
+	// Pop removes and returns up to limit values from the head of the list, waiting up to
 	// wait for at least one (wait <= 0: do not wait). No value before the wait ends is
 	// (nil, nil), not an error.
-	Pop(ctx context.Context, list string, max int, wait time.Duration) ([][]byte, error)
+	Pop(ctx context.Context, list string, limit int, wait time.Duration) ([][]byte, error)
 
 	// Close releases the bus; subscriptions end and later calls return ErrClosed.
 	Close() error

@@ -23,11 +23,12 @@ type MemOptions struct {
 type Mem struct {
 	now func() time.Time
 
-	mu     sync.Mutex
-	closed bool
-	subs   map[string]map[*memSub]struct{}
-	keys   map[string]memValue
-	lists  map[string]*memList
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{} // closed by Close, so waiting Pops end
+	subs    map[string]map[*memSub]struct{}
+	keys    map[string]memValue
+	lists   map[string]*memList
 }
 
 type memValue struct {
@@ -46,7 +47,7 @@ func NewMem(o MemOptions) *Mem {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Mem{now: o.Now, subs: map[string]map[*memSub]struct{}{}, keys: map[string]memValue{}, lists: map[string]*memList{}}
+	return &Mem{now: o.Now, closing: make(chan struct{}), subs: map[string]map[*memSub]struct{}{}, keys: map[string]memValue{}, lists: map[string]*memList{}}
 }
 
 var _ Bus = (*Mem)(nil)
@@ -82,12 +83,11 @@ func (m *Mem) Subscribe(ctx context.Context, channel string) (Subscription, erro
 		return nil, err
 	}
 	defer m.mu.Unlock()
-	s := &memSub{bus: m, channel: channel, out: make(chan Event), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	s := &memSub{bus: m, channel: channel, q: newEventQueue()}
 	if m.subs[channel] == nil {
 		m.subs[channel] = map[*memSub]struct{}{}
 	}
 	m.subs[channel][s] = struct{}{}
-	go s.forward()
 	return s, nil
 }
 
@@ -187,7 +187,10 @@ func (m *Mem) Delete(ctx context.Context, keys ...string) error {
 	defer m.mu.Unlock()
 	for _, k := range keys {
 		delete(m.keys, k)
-		delete(m.lists, k)
+		if l := m.lists[k]; l != nil {
+			close(l.ready) // waiters move on to the list a later Push creates
+			delete(m.lists, k)
+		}
 	}
 	return nil
 }
@@ -225,9 +228,9 @@ func (m *Mem) Push(ctx context.Context, list string, val []byte, ttl time.Durati
 }
 
 // Pop implements Bus.
-func (m *Mem) Pop(ctx context.Context, list string, max int, wait time.Duration) ([][]byte, error) {
-	if max <= 0 {
-		return nil, fmt.Errorf("bus: pop max must be > 0 (got %d)", max)
+func (m *Mem) Pop(ctx context.Context, list string, limit int, wait time.Duration) ([][]byte, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("bus: pop limit must be > 0 (got %d)", limit)
 	}
 	var timer <-chan time.Time
 	if wait > 0 {
@@ -240,7 +243,7 @@ func (m *Mem) Pop(ctx context.Context, list string, max int, wait time.Duration)
 			return nil, err
 		}
 		l := m.list(list, true)
-		if n := min(max, len(l.items)); n > 0 {
+		if n := min(limit, len(l.items)); n > 0 {
 			out := slices.Clone(l.items[:n])
 			l.items = slices.Delete(l.items, 0, n)
 			m.mu.Unlock()
@@ -257,6 +260,8 @@ func (m *Mem) Pop(ctx context.Context, list string, max int, wait time.Duration)
 			return nil, nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-m.closing:
+			return nil, ErrClosed
 		}
 	}
 }
@@ -269,6 +274,7 @@ func (m *Mem) Close() error {
 		return nil
 	}
 	m.closed = true
+	close(m.closing)
 	var all []*memSub
 	for _, subs := range m.subs {
 		for s := range subs {
@@ -282,59 +288,18 @@ func (m *Mem) Close() error {
 	return nil
 }
 
-// memSub queues events without bound and forwards them to out on its own goroutine, so a
-// publisher never blocks on a slow subscriber.
+// memSub is one subscription of a Mem bus.
 type memSub struct {
 	bus     *Mem
 	channel string
-	out     chan Event
-	wake    chan struct{}
-	done    chan struct{}
-
-	qmu   sync.Mutex
-	queue []Event
-	once  sync.Once
+	q       *eventQueue
+	once    sync.Once
 }
 
-func (s *memSub) enqueue(ev Event) {
-	s.qmu.Lock()
-	s.queue = append(s.queue, ev)
-	s.qmu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (s *memSub) forward() {
-	defer close(s.out)
-	for {
-		s.qmu.Lock()
-		var ev Event
-		have := len(s.queue) > 0
-		if have {
-			ev = s.queue[0]
-			s.queue = s.queue[1:]
-		}
-		s.qmu.Unlock()
-		if !have {
-			select {
-			case <-s.wake:
-				continue
-			case <-s.done:
-				return
-			}
-		}
-		select {
-		case s.out <- ev:
-		case <-s.done:
-			return
-		}
-	}
-}
+func (s *memSub) enqueue(ev Event) { s.q.put(ev) }
 
 // Events implements Subscription.
-func (s *memSub) Events() <-chan Event { return s.out }
+func (s *memSub) Events() <-chan Event { return s.q.out }
 
 // Close implements Subscription.
 func (s *memSub) Close() error {
@@ -342,7 +307,7 @@ func (s *memSub) Close() error {
 		s.bus.mu.Lock()
 		delete(s.bus.subs[s.channel], s)
 		s.bus.mu.Unlock()
-		close(s.done)
+		s.q.stop()
 	})
 	return nil
 }

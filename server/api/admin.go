@@ -200,27 +200,19 @@ func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (upda
 				Message: fmt.Sprintf("no source given and version %d is not staged (staged: %d)", req.Version, st.StagedVersion)}
 		}
 	} else {
-		w, info, err := weights.LoadWithInfo(ctx, weights.Ref{Version: req.Version, URI: req.Source, SHA256: req.SHA256},
-			weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient})
+		info, err := a.fetchAndStage(ctx, weights.Ref{Version: req.Version, URI: req.Source, SHA256: req.SHA256})
 		if err != nil {
 			return resp, err
 		}
-		a.metrics.observeUpdate("fetch", time.Since(start))
 		resp.Bytes, resp.Digest = info.Bytes, info.Digest
-		t := time.Now()
-		if err := a.eng.StageWeights(ctx, w, req.Version); err != nil {
-			if errors.Is(err, engine.ErrInvalidArgument) {
-				return resp, &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "shape_mismatch", Param: "source", Message: err.Error()}
-			}
-			return resp, err
-		}
-		a.metrics.observeUpdate("stage", time.Since(t))
 	}
 	if req.StageOnly {
 		resp.WeightVersion, resp.Staged, resp.StagedVersion = a.eng.Version(), true, req.Version
 	} else {
 		t := time.Now()
-		v, err := a.eng.CommitWeights(ctx)
+		// The commit names the version: if another caller staged over it meanwhile, this
+		// fails (ErrNotStaged) instead of committing someone else's weights.
+		v, err := a.eng.CommitWeights(ctx, req.Version)
 		if err != nil {
 			return resp, err
 		}
@@ -230,6 +222,63 @@ func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (upda
 	resp.Seconds = time.Since(start).Seconds()
 	a.metrics.observeUpdate("total", time.Since(start))
 	return resp, nil
+}
+
+// fetchAndStage fetches and verifies ref and stages it in the engine while the old weights
+// keep serving; /update_weights and the fleet agent's stage command share it.
+func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref) (weights.Info, error) {
+	start := time.Now()
+	w, info, err := weights.LoadWithInfo(ctx, ref, weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient})
+	if err != nil {
+		return info, err
+	}
+	a.metrics.observeUpdate("fetch", time.Since(start))
+	t := time.Now()
+	if err := a.eng.StageWeights(ctx, w, ref.Version); err != nil {
+		if errors.Is(err, engine.ErrInvalidArgument) {
+			return info, &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "shape_mismatch", Param: "source", Message: err.Error()}
+		}
+		return info, err
+	}
+	a.metrics.observeUpdate("stage", time.Since(t))
+	return info, nil
+}
+
+// StageWeights fetches, verifies and stages ref (the path of POST /update_weights with
+// stage_only) and returns the bytes read. It is serialised with /update_weights. Errors
+// carry the codes ErrorCode reports.
+func (a *API) StageWeights(ctx context.Context, ref weights.Ref) (int64, error) {
+	if ref.Version <= 0 {
+		return 0, badRequest("invalid_value", "version", "version must be > 0 (got %d)", ref.Version)
+	}
+	a.updateMu.Lock()
+	defer a.updateMu.Unlock()
+	start := time.Now()
+	info, err := a.fetchAndStage(ctx, ref)
+	if err != nil {
+		a.log.Warn("api: staging weights failed; the old weights keep serving", "version", ref.Version, "source", ref.URI, "err", err)
+		return info.Bytes, err
+	}
+	a.metrics.observeUpdate("total", time.Since(start))
+	return info.Bytes, nil
+}
+
+// ErrorCode is the machine-readable code the API would answer err with (e.g.
+// "digest_mismatch", "source_not_found", "shape_mismatch"), for callers that report errors
+// elsewhere, such as the fleet agent's acks.
+func ErrorCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	return classify(err).Code
+}
+
+// Abort aborts the requests with the given client-visible (or engine) ids, or every
+// request the API started when ids is empty, and returns how many engine requests it aborted.
+func (a *API) Abort(ids []string) int {
+	e := a.engineIDs(ids)
+	a.eng.Abort(e...)
+	return len(e)
 }
 
 type abortRequest struct {

@@ -73,7 +73,7 @@ func classify(err error) *Error {
 	case errors.Is(err, engine.ErrDuplicateID):
 		return &Error{Status: http.StatusConflict, Type: typeConflict, Code: "duplicate_request_id", Message: err.Error()}
 	case errors.Is(err, engine.ErrAsleep), errors.Is(err, engine.ErrNoWeights),
-		errors.Is(err, engine.ErrNothingStaged), errors.Is(err, engine.ErrStaleVersion):
+		errors.Is(err, engine.ErrNothingStaged), errors.Is(err, engine.ErrNotStaged), errors.Is(err, engine.ErrStaleVersion):
 		return &Error{Status: http.StatusConflict, Type: typeConflict, Code: "conflict", Message: err.Error()}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		// The client went away or gave up; nobody may read this, but it is no server error.

@@ -22,7 +22,17 @@ type Metrics struct {
 	ttft          prometheus.Histogram
 	resetToFlush  prometheus.Histogram
 	updateWeights *prometheus.HistogramVec
+	commands      *prometheus.CounterVec
+	rejected      *prometheus.CounterVec
 }
+
+// Control-plane label values exported at zero from the start, so a dashboard sees every
+// series before the first command (the fleet agent's kinds and reasons; see sdk/protocol).
+var (
+	controlKinds   = []string{"pause", "resume", "sleep", "wake", "reset", "stage", "commit", "abort"}
+	controlResults = []string{"ok", "failed"}
+	controlReasons = []string{"unsigned", "bad_signature", "expired", "replayed", "wrong_fleet", "malformed"}
+)
 
 // NewMetrics creates the registry with the Go and process collectors and the histograms.
 func NewMetrics() *Metrics {
@@ -38,11 +48,25 @@ func NewMetrics() *Metrics {
 	for _, phase := range []string{"fetch", "stage", "commit", "total"} {
 		m.updateWeights.WithLabelValues(phase) // every phase is scraped from the start, at zero
 	}
+	m.commands = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_control_commands_total", Help: "Fleet control commands executed, by kind and result (ok, failed).",
+	}, []string{"kind", "result"})
+	for _, k := range controlKinds {
+		for _, r := range controlResults {
+			m.commands.WithLabelValues(k, r)
+		}
+	}
+	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_control_rejected_total", Help: "Fleet control messages refused before acting on them, by reason.",
+	}, []string{"reason"})
+	for _, r := range controlReasons {
+		m.rejected.WithLabelValues(r)
+	}
 	m.resetToFlush = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "rollout_reset_to_flush_seconds", Help: "Time from a cache reset to the moment its flush set reached the offload workers and they waited on it.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 	})
-	m.reg.MustRegister(m.ttft, m.resetToFlush, m.updateWeights, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.ttft, m.resetToFlush, m.updateWeights, m.commands, m.rejected, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -63,6 +87,12 @@ func (m *Metrics) Hooks() engine.Hooks {
 func (m *Metrics) ObserveResetToFlush(_ []int64, d time.Duration) {
 	m.resetToFlush.Observe(d.Seconds())
 }
+
+// CommandDone counts one fleet command this server executed (the fleet agent's hook).
+func (m *Metrics) CommandDone(kind, result string) { m.commands.WithLabelValues(kind, result).Inc() }
+
+// Rejected counts one fleet control message this server refused, by reason.
+func (m *Metrics) Rejected(reason string) { m.rejected.WithLabelValues(reason).Inc() }
 
 func (m *Metrics) observeUpdate(phase string, d time.Duration) {
 	m.updateWeights.WithLabelValues(phase).Observe(d.Seconds())

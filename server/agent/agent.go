@@ -1,0 +1,501 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/protocol"
+)
+
+// Defaults of Config.
+const (
+	DefaultHeartbeatInterval = time.Second
+	DefaultHeartbeatTTL      = 5 * time.Second
+	DefaultAckTTL            = 10 * time.Minute
+)
+
+// Errors callers branch on (and ErrRefuseJoin).
+var (
+	// ErrInvalidConfig wraps every configuration error of New.
+	ErrInvalidConfig = errors.New("agent: invalid config")
+	// ErrAlreadyRunning is Run's answer on a second call.
+	ErrAlreadyRunning = errors.New("agent: already running")
+)
+
+// Metrics are the agent's counters (the server's api.Metrics implements them).
+type Metrics interface {
+	// CommandDone counts an executed command by kind and result (ok, failed).
+	CommandDone(kind, result string)
+	// Rejected counts a refused message by reason (the Reason constants).
+	Rejected(reason string)
+}
+
+// Config configures an agent. Bus (or Dial), Fleet, ServerID, Engine and Stage are required.
+type Config struct {
+	// Bus is an open bus the agent uses and does not close. Dial, when Bus is nil, opens one
+	// in Run (retried with backoff while it fails) that the agent closes when it stops.
+	Bus  bus.Bus
+	Dial func(ctx context.Context) (bus.Bus, error)
+	// Fleet and ServerID name this server; AdvertiseURL is where the fleet sends it requests;
+	// Build is the build version its heartbeat reports.
+	Fleet, ServerID, AdvertiseURL, Build string
+	// Secret is the fleet's HMAC secret (empty: unsigned; else at least 32 bytes).
+	Secret []byte
+	// Engine executes the commands.
+	Engine Engine
+	// Stage fetches, verifies and stages a weights version while the server keeps serving,
+	// and returns the bytes it read.
+	Stage func(ctx context.Context, ref protocol.WeightsRef) (bytes int64, err error)
+	// ErrorCode maps an engine or stage error to the short code of its ack (nil: generic
+	// codes).
+	ErrorCode func(error) string
+	// HeartbeatInterval (default 1s) and HeartbeatTTL (default 5s) pace the heartbeat key;
+	// AckTTL (default 10m) is how long an ack list lives.
+	HeartbeatInterval, HeartbeatTTL, AckTTL time.Duration
+	// ClockSkew and MaxLifetime tune replay protection (CoreConfig).
+	ClockSkew, MaxLifetime time.Duration
+	// Now is the clock of deadlines and timestamps (default time.Now).
+	Now func() time.Time
+	// Logger defaults to slog.Default(); Tracer to a no-op tracer; Metrics to none.
+	Logger  *slog.Logger
+	Tracer  trace.Tracer
+	Metrics Metrics
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Bus == nil && c.Dial == nil {
+		errs = append(errs, errors.New("a Bus or a Dial func is required"))
+	}
+	if c.Fleet == "" {
+		errs = append(errs, errors.New("the fleet name is required"))
+	}
+	if c.ServerID == "" {
+		errs = append(errs, errors.New("the server id is required"))
+	}
+	if c.Engine == nil || c.Stage == nil {
+		errs = append(errs, errors.New("the Engine and the Stage func are required"))
+	}
+	if err := protocol.CheckSecret(c.Secret); err != nil {
+		errs = append(errs, err)
+	}
+	if c.HeartbeatInterval < 0 || c.HeartbeatTTL < 0 || c.AckTTL < 0 {
+		errs = append(errs, errors.New("negative heartbeat interval, heartbeat TTL or ack TTL"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.HeartbeatTTL == 0 {
+		c.HeartbeatTTL = max(DefaultHeartbeatTTL, 3*c.HeartbeatInterval)
+	}
+	if c.HeartbeatTTL <= c.HeartbeatInterval {
+		return fmt.Errorf("%w: heartbeat TTL %s must exceed the interval %s", ErrInvalidConfig, c.HeartbeatTTL, c.HeartbeatInterval)
+	}
+	if c.AckTTL == 0 {
+		c.AckTTL = DefaultAckTTL
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Tracer == nil {
+		c.Tracer = noop.NewTracerProvider().Tracer("github.com/rolloutkit/rollout/server/agent")
+	}
+	if c.ErrorCode == nil {
+		c.ErrorCode = func(error) string { return "" }
+	}
+	return nil
+}
+
+// Agent is one server's member of a fleet: it runs commands from the control channel on the
+// engine, heartbeats, and converges to the fleet's desired state. Create it with New and run
+// it with Run; InRotation and Ready are safe to call from any goroutine.
+type Agent struct {
+	cfg   Config
+	names protocol.Names
+	log   *slog.Logger
+
+	started  atomic.Bool
+	drainReq chan struct{}
+
+	// What InRotation reads: the desired state as last verified, and whether it is known.
+	mu             sync.Mutex
+	desiredKnown   bool
+	desiredVersion int64
+	desiredPaused  bool
+	stopping       bool
+	draining       bool
+
+	// stagedSHA is the digest of the version this agent staged last (only the loop's
+	// worker goroutine touches it, one Work at a time).
+	stagedSHA     string
+	stagedVersion int64
+}
+
+// New validates cfg and returns an agent that has not joined yet.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Agent{cfg: cfg, names: protocol.Names{Fleet: cfg.Fleet}, log: cfg.Logger.With("fleet", cfg.Fleet, "server_id", cfg.ServerID),
+		drainReq: make(chan struct{}, 1)}, nil
+}
+
+// Drain takes the server out of rotation at once (its next heartbeat, written right away,
+// says so) while it keeps executing commands: the server calls it when it begins to shut
+// down, so the fleet stops routing to it before its listener closes.
+func (a *Agent) Drain() {
+	a.mu.Lock()
+	a.draining = true
+	a.mu.Unlock()
+	select {
+	case a.drainReq <- struct{}{}:
+	default:
+	}
+}
+
+// ServerID is the id this agent answers to.
+func (a *Agent) ServerID() string { return a.cfg.ServerID }
+
+// InRotation reports whether the server may take fleet traffic: the desired state has been
+// read, the engine serves at least its version and is neither paused nor asleep, the fleet is
+// not paused, and the agent is not stopping.
+func (a *Agent) InRotation() bool { return a.Ready() == nil }
+
+// Ready is InRotation with the reason when not (for /ready).
+func (a *Agent) Ready() error {
+	a.mu.Lock()
+	known, v, paused, stopping := a.desiredKnown, a.desiredVersion, a.desiredPaused, a.stopping || a.draining
+	a.mu.Unlock()
+	st := a.cfg.Engine.State()
+	switch {
+	case stopping:
+		return errors.New("leaving the fleet")
+	case !known:
+		return errors.New("the fleet's desired state has not been read yet")
+	case paused:
+		return errors.New("the fleet is paused")
+	case st.WeightVersion < v:
+		return fmt.Errorf("serving weight version %d, the fleet's desired version is %d", st.WeightVersion, v)
+	case st.State != "running":
+		return errors.New("engine is " + st.State)
+	}
+	return nil
+}
+
+func (a *Agent) publish(c *Core, stopping bool) {
+	v, paused, known := c.DesiredVersion()
+	a.mu.Lock()
+	a.desiredKnown, a.desiredVersion, a.desiredPaused, a.stopping = known, v, paused, stopping
+	a.mu.Unlock()
+}
+
+// Run joins the fleet and serves until ctx is cancelled; then it finishes the command in
+// progress, acks, writes a last "stopping" heartbeat and returns nil. Bus failures are
+// logged and retried with backoff (the server keeps serving meanwhile); Run returns an error
+// only when it must not join (ErrRefuseJoin) or is run twice.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.started.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	l := &loop{a: a, core: NewCore(CoreConfig{Fleet: a.cfg.Fleet, ServerID: a.cfg.ServerID, AdvertiseURL: a.cfg.AdvertiseURL,
+		Build: a.cfg.Build, Secret: a.cfg.Secret, Start: a.cfg.Now(), ClockSkew: a.cfg.ClockSkew, MaxLifetime: a.cfg.MaxLifetime,
+		RetryMin: a.cfg.HeartbeatInterval}), done: make(chan workDone, 1)}
+	return l.run(ctx)
+}
+
+type workDone struct {
+	w   *Work
+	res Result
+}
+
+// loop is Run's state: the I/O around the core. One goroutine runs it; a second executes
+// the core's Work one at a time and reports on done.
+type loop struct {
+	a    *Agent
+	core *Core
+	b    bus.Bus
+	sub  bus.Subscription
+
+	working  bool
+	done     chan workDone
+	pending  []protocol.Ack // acks not pushed yet (the bus was down)
+	busDown  bool
+	subFails int
+}
+
+func (l *loop) run(ctx context.Context) (err error) {
+	a := l.a
+	tick := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	var events <-chan bus.Event
+
+	defer func() { l.stop(ctx, err) }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-retry.C:
+			if err := l.connect(ctx); err != nil {
+				l.subFails++
+				d := backoff(l.subFails, a.cfg.HeartbeatInterval)
+				a.log.Warn("agent: cannot join the fleet's control channel; retrying", "err", err, "retry_in", d)
+				retry.Reset(d)
+				continue
+			}
+			if l.subFails > 0 {
+				a.log.Info("agent: control channel joined after failures", "attempts", l.subFails+1)
+			}
+			l.subFails = 0
+			events = l.sub.Events()
+			if err := l.resync(ctx); err != nil {
+				return err
+			}
+			l.heartbeat(ctx)
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				_ = l.sub.Close()
+				l.sub = nil
+				a.log.Warn("agent: control subscription ended; resubscribing")
+				retry.Reset(0)
+				continue
+			}
+			switch ev.Kind {
+			case bus.EventSubscribed:
+				// Messages may have been lost while the subscription was down: resync.
+				if err := l.resync(ctx); err != nil {
+					return err
+				}
+			case bus.EventMessage:
+				l.core.Envelope(ev.Payload, a.cfg.Now())
+			}
+		case <-a.drainReq:
+			l.core.Drain()
+			if l.b != nil {
+				l.heartbeat(ctx)
+			}
+		case <-tick.C:
+			if l.b == nil {
+				continue
+			}
+			if err := l.resync(ctx); err != nil {
+				return err
+			}
+			l.heartbeat(ctx)
+		case d := <-l.done:
+			l.working = false
+			l.core.Done(d.res, a.cfg.Engine.State(), a.cfg.Now())
+		}
+		l.flush(ctx)
+	}
+}
+
+// connect dials (when needed) and subscribes, waiting for the confirmation.
+func (l *loop) connect(ctx context.Context) error {
+	if l.b == nil {
+		if l.a.cfg.Bus != nil {
+			l.b = l.a.cfg.Bus
+		} else {
+			b, err := l.a.cfg.Dial(ctx)
+			if err != nil {
+				return fmt.Errorf("dial: %w", err)
+			}
+			l.b = b
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, max(5*time.Second, l.a.cfg.HeartbeatTTL))
+	defer cancel()
+	sub, err := l.b.Subscribe(sctx, l.a.names.Control())
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", l.a.names.Control(), err)
+	}
+	l.sub = sub
+	return nil
+}
+
+func backoff(fails int, base time.Duration) time.Duration {
+	d := base
+	for i := 1; i < fails && d < 30*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 30*time.Second)
+}
+
+// resync reads the engine and the desired state into the core and asks it to converge.
+func (l *loop) resync(ctx context.Context) error {
+	a := l.a
+	l.core.Engine(a.cfg.Engine.State())
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval+time.Second)
+	raw, err := l.b.Get(rctx, a.names.Desired())
+	cancel()
+	now := a.cfg.Now()
+	switch {
+	case errors.Is(err, bus.ErrNotFound):
+		err = l.core.Desired(nil, false, now)
+	case err != nil:
+		l.busError("read the desired state", err)
+		l.core.Converge(now)
+		return nil
+	default:
+		err = l.core.Desired(raw, true, now)
+	}
+	if err != nil {
+		a.log.Error("agent: leaving", "err", err)
+		return err
+	}
+	l.core.Converge(now)
+	return nil
+}
+
+func (l *loop) busError(what string, err error) {
+	if !l.busDown {
+		l.a.log.Warn("agent: bus unavailable; the server keeps serving and retries", "op", what, "err", err)
+	}
+	l.busDown = true
+}
+
+func (l *loop) busOK() {
+	if l.busDown {
+		l.a.log.Info("agent: bus available again")
+	}
+	l.busDown = false
+}
+
+// heartbeat writes the heartbeat key (and retries acks that could not be pushed).
+func (l *loop) heartbeat(ctx context.Context) {
+	a := l.a
+	l.core.Engine(a.cfg.Engine.State())
+	hb := l.core.Heartbeat(a.cfg.Now())
+	l.writeHeartbeat(ctx, &hb)
+}
+
+func (l *loop) writeHeartbeat(ctx context.Context, hb *protocol.Heartbeat) {
+	a := l.a
+	raw, err := hb.Encode()
+	if err != nil {
+		a.log.Error("agent: encode heartbeat", "err", err)
+		return
+	}
+	hctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval+time.Second)
+	defer cancel()
+	if err := l.b.Set(hctx, a.names.Heartbeat(a.cfg.ServerID), raw, a.cfg.HeartbeatTTL); err != nil {
+		l.busError("write the heartbeat", err)
+		return
+	}
+	l.busOK()
+}
+
+// flush carries out the core's Ready: counts, acks, and the next work.
+func (l *loop) flush(ctx context.Context) {
+	a := l.a
+	r := l.core.Ready()
+	l.a.publish(l.core, false)
+	if a.cfg.Metrics != nil {
+		for _, reason := range r.Rejected {
+			a.cfg.Metrics.Rejected(reason)
+		}
+		for _, c := range r.Commands {
+			a.cfg.Metrics.CommandDone(c.Kind, c.Result)
+		}
+	}
+	for _, reason := range r.Rejected {
+		a.log.Warn("agent: refused a control message", "reason", reason)
+	}
+	l.pending = append(l.pending, r.Acks...)
+	l.pushAcks(ctx)
+	if r.Work != nil {
+		l.start(ctx, r.Work)
+	}
+}
+
+func (l *loop) pushAcks(ctx context.Context) {
+	a := l.a
+	if l.b == nil {
+		return
+	}
+	for len(l.pending) > 0 {
+		ack := l.pending[0]
+		raw, err := ack.Encode()
+		if err != nil {
+			a.log.Error("agent: encode ack", "command_id", ack.CommandID, "err", err)
+			l.pending = l.pending[1:]
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval+time.Second)
+		err = l.b.Push(pctx, a.names.Acks(ack.CommandID), raw, a.cfg.AckTTL)
+		cancel()
+		if err != nil {
+			l.busError("push an ack", err)
+			return // kept; retried after the next input
+		}
+		l.busOK()
+		l.pending = l.pending[1:]
+	}
+}
+
+// start runs w on its own goroutine; the loop keeps heartbeating meanwhile. Convergence
+// work is cancelled with ctx (the run's).
+func (l *loop) start(ctx context.Context, w *Work) {
+	l.working = true
+	if w.Envelope != nil {
+		// A command runs to its end even when the agent stops (its deadline bounds it), so a
+		// commit never leaves the server half-cut.
+		ctx = context.WithoutCancel(ctx)
+	}
+	go func() { l.done <- workDone{w: w, res: l.a.execute(ctx, w)} }()
+}
+
+// stop is Run's epilogue: stop taking work, finish the work in progress, ack, heartbeat
+// "stopping", and release the bus when the agent opened it.
+func (l *loop) stop(ctx context.Context, runErr error) {
+	a := l.a
+	now := a.cfg.Now()
+	l.core.Stop(now)
+	a.publish(l.core, true)
+	// Convergence work is cancelled (its context is the run's); a command finishes.
+	if l.working {
+		d := <-l.done
+		l.working = false
+		l.core.Done(d.res, a.cfg.Engine.State(), a.cfg.Now())
+	}
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if l.b != nil {
+		r := l.core.Ready()
+		if a.cfg.Metrics != nil {
+			for _, c := range r.Commands {
+				a.cfg.Metrics.CommandDone(c.Kind, c.Result)
+			}
+		}
+		l.pending = append(l.pending, r.Acks...)
+		l.pushAcks(bg)
+		if runErr == nil {
+			hb := l.core.Heartbeat(a.cfg.Now())
+			l.writeHeartbeat(bg, &hb)
+		}
+	}
+	if l.sub != nil {
+		_ = l.sub.Close()
+	}
+	if l.b != nil && a.cfg.Bus == nil {
+		_ = l.b.Close()
+	}
+	a.log.Info("agent: stopped")
+}

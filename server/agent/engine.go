@@ -1,0 +1,250 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rolloutkit/rollout/engine"
+)
+
+// Engine is what the agent needs of a server's engine: its utility calls, a lock-free
+// snapshot, and when it last produced tokens. Every call the agent makes on the engine goes
+// through it; EngineAdapter is the one implementation over *engine.Engine, so a change of the
+// engine's API is a change in this file only.
+type Engine interface {
+	Pause(ctx context.Context, mode string, clearCache bool) (ResetResult, error)
+	Resume(ctx context.Context) error
+	Sleep(ctx context.Context, level int, mode string) error
+	WakeUp(ctx context.Context, tags []string) error
+	Reset(ctx context.Context, resetRunning, resetExternal bool) (ResetResult, error)
+	// Commit swaps in the staged weights, which must be version, and returns the serving
+	// version.
+	Commit(ctx context.Context, version int64) (int64, error)
+	// Abort aborts the named requests (empty: all) and returns how many it aborted.
+	Abort(ids []string) int
+	// State is a snapshot that does not wait for the engine loop (its request counts may lag
+	// while the engine is paused); Requests asks the loop.
+	State() EngineState
+	Requests(ctx context.Context) (running, waiting int, err error)
+	// Steps is the clock of the engine's token steps (fed by its OnStep hook).
+	Steps() *StepClock
+}
+
+// ResetResult is what a cache reset did (engine.ResetResult's facts).
+type ResetResult struct {
+	Success       bool
+	BlocksCleared int
+	JobsFlushed   int
+	Preempted     int
+	Reason        string
+}
+
+// EngineState is the engine as the agent's core sees it.
+type EngineState struct {
+	// State is "running", "paused" or "sleeping".
+	State                        string
+	WeightVersion, StagedVersion int64
+	Running, Waiting             int
+	KVUsage                      float64
+}
+
+// EngineAdapter implements Engine over the server's *engine.Engine.
+type EngineAdapter struct {
+	Engine *engine.Engine
+	// AbortRequests maps client-visible request ids to the engine's and aborts them (empty:
+	// every request); the server passes its API's Abort. Nil aborts engine ids directly.
+	AbortRequests func(ids []string) int
+	// Clock is the clock the engine's OnStep hook feeds (StepClock.Hook).
+	Clock *StepClock
+}
+
+var _ Engine = (*EngineAdapter)(nil)
+
+// Pause implements Engine.
+func (a *EngineAdapter) Pause(ctx context.Context, mode string, clearCache bool) (ResetResult, error) {
+	m, err := engine.ParsePauseMode(mode)
+	if err != nil {
+		return ResetResult{}, err
+	}
+	r, err := a.Engine.Pause(ctx, m, clearCache)
+	return resetResult(r), err
+}
+
+// Resume implements Engine.
+func (a *EngineAdapter) Resume(ctx context.Context) error { return a.Engine.Resume(ctx) }
+
+// Sleep implements Engine; an empty mode is abort.
+func (a *EngineAdapter) Sleep(ctx context.Context, level int, mode string) error {
+	if mode == "" {
+		mode = string(engine.PauseAbort)
+	}
+	m, err := engine.ParsePauseMode(mode)
+	if err != nil {
+		return err
+	}
+	return a.Engine.Sleep(ctx, level, m)
+}
+
+// WakeUp implements Engine.
+func (a *EngineAdapter) WakeUp(ctx context.Context, tags []string) error {
+	return a.Engine.WakeUp(ctx, tags)
+}
+
+// Reset implements Engine.
+func (a *EngineAdapter) Reset(ctx context.Context, resetRunning, resetExternal bool) (ResetResult, error) {
+	r, err := a.Engine.ResetPrefixCache(ctx, resetRunning, resetExternal)
+	return resetResult(r), err
+}
+
+// Commit implements Engine. The staged version is checked first: an engine that commits
+// whatever is staged would otherwise swap in a stage that raced in between.
+//
+// The engine's commit call is gaining the version it must commit (CommitWeights(ctx,
+// version), checked inside the engine loop); until every branch has it, both signatures
+// are accepted here, so this file builds before and after that change.
+func (a *EngineAdapter) Commit(ctx context.Context, version int64) (int64, error) {
+	if st := a.Engine.Metrics().StagedVersion; st != version {
+		return a.Engine.Version(), fmt.Errorf("%w: version %d is not staged (staged: %d)", engine.ErrNothingStaged, version, st)
+	}
+	switch e := any(a.Engine).(type) {
+	case interface {
+		CommitWeights(context.Context, int64) (int64, error)
+	}:
+		return e.CommitWeights(ctx, version)
+	case interface {
+		CommitWeights(context.Context) (int64, error)
+	}:
+		return e.CommitWeights(ctx)
+	}
+	return a.Engine.Version(), fmt.Errorf("agent: the engine has no CommitWeights call this agent knows")
+}
+
+// Abort implements Engine.
+func (a *EngineAdapter) Abort(ids []string) int {
+	if a.AbortRequests != nil {
+		return a.AbortRequests(ids)
+	}
+	a.Engine.Abort(ids...)
+	return len(ids)
+}
+
+// State implements Engine.
+func (a *EngineAdapter) State() EngineState {
+	m := a.Engine.Metrics()
+	s := EngineState{State: m.State, WeightVersion: m.WeightVersion, StagedVersion: m.StagedVersion,
+		Running: int(m.Running), Waiting: int(m.Waiting)}
+	if m.KVTotalBlocks > 0 {
+		s.KVUsage = float64(m.KVUsedBlocks) / float64(m.KVTotalBlocks)
+	}
+	return s
+}
+
+// Requests implements Engine.
+func (a *EngineAdapter) Requests(ctx context.Context) (running, waiting int, err error) {
+	st, err := a.Engine.Stats(ctx)
+	return st.Running, st.Waiting, err
+}
+
+// Steps implements Engine.
+func (a *EngineAdapter) Steps() *StepClock { return a.Clock }
+
+func resetResult(r engine.ResetResult) ResetResult {
+	return ResetResult{Success: r.Success, BlocksCleared: r.BlocksCleared, JobsFlushed: r.JobsFlushed, Preempted: r.Preempted, Reason: r.Reason}
+}
+
+// StepClock records when the engine finishes steps that computed tokens, from the engine's
+// OnStep hook, so a commit's ack can bound the generation bubble: the last token step before
+// the pause (Last) and the first one after the resume (Arm, then First).
+type StepClock struct {
+	now   func() time.Time
+	last  atomic.Int64 // Unix ns of the last token step
+	first atomic.Int64 // Unix ns of the first token step after Arm (0: none yet)
+	armed atomic.Bool
+
+	nwait   atomic.Int32
+	mu      sync.Mutex
+	waiters []chan struct{}
+}
+
+// NewStepClock returns a clock reading now (nil: time.Now).
+func NewStepClock(now func() time.Time) *StepClock {
+	if now == nil {
+		now = time.Now
+	}
+	return &StepClock{now: now}
+}
+
+// Hook returns an OnStep hook that records token steps and then calls next (may be nil).
+// It runs on the engine goroutine and costs an atomic store per step unless someone waits.
+func (c *StepClock) Hook(next func(tokens int)) func(tokens int) {
+	return func(tokens int) {
+		if tokens > 0 {
+			c.step()
+		}
+		if next != nil {
+			next(tokens)
+		}
+	}
+}
+
+func (c *StepClock) step() {
+	t := c.now().UnixNano()
+	c.last.Store(t)
+	if c.armed.Load() && c.first.CompareAndSwap(0, t) {
+		c.armed.Store(false)
+	}
+	if c.nwait.Load() == 0 {
+		return
+	}
+	c.mu.Lock()
+	for _, w := range c.waiters {
+		close(w)
+	}
+	c.waiters = nil
+	c.nwait.Store(0)
+	c.mu.Unlock()
+}
+
+// Last is the time of the last token step (zero: none yet).
+func (c *StepClock) Last() time.Time { return unixNano(c.last.Load()) }
+
+// Arm starts watching for the next token step; First reports it.
+func (c *StepClock) Arm() {
+	c.first.Store(0)
+	c.armed.Store(true)
+}
+
+// First returns the time of the first token step since Arm, waiting for it until ctx ends.
+func (c *StepClock) First(ctx context.Context) (time.Time, error) {
+	for {
+		if ns := c.first.Load(); ns != 0 {
+			return unixNano(ns), nil
+		}
+		c.mu.Lock()
+		w := make(chan struct{})
+		c.waiters = append(c.waiters, w)
+		c.nwait.Add(1)
+		// Re-read after registering: a step that stored before nwait was raised did not
+		// wake us, but what it stored is visible now.
+		if ns := c.first.Load(); ns != 0 {
+			c.mu.Unlock()
+			return unixNano(ns), nil
+		}
+		c.mu.Unlock()
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		}
+	}
+}
+
+func unixNano(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}

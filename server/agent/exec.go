@@ -1,0 +1,304 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/rolloutkit/rollout/sdk/protocol"
+)
+
+// Bounds of a commit's steps after the pause: they run on even when the command's deadline
+// passes (a server must not stay half-cut because the sender gave up), but not forever.
+const (
+	cutTimeout = time.Minute
+	// firstTokenWait bounds the wait for the first token after a resume that the ack reports.
+	firstTokenWait = 2 * time.Second
+)
+
+// execute runs one Work on the engine and reports what happened. It never panics on bad
+// input: the core only hands out validated commands.
+func (a *Agent) execute(ctx context.Context, w *Work) Result {
+	ctx, span := a.span(ctx, w)
+	defer span.End()
+	var res Result
+	if w.Envelope != nil {
+		if w.Envelope.Deadline > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(w.Envelope.Deadline))
+			defer cancel()
+		}
+		res = a.command(ctx, w)
+	} else {
+		res = a.converge(ctx, w)
+	}
+	st := a.cfg.Engine.State()
+	res.WeightVersion, res.StagedVersion = st.WeightVersion, st.StagedVersion
+	if res.Err != nil {
+		if res.Code == "" {
+			res.Code = a.code(res.Err)
+		}
+		span.RecordError(res.Err)
+		span.SetStatus(codes.Error, res.Err.Error())
+		a.log.Warn("agent: work failed", "kind", w.Kind(), "code", res.Code, "err", res.Err)
+	} else {
+		a.log.Debug("agent: work done", "kind", w.Kind(), "weight_version", res.WeightVersion)
+	}
+	span.SetAttributes(attribute.Int64("rollout.weight_version", res.WeightVersion))
+	return res
+}
+
+// span starts the work's span: a command's span is a child of the sender's (from the
+// envelope's trace context) and links to it, so the transaction is one trace.
+func (a *Agent) span(ctx context.Context, w *Work) (context.Context, trace.Span) {
+	attrs := []attribute.KeyValue{attribute.String("rollout.server_id", a.cfg.ServerID), attribute.String("rollout.fleet", a.cfg.Fleet)}
+	var opts []trace.SpanStartOption
+	if e := w.Envelope; e != nil {
+		attrs = append(attrs, attribute.String("rollout.command_id", e.ID), attribute.String("rollout.command", string(e.Kind)))
+		if len(e.Trace) > 0 {
+			remote := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier(e.Trace))
+			if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
+				ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+			}
+		}
+	}
+	opts = append(opts, trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindConsumer))
+	return a.cfg.Tracer.Start(ctx, "agent."+w.Kind(), opts...)
+}
+
+func (a *Agent) code(err error) string {
+	if c := a.cfg.ErrorCode(err); c != "" && c != "internal" {
+		return c
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, context.Canceled):
+		return "cancelled"
+	}
+	return "engine_error"
+}
+
+// phase times one step.
+type phase struct {
+	a     *Agent
+	p     protocol.Phase
+	start time.Time
+}
+
+func (a *Agent) begin(name string) *phase {
+	return &phase{a: a, p: protocol.Phase{Name: name}, start: time.Now()}
+}
+
+func (p *phase) detail(k string, v int64) {
+	if p.p.Detail == nil {
+		p.p.Detail = map[string]int64{}
+	}
+	p.p.Detail[k] = v
+}
+
+func (p *phase) end(err error) protocol.Phase {
+	p.p.Seconds = time.Since(p.start).Seconds()
+	p.p.OK = err == nil
+	if err != nil {
+		p.p.Error = err.Error()
+	}
+	return p.p
+}
+
+func resetDetail(p *phase, r ResetResult) {
+	p.detail("blocks_cleared", int64(r.BlocksCleared))
+	p.detail("jobs_flushed", int64(r.JobsFlushed))
+	p.detail("preempted", int64(r.Preempted))
+}
+
+// command runs one command's body.
+func (a *Agent) command(ctx context.Context, w *Work) Result {
+	eng := a.cfg.Engine
+	var res Result
+	run := func(name string, f func(p *phase) error) {
+		p := a.begin(name)
+		err := f(p)
+		res.Phases = append(res.Phases, p.end(err))
+		res.Err = err
+	}
+	switch c := w.Command.(type) {
+	case protocol.Pause:
+		run("pause", func(p *phase) error {
+			r, err := eng.Pause(ctx, c.Mode, c.ClearCache)
+			if c.ClearCache {
+				resetDetail(p, r)
+			}
+			return err
+		})
+	case protocol.Resume:
+		run("resume", func(*phase) error { return eng.Resume(ctx) })
+	case protocol.Sleep:
+		run("sleep", func(p *phase) error {
+			p.detail("level", int64(c.Level))
+			return eng.Sleep(ctx, c.Level, c.Mode)
+		})
+	case protocol.Wake:
+		run("wake", func(*phase) error { return eng.WakeUp(ctx, c.Tags) })
+	case protocol.Reset:
+		run("reset", func(p *phase) error {
+			r, err := eng.Reset(ctx, c.ResetRunning, c.ResetExternal)
+			resetDetail(p, r)
+			if err == nil && !r.Success {
+				res.Code = "reset_incomplete"
+				return fmt.Errorf("reset incomplete: %s", r.Reason)
+			}
+			return err
+		})
+	case protocol.Abort:
+		run("abort", func(p *phase) error {
+			p.detail("aborted", int64(eng.Abort(c.RequestIDs)))
+			return nil
+		})
+	case protocol.Stage:
+		return a.stage(ctx, c.Weights)
+	case protocol.Commit:
+		return a.commit(ctx, c, w.StayPaused)
+	default:
+		res.Err, res.Code = fmt.Errorf("agent: no executor for %T", w.Command), ReasonMalformed
+	}
+	return res
+}
+
+// converge runs a convergence step: stage the desired version if needed, then commit it;
+// or pause when the fleet is paused.
+func (a *Agent) converge(ctx context.Context, w *Work) Result {
+	if w.Pause != nil {
+		p := a.begin("pause")
+		_, err := a.cfg.Engine.Pause(ctx, w.Pause.Mode, w.Pause.ClearCache)
+		return Result{Phases: []protocol.Phase{p.end(err)}, Err: err}
+	}
+	var res Result
+	if w.Stage != nil {
+		a.log.Info("agent: converging: staging the fleet's desired version", "version", w.Stage.Version, "epoch", w.Epoch)
+		res = a.stage(ctx, *w.Stage)
+		if res.Err != nil {
+			return res
+		}
+	}
+	if w.Commit == nil {
+		return res
+	}
+	a.log.Info("agent: converging: committing the fleet's desired version", "version", w.Commit.Version, "epoch", w.Epoch)
+	c := a.commit(ctx, *w.Commit, w.StayPaused)
+	c.Phases = append(res.Phases, c.Phases...)
+	return c
+}
+
+// stage fetches, verifies and stages ref while the engine keeps serving.
+func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef) Result {
+	st := a.cfg.Engine.State()
+	p := a.begin("stage")
+	p.detail("version", ref.Version)
+	switch {
+	case st.WeightVersion >= ref.Version:
+		p.detail("already_serving", 1)
+		return Result{Phases: []protocol.Phase{p.end(nil)}}
+	case st.StagedVersion == ref.Version && a.stagedVersion == ref.Version && a.stagedSHA == ref.SHA256:
+		p.detail("already_staged", 1)
+		return Result{Phases: []protocol.Phase{p.end(nil)}}
+	}
+	n, err := a.cfg.Stage(ctx, ref)
+	p.detail("bytes", n)
+	if err == nil {
+		a.stagedVersion, a.stagedSHA = ref.Version, ref.SHA256
+	}
+	return Result{Phases: []protocol.Phase{p.end(err)}, Err: err}
+}
+
+// commit runs the cut: pause(mode, clear_cache) → sleep(level, when > 0) → swap → wake (when
+// slept) → resume (unless the fleet's desired state says paused). It records
+// the last token step before the pause and, when requests are waiting, the first after the
+// resume.
+func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) Result {
+	eng := a.cfg.Engine
+	st := eng.State()
+	var res Result
+	if st.WeightVersion >= c.Version {
+		p := a.begin("commit")
+		p.detail("version", st.WeightVersion)
+		p.detail("already_serving", 1)
+		res.Phases = append(res.Phases, p.end(nil))
+		return res
+	}
+	if st.StagedVersion != c.Version {
+		res.Code = "not_staged"
+		res.Err = fmt.Errorf("version %d is not staged (staged: %d, serving: %d)", c.Version, st.StagedVersion, st.WeightVersion)
+		return res
+	}
+	step := func(name string, f func(p *phase) error) error {
+		p := a.begin(name)
+		err := f(p)
+		res.Phases = append(res.Phases, p.end(err))
+		if err != nil && res.Err == nil {
+			res.Err = fmt.Errorf("%s: %w", name, err)
+		}
+		return err
+	}
+	if err := step("pause", func(p *phase) error {
+		r, err := eng.Pause(ctx, c.Mode, c.ClearCache)
+		if c.ClearCache {
+			resetDetail(p, r)
+		}
+		return err
+	}); err != nil {
+		return res
+	}
+	if t := eng.Steps().Last(); !t.IsZero() {
+		res.LastTokenBefore = t.UnixNano()
+	}
+	// Paused: from here the cut runs to its end whatever the sender's deadline.
+	cut, cancel := context.WithTimeout(context.WithoutCancel(ctx), cutTimeout)
+	defer cancel()
+	slept := false
+	if c.SleepLevel > 0 {
+		slept = step("sleep", func(p *phase) error {
+			p.detail("level", int64(c.SleepLevel))
+			return eng.Sleep(cut, c.SleepLevel, c.Mode)
+		}) == nil
+	}
+	if res.Err == nil {
+		_ = step("commit", func(p *phase) error {
+			v, err := eng.Commit(cut, c.Version)
+			p.detail("version", v)
+			if err == nil {
+				res.Committed = v
+			}
+			return err
+		})
+	}
+	if slept {
+		_ = step("wake", func(*phase) error { return eng.WakeUp(cut, nil) })
+	}
+	if stayPaused {
+		return res
+	}
+	// While paused the engine's request counts are exact: requests waiting now generate
+	// right after the resume, and the ack waits (briefly) for their first token.
+	running, waiting, cerr := eng.Requests(cut)
+	eng.Steps().Arm()
+	if err := step("resume", func(*phase) error { return eng.Resume(cut) }); err != nil {
+		return res
+	}
+	if cerr == nil && running+waiting > 0 && res.Committed > 0 {
+		// Bounded by the command's deadline too: the ack must arrive before the sender gives up.
+		wctx, cancel := context.WithTimeout(ctx, firstTokenWait)
+		if t, err := eng.Steps().First(wctx); err == nil {
+			res.FirstTokenAfter = t.UnixNano()
+		}
+		cancel()
+	}
+	return res
+}
