@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/sdk"
@@ -30,6 +32,7 @@ type config struct {
 	Group     int     // samples per prompt (G)
 	MaxTokens int     // completion budget
 	LR        float64 // peak learning rate
+	KL        float64 // weight of the KL penalty to the initial policy
 	Seed      uint64
 	Out       string // directory for the checkpoint, weight store, log and plot
 	Resume    bool   // continue from Out's checkpoint
@@ -45,6 +48,7 @@ type config struct {
 	Secret       []byte
 	StoreAddr    string // where the weight store listens
 	StoreURL     string // the store's URL as the servers reach it (default: its listen URL)
+	Logger       *slog.Logger
 }
 
 func (c *config) validate() error {
@@ -91,13 +95,13 @@ type fleet struct {
 
 func openFleet(ctx context.Context, cfg config) (*fleet, error) {
 	if cfg.Redis != "" {
-		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, Fleet: cfg.Fleet, Secret: cfg.Secret})
+		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, Fleet: cfg.Fleet, Secret: cfg.Secret, Logger: cfg.Logger})
 		if err != nil {
 			return nil, err
 		}
 		return &fleet{client: c, close: c.Close}, nil
 	}
-	f, err := embedded.Start(ctx, embedded.Options{Servers: cfg.Servers, Model: cfg.Model, Secret: cfg.Secret,
+	f, err := embedded.Start(ctx, embedded.Options{Servers: cfg.Servers, Model: cfg.Model, Secret: cfg.Secret, Logger: cfg.Logger,
 		Server: func(_ int, sc *server.Config) { sc.OffloadCPUBytes = cfg.OffloadBytes }})
 	if err != nil {
 		return nil, err
@@ -141,6 +145,14 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if !cfg.Resume {
+		// A fresh run must not serve a previous run's weights under the same version numbers.
+		for _, name := range []string{"checkpoint", "weights", "log.jsonl", "reward.png"} {
+			if err := os.RemoveAll(filepath.Join(cfg.Out, name)); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return nil, err
 	}
@@ -148,13 +160,15 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", cfg.Model, err)
 	}
-	tcfg := trainer.Config{LR: cfg.LR, MaxGradNorm: 1, DrGRPO: true}
+	tcfg := trainer.Config{LR: cfg.LR, MaxGradNorm: 1, DrGRPO: true, KLCoef: cfg.KL}
 	ckpt := filepath.Join(cfg.Out, "checkpoint")
 	var tr *trainer.Trainer
 	if cfg.Resume && trainer.HasCheckpoint(ckpt) {
 		tr, err = trainer.Resume(ckpt, tcfg)
 		if err == nil {
-			err = trainer.CheckShape(m.Weights.Config, tr.ModelConfig())
+			if err = trainer.CheckShape(m.Weights.Config, tr.ModelConfig()); err != nil {
+				tr.Close()
+			}
 		}
 	} else {
 		tr, err = trainer.New(m.Weights, tcfg)
@@ -276,7 +290,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 					Versions: vs, Reward: tk.reward(ds[g], ids), Group: g})
 			}
 			if g == 0 && len(res.Samples) > 0 {
-				rec.Example = fmt.Sprintf("n=%d: %s", ds[g], render(res.Samples[0].TokenIDs()))
+				rec.Example = fmt.Sprintf("n=%d -> %s", ds[g], render(res.Samples[0].TokenIDs()))
 			}
 		}
 		samples = dropSmallGroups(samples)
@@ -436,7 +450,7 @@ func scrapeCounter(ctx context.Context, url, name string) (int64, error) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return 0, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	var p expfmt.TextParser
+	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(resp.Body)
 	if err != nil {
 		return 0, err

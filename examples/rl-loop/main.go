@@ -21,10 +21,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/gin-gonic/gin"
 )
 
 func main() {
@@ -48,7 +51,8 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.Prompts, "prompts", 4, "prompts (GRPO groups) per step")
 	fs.IntVar(&cfg.Group, "group", 8, "completions per prompt (G, at least 2)")
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", 12, "completion budget in tokens")
-	fs.Float64Var(&cfg.LR, "lr", 3e-3, "peak learning rate")
+	fs.Float64Var(&cfg.LR, "lr", 1e-3, "peak learning rate")
+	fs.Float64Var(&cfg.KL, "kl", 0, "weight of the KL penalty to the initial policy; 0: none")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the prompts and sampling")
 	fs.StringVar(&cfg.Out, "out", "rl-loop-out", "directory for the log, the plot, the weight store and the checkpoint")
 	fs.BoolVar(&cfg.Resume, "resume", false, "continue from the checkpoint in --out")
@@ -63,12 +67,18 @@ func parseFlags(args []string) (config, error) {
 	secretFile := fs.String("fleet-secret-file", "", "file holding the fleet secret (at least 32 bytes)")
 	fs.StringVar(&cfg.StoreAddr, "store-addr", "127.0.0.1:0", "listen address of the weight store the servers fetch from")
 	fs.StringVar(&cfg.StoreURL, "store-url", "", "base URL the servers fetch weights from (default: the store's listen URL)")
+	logLevel := fs.String("log-level", "warn", "log level of the servers and the SDK: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		return cfg, fmt.Errorf("--log-level: %w", err)
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	if s := os.Getenv("ROLLOUT_FLEET_SECRET"); s != "" {
 		cfg.Secret = []byte(s)
 	}
@@ -83,6 +93,7 @@ func parseFlags(args []string) (config, error) {
 }
 
 func runMain(cfg config) error {
+	gin.SetMode(gin.ReleaseMode) // the servers' routers; gin's mode is a process global, set by mains
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	sum, err := run(ctx, cfg, os.Stdout)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"text/tabwriter"
 
 	"github.com/schollz/progressbar/v3"
 	"gonum.org/v1/plot"
@@ -52,7 +51,6 @@ type reporter struct {
 	out   io.Writer
 	tty   bool
 	bar   *progressbar.ProgressBar
-	tab   *tabwriter.Writer
 	log   *json.Encoder
 	first bool
 }
@@ -68,7 +66,6 @@ func newReporter(out *os.File, log io.Writer, steps int) *reporter {
 		r.bar = progressbar.NewOptions(steps, progressbar.OptionSetWriter(out), progressbar.OptionSetDescription("training"),
 			progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish())
 	}
-	r.tab = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	return r
 }
 
@@ -77,15 +74,13 @@ func (r *reporter) step(rec record) error {
 		_ = r.bar.Clear()
 	}
 	if r.first {
-		fmt.Fprintln(r.tab, "step\treward\tmax\tgen tok/s\ttrain s\tstage s\tcommit s\tbubble ms\tmismatch\tstale\tversions\t")
+		fmt.Fprintf(r.out, "%5s %7s %6s %9s %8s %8s %9s %9s %9s %6s %8s  %s\n", "step", "reward", "max", "gen tok/s",
+			"train s", "stage s", "commit s", "bubble ms", "mismatch", "stale", "versions", "sample")
 		r.first = false
 	}
-	fmt.Fprintf(r.tab, "%d\t%.3f\t%.3f\t%.0f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1e\t%d\t%d-%d\t\n", rec.Step, rec.Reward, rec.Max,
+	fmt.Fprintf(r.out, "%5d %7.3f %6.3f %9.0f %8.3f %8.3f %9.3f %9.1f %9.1e %6d %8s  %s\n", rec.Step, rec.Reward, rec.Max,
 		rec.GenTokensPerSec, rec.TrainSec, rec.StageSec, rec.CommitSec, rec.BubbleMs, rec.Mismatch, rec.StaleTokens,
-		rec.MinVersion, rec.MaxVersion)
-	if err := r.tab.Flush(); err != nil {
-		return err
-	}
+		fmt.Sprintf("%d-%d", rec.MinVersion, rec.MaxVersion), rec.Example)
 	if r.bar != nil {
 		r.bar.Describe(fmt.Sprintf("reward %.3f", rec.Reward))
 		_ = r.bar.Add(1)

@@ -5,13 +5,13 @@ import (
 	"math/rand/v2"
 )
 
-// The task: every prompt is "n=D:" for a random digit D, and a completion earns, per token,
-// half a point for being a digit and half a point for being the digit D itself, averaged
-// over the token budget (so stopping early earns nothing for the missing tokens). A random
-// model scores about 0.02 (10 of ~260 tokens are digits); a model that has learnt to write
-// digits scores 0.5+, and one that copies the prompt's digit scores 1. The reward is
-// verifiable (no reward model) and shaped: learning digits first gives the signal that
-// the second half (attend to the prompt) builds on.
+// The task: after the prompt "n=D" (D a random digit), write digits, ideally D itself. Each
+// token earns 0.5 for being a digit and another 0.5 for being D; the reward is the mean over
+// the token budget, so stopping early earns nothing for the missing tokens. A random model
+// scores about 0.02 (10 of ~260 byte-level tokens are digits); a model that writes digits
+// scores 0.5 and up, one that repeats the prompt's digit scores 1. The reward is verifiable
+// (no reward model) and shaped: the digit half gives a random model a gradient at once, the
+// copy half needs the prompt.
 
 // task describes prompts and scores completions.
 type task struct {
@@ -22,7 +22,7 @@ type task struct {
 // prompt returns the prompt of digit d, as byte-level token ids after BOS.
 func (t task) prompt(d int) []int {
 	ids := []int{t.bos}
-	for _, b := range []byte(fmt.Sprintf("n=%d:", d)) {
+	for _, b := range []byte(fmt.Sprintf("n=%d", d)) {
 		ids = append(ids, int(b))
 	}
 	return ids
