@@ -101,6 +101,7 @@ func (ts *testServer) tryDo(method, path string, body any) (int, []byte, error) 
 	if err != nil {
 		return 0, nil, err
 	}
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := ts.client.Do(req)
 	if err != nil {
 		return 0, nil, err
