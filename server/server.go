@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/load"
@@ -23,6 +24,9 @@ import (
 	"github.com/rolloutkit/rollout/server/agent"
 	"github.com/rolloutkit/rollout/server/api"
 )
+
+// tracerName is the instrumentation scope of the server's own spans (engine, fleet agent).
+const tracerName = "github.com/rolloutkit/rollout/server"
 
 // Errors callers branch on.
 var (
@@ -66,8 +70,8 @@ type Config struct {
 	AdminToken, APIKey string
 	// WeightsRoot confines file sources of /update_weights.
 	WeightsRoot string
-	// OTel selects the trace exporter: "" or "none". (Exporters live in the telemetry package,
-	// which is not built yet: "stdout" and "otlp" are refused.)
+	// OTel names the trace exporter the main package installed (none, stdout or otlp), for
+	// validation and logs; the spans go to TracerProvider.
 	OTel string
 	// HTTP limits; zero takes the api package's defaults.
 	MaxConcurrent, MaxQueue int
@@ -77,9 +81,12 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Version is the build version /version reports.
 	Version string
-	// Logger defaults to slog.Default(); Tracer to a no-op tracer.
-	Logger *slog.Logger
-	Tracer trace.Tracer
+	// Logger defaults to slog.Default(). TracerProvider makes every span of the server (the
+	// HTTP routes', the fleet agent's, the engine's, the connector's); nil: none. Tracer, when
+	// set, replaces the engine's and the agent's tracer.
+	Logger         *slog.Logger
+	TracerProvider trace.TracerProvider
+	Tracer         trace.Tracer
 }
 
 // Server is one rollout server: engine, connector, HTTP API and, in a fleet, the fleet agent.
@@ -133,7 +140,7 @@ func newServer(cfg Config, ln net.Listener) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln}
 	metrics := api.NewMetrics()
-	s.conn, err = newConnector(cfg, m.Weights.Config, cfg.Logger, metrics.ObserveResetToFlush)
+	s.conn, err = newConnector(cfg, m.Weights.Config, cfg.Logger, cfg.TracerProvider, metrics.ObserveResetToFlush)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +169,7 @@ func newServer(cfg Config, ln net.Listener) (*Server, error) {
 	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config,
 		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, BOSToken: m.BOSToken, EOSToken: m.EOSToken, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
 		WeightsRoot: cfg.WeightsRoot, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue, MaxBodyBytes: cfg.MaxBodyBytes,
-		Metrics: metrics, ConnectorStats: connStats, Ready: ready, Version: cfg.Version, Logger: cfg.Logger})
+		Metrics: metrics, ConnectorStats: connStats, Ready: ready, Version: cfg.Version, Logger: cfg.Logger, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		s.closeEngine()
 		return nil, err
@@ -248,6 +255,12 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
+	if c.Tracer == nil {
+		c.Tracer = c.TracerProvider.Tracer(tracerName)
 	}
 	switch c.OTel {
 	case "", "none", "stdout", "otlp":
