@@ -38,7 +38,9 @@ func newSpanTree(t *testing.T, all []sdktrace.ReadOnlySpan, id trace.TraceID) *s
 	return st
 }
 
-func (st *spanTree) parent(s sdktrace.ReadOnlySpan) sdktrace.ReadOnlySpan { return st.byID[s.Parent().SpanID()] }
+func (st *spanTree) parent(s sdktrace.ReadOnlySpan) sdktrace.ReadOnlySpan {
+	return st.byID[s.Parent().SpanID()]
+}
 
 // children are s's children named name, in start order.
 func (st *spanTree) children(s sdktrace.ReadOnlySpan, name string) []sdktrace.ReadOnlySpan {
