@@ -10,6 +10,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/rolloutkit/rollout/sdk/telemetry"
 	"github.com/rolloutkit/rollout/server"
@@ -52,8 +53,15 @@ func newServeCmd() *cobra.Command {
 				}
 				cfg.FleetSecret = s
 			}
+			var attrs []attribute.KeyValue
+			if cfg.Fleet != "" {
+				attrs = append(attrs, attribute.String("rollout.fleet", cfg.Fleet))
+			}
+			if cfg.ServerID != "" {
+				attrs = append(attrs, attribute.String("rollout.server_id", cfg.ServerID))
+			}
 			tp, shutdown, err := telemetry.Setup(cmd.Context(), telemetry.Options{Exporter: cfg.OTel, ServiceName: "rollout-serve",
-				Stdout: cmd.OutOrStdout()})
+				Attributes: attrs, Stdout: cmd.OutOrStdout()})
 			if err != nil {
 				return fmt.Errorf("--otel %s: %w", cfg.OTel, err)
 			}
@@ -64,7 +72,7 @@ func newServeCmd() *cobra.Command {
 					cfg.Logger.Warn("flushing traces", "err", err)
 				}
 			}()
-			cfg.Tracer = tp.Tracer("github.com/rolloutkit/rollout/server")
+			cfg.TracerProvider = tp
 			return server.Run(cmd.Context(), cfg)
 		},
 	}
@@ -88,7 +96,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token of the admin routes (unset: loopback clients only)")
 	f.StringVar(&cfg.APIKey, "api-key", "", "bearer token of the generation routes (unset: open)")
 	f.StringVar(&cfg.WeightsRoot, "weights-root", "", "directory file:// weight sources must lie in (unset: anywhere)")
-	f.StringVar(&cfg.OTel, "otel", "none", "trace exporter: none, stdout or otlp")
+	f.StringVar(&cfg.OTel, "otel", "", "trace exporter: none, stdout or otlp (default: OTEL_TRACES_EXPORTER, else none; OTLP reads the standard OTEL_EXPORTER_OTLP_* variables)")
 	f.IntVar(&cfg.MaxConcurrent, "max-concurrent", 256, "generation requests served at once")
 	f.IntVar(&cfg.MaxQueue, "max-queue", 1024, "generation requests waiting for a slot before 429")
 	maxBody = 8 << 20
