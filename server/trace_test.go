@@ -80,7 +80,7 @@ func TestTraceHTTPRoutes(t *testing.T) {
 		assert.False(t, s.Parent().IsValid(), "a malformed traceparent gives a root, not an error")
 	}
 
-	require.Equal(t, http.StatusOK, post(t, ts, "/generate", caller, `{"prompt_token_ids":[1,2,3],"sampling_params":{"max_tokens":4,"ignore_eos":true}}`))
+	require.Equal(t, http.StatusOK, post(t, ts, "/generate", caller, `{"prompt_token_ids":[1,2,3],"sampling":{"max_tokens":4,"ignore_eos":true}}`))
 	gen := recorded(rec, "POST /generate")
 	require.Len(t, gen, 1)
 	req := recorded(rec, "engine.request")
