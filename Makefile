@@ -23,7 +23,7 @@ TESTFLAGS ?=
 FUZZTIME ?= 100000x
 DEMO_STEPS ?= 40
 
-.PHONY: help build test race lint lint-fmt lint-vet lint-golangci lint-arch bench demo fuzz clean
+.PHONY: help build test race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e fuzz clean
 
 help: ## List the targets
 	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); override with GOEXPERIMENT=)"
@@ -57,6 +57,13 @@ lint-golangci: ## golangci-lint (the go.mod tool) with and without GOEXPERIMENT=
 
 lint-arch: ## The DESIGN.md dependency rules (internal/archtest)
 	$(GO) test -count=1 ./internal/archtest/
+
+JAEGER := bin/jaeger
+
+e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --otel otlp, rollout fleet update, checked via Jaeger's HTTP API
+	$(GO) -C tools build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
+	ROLLOUT_BIN=$(abspath $(BIN)) JAEGER_BIN=$(abspath $(JAEGER)) E2E_TRACE_OUT=$(abspath bin/e2e-trace.txt) \
+		$(GO) -C tools test -tags e2e -count=1 -v -timeout 10m ./e2e/
 
 bench: build ## Run the engine benchmark (bin/rollout bench engine)
 	$(BIN) bench engine
