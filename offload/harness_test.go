@@ -284,7 +284,7 @@ func (h *harness) stat(name string) float64 {
 // gpuReset drops the engine's prefix cache (what the CPU tier then serves).
 func (h *harness) gpuReset() {
 	h.t.Helper()
-	ok, d := h.sched.ResetPrefixCache(false, false)
+	ok, d := h.sched.ResetPrefixCache(context.Background(), false, false)
 	require.True(h.t, ok, d.Reason)
 }
 

@@ -27,8 +27,8 @@ func TestExactRegression(t *testing.T) {
 	require.Contains(t, h.reasons, "r")
 	require.EqualValues(t, 1, h.stat("offload_jobs_inflight"), "the final store is still in flight")
 
-	ok1, d1 := h.sched.ResetPrefixCache(true, true)
-	ok2, d2 := h.sched.ResetPrefixCache(true, true)
+	ok1, d1 := h.sched.ResetPrefixCache(context.Background(), true, true)
+	ok2, d2 := h.sched.ResetPrefixCache(context.Background(), true, true)
 	// The finished request's blocks stay held until its store lands: both resets clear the
 	// prefix cache and the CPU tier but say, truthfully, that those blocks are still in use.
 	assert.False(t, ok1 || ok2)
@@ -55,7 +55,7 @@ func TestExactRegression(t *testing.T) {
 	assert.EqualValues(t, 1, h.stat("offload_stale_completions_total"))
 	require.NoError(t, h.worker.WaitIdle(context.Background()))
 	assert.Zero(t, h.conn.Violations())
-	ok, d := h.sched.ResetPrefixCache(true, true)
+	ok, d := h.sched.ResetPrefixCache(context.Background(), true, true)
 	assert.True(t, ok, "nothing is held any more: %s", d.Reason)
 }
 
@@ -186,7 +186,7 @@ func TestResetCacheWithLoadInFlight(t *testing.T) {
 	h.add("b", seq(14, 1), 2)
 	h.step()
 	require.Equal(t, []int{0}, h.loaded("b"))
-	n, ok := h.conn.Scheduler().ResetCache()
+	n, ok := h.conn.Scheduler().ResetCache(context.Background())
 	assert.True(t, ok)
 	assert.Equal(t, 1, n)
 	assert.EqualValues(t, 1, h.stat("offload_flush_pending"))
@@ -359,7 +359,7 @@ func TestPendingTransferDefersPrefixLookup(t *testing.T) {
 	assert.False(t, async)
 	assert.True(t, s.HasPendingPushWork())
 	// A reset makes the job stale; the request may look up again (and misses: the tier is empty).
-	jobs, ok := s.ResetCache()
+	jobs, ok := s.ResetCache(context.Background())
 	assert.True(t, ok)
 	assert.Equal(t, 1, jobs)
 	n, _ = s.GetNumNewMatchedTokens(r, 0)

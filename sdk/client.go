@@ -156,6 +156,13 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 		}
 		c.bus, c.ownBus = b, true
 	}
+	// Check the servers' heartbeats before writing anything: a client with a wrong secret, or
+	// none on a signed fleet, must not create a fresh fleet's desired state under its key
+	// (the servers would then ignore it and the right secret could no longer verify it).
+	if err := c.checkHeartbeatSecret(ctx); err != nil {
+		c.closeBus()
+		return nil, err
+	}
 	if err := c.ensureDesired(ctx); err != nil {
 		c.closeBus()
 		return nil, err
@@ -293,6 +300,23 @@ func (c *Client) DesiredState(ctx context.Context) (*protocol.DesiredState, erro
 	}
 	d, _, err := c.readDesired(ctx)
 	return d, err
+}
+
+// checkHeartbeatSecret fails with ErrBadSecret when a heartbeat does not verify with the
+// client's secret, or is signed while the client has none.
+func (c *Client) checkHeartbeatSecret(ctx context.Context) error {
+	hbs, err := c.readHeartbeats(ctx, true)
+	if err != nil {
+		return err
+	}
+	if len(c.opts.Secret) == 0 {
+		for id, hb := range hbs {
+			if hb.Sig != "" {
+				return fmt.Errorf("%w: server %s of fleet %q signs its heartbeat and the client has no secret", ErrBadSecret, id, c.opts.Fleet)
+			}
+		}
+	}
+	return nil
 }
 
 // ensureDesired creates the desired state of a fresh fleet.

@@ -9,7 +9,7 @@
 //	s, _ := sched.New(sched.Config{...}, pool, connector) // connector nil: kvconnector.Noop
 //	for {
 //		// 1. Handle every queued message first: s.Add(req), s.Abort(ids...),
-//		//    s.SetPauseState(p), s.ResetPrefixCache(r, c), s.SetWeightVersion(v), ...
+//		//    s.SetPauseState(p), s.ResetPrefixCache(ctx, r, c), s.SetWeightVersion(v), ...
 //		//    Abort/FinishRequests return the final outputs to send to clients.
 //		// 2. Block on the input queue while there is nothing to do:
 //		if !s.HasRequests() { wait for a message; continue }

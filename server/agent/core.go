@@ -2,9 +2,13 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
@@ -79,6 +83,9 @@ type Result struct {
 	LastTokenBefore, FirstTokenAfter int64
 	// Committed is the version a commit swapped in (0: none).
 	Committed int64
+	// Span is the work's control.process span: the parent of its ack's span, and the link
+	// of a re-ack when the command is delivered again.
+	Span trace.SpanContext
 }
 
 // CommandCount is one executed command, for rollout_control_commands_total.
@@ -89,10 +96,36 @@ type CommandCount struct {
 // Ready is what the core asks the I/O loop to do after an input (raft's Ready): push Acks
 // (each to protocol.Names.Acks(CommandID)), count Rejected and Commands, and start Work.
 type Ready struct {
-	Work     *Work
-	Acks     []protocol.Ack
-	Rejected []string
-	Commands []CommandCount
+	Work *Work
+	Acks []protocol.Ack
+	// AckTraces has one entry per ack, in the same order: where its span belongs.
+	AckTraces []AckTrace
+	Rejected  []string
+	Commands  []CommandCount
+}
+
+// AckTrace places an ack's span: a child of Parent (the command's control.process span, or
+// the sender's span when the command never ran), linked to Links. A re-ack of a command
+// delivered again is a child of the redelivery's sender span and links to the original
+// control.process span, so it never starts a new root.
+type AckTrace struct {
+	Parent    trace.SpanContext
+	Links     []trace.SpanContext
+	Duplicate bool
+}
+
+// SenderSpan is the span context of the W3C trace context in an envelope's Trace field; the
+// zero value when it is missing or malformed (a bad traceparent is ignored, never an error).
+func SenderSpan(carrier map[string]string) trace.SpanContext {
+	if len(carrier) == 0 {
+		return trace.SpanContext{}
+	}
+	return trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier(carrier)))
+}
+
+func (c *Core) ack(a protocol.Ack, at AckTrace) {
+	c.out.Acks = append(c.out.Acks, a)
+	c.out.AckTraces = append(c.out.AckTraces, at)
 }
 
 // Empty reports whether there is nothing to do.
@@ -107,6 +140,7 @@ var ErrRefuseJoin = errors.New("agent: the fleet is signed and this server has n
 type seenCmd struct {
 	deadline int64         // Unix ms; forgotten after it
 	ack      *protocol.Ack // nil while queued or running
+	span     trace.SpanContext
 }
 
 // Core is the agent's deterministic state machine: no I/O, no goroutines, no clock of its
@@ -240,7 +274,14 @@ func (c *Core) Envelope(raw []byte, now time.Time) {
 		if s.ack != nil {
 			dup := *s.ack
 			dup.Duplicate, dup.At = true, now.UnixMilli()
-			c.out.Acks = append(c.out.Acks, dup)
+			at := AckTrace{Parent: SenderSpan(e.Trace), Duplicate: true}
+			if s.span.IsValid() {
+				at.Links = []trace.SpanContext{s.span}
+				if !at.Parent.IsValid() {
+					at.Parent = s.span
+				}
+			}
+			c.ack(dup, at)
 		}
 		return // still queued or running: its ack is on the way
 	}
@@ -269,9 +310,10 @@ func (c *Core) reject(e *protocol.Envelope, reason string, err error, now time.T
 	if reason == ReasonWrongFleet || e.ID == "" {
 		return
 	}
-	c.out.Acks = append(c.out.Acks, protocol.Ack{V: protocol.Version, CommandID: e.ID, ServerID: c.cfg.ServerID, Kind: e.Kind,
+	c.ack(protocol.Ack{V: protocol.Version, CommandID: e.ID, ServerID: c.cfg.ServerID, Kind: e.Kind,
 		Result: protocol.ResultRejected, Code: reason, Error: err.Error(),
-		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, At: now.UnixMilli()})
+		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, At: now.UnixMilli()},
+		AckTrace{Parent: SenderSpan(e.Trace)})
 }
 
 func reasonOf(err error) string {
@@ -339,8 +381,13 @@ func (c *Core) finish(w *Work, res Result, now time.Time) {
 	if s := c.seen[e.ID]; s != nil {
 		stored := ack
 		s.ack = &stored
+		s.span = res.Span
 	}
-	c.out.Acks = append(c.out.Acks, ack)
+	at := AckTrace{Parent: res.Span}
+	if !at.Parent.IsValid() {
+		at.Parent = SenderSpan(e.Trace)
+	}
+	c.ack(ack, at)
 	c.out.Commands = append(c.out.Commands, CommandCount{Kind: string(e.Kind), Result: string(ack.Result)})
 }
 
@@ -412,7 +459,7 @@ func (c *Core) schedule(now time.Time) {
 
 func alreadyCommitted(prev Result, st EngineState) Result {
 	r := prev
-	r.Err, r.Code, r.Committed = nil, "", 0
+	r.Err, r.Code, r.Committed, r.Span = nil, "", 0, trace.SpanContext{}
 	r.WeightVersion, r.StagedVersion = st.WeightVersion, st.StagedVersion
 	return r
 }

@@ -8,7 +8,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/sdk/protocol"
@@ -51,26 +50,39 @@ func (a *Agent) execute(ctx context.Context, w *Work) Result {
 		a.log.Debug("agent: work done", "kind", w.Kind(), "weight_version", res.WeightVersion)
 	}
 	span.SetAttributes(attribute.Int64("rollout.weight_version", res.WeightVersion))
+	res.Span = span.SpanContext()
 	return res
 }
 
+// Span names of the fleet agent.
+const (
+	// SpanProcess is one command's execution on this server.
+	SpanProcess = "control.process"
+	// SpanConverge is one self-convergence step towards the fleet's desired state.
+	SpanConverge = "control.converge"
+	// SpanAck is the push of one ack (Duplicate marks a re-ack).
+	SpanAck = "control.ack"
+)
+
 // span starts the work's span: a command's span is a child of the sender's (from the
-// envelope's trace context) and links to it, so the transaction is one trace.
+// envelope's trace context) and links to it, so the transaction is one trace even through
+// backends that show links only. A missing or malformed trace context makes it a root.
 func (a *Agent) span(ctx context.Context, w *Work) (context.Context, trace.Span) {
 	attrs := []attribute.KeyValue{attribute.String("rollout.server_id", a.cfg.ServerID), attribute.String("rollout.fleet", a.cfg.Fleet)}
 	var opts []trace.SpanStartOption
+	name := SpanConverge
 	if e := w.Envelope; e != nil {
+		name = SpanProcess
 		attrs = append(attrs, attribute.String("rollout.command_id", e.ID), attribute.String("rollout.command", string(e.Kind)))
-		if len(e.Trace) > 0 {
-			remote := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier(e.Trace))
-			if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
-				ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
-			}
+		if sc := SenderSpan(e.Trace); sc.IsValid() {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "sender")}}))
 		}
+	} else {
+		attrs = append(attrs, attribute.Int64("rollout.epoch", w.Epoch))
 	}
 	opts = append(opts, trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindConsumer))
-	return a.cfg.Tracer.Start(ctx, "agent."+w.Kind(), opts...)
+	return a.cfg.Tracer.Start(ctx, name, opts...)
 }
 
 func (a *Agent) code(err error) string {
@@ -287,14 +299,19 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		}) == nil
 	}
 	if res.Err == nil {
-		_ = step("commit", func(p *phase) error {
+		start := time.Now()
+		if step("commit", func(p *phase) error {
 			v, err := eng.Commit(cut, c.Version)
 			p.detail("version", v)
 			if err == nil {
 				res.Committed = v
 			}
 			return err
-		})
+		}) == nil {
+			if o, ok := a.cfg.Metrics.(UpdateObserver); ok {
+				o.ObserveUpdate(cut, "commit", time.Since(start))
+			}
+		}
 	}
 	if slept {
 		_ = step("wake", func(*phase) error { return eng.WakeUp(cut, nil) })
