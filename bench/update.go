@@ -108,7 +108,7 @@ func WeightUpdate(ctx context.Context, preset string, running, workers int, d we
 		if _, err := e.Pause(ctx, engine.PauseKeep, true); err != nil {
 			return r, err
 		}
-		if r.Version, err = e.CommitWeights(ctx); err != nil {
+		if r.Version, err = e.CommitWeights(ctx, v); err != nil {
 			return r, err
 		}
 		// Read while still paused: after Resume the engine steps on at once, and a read then

@@ -9,13 +9,23 @@
 // step carries one, even a step with no tokens.
 //
 // Utility calls (Pause, Resume, Sleep, WakeUp, ResetPrefixCache, StageWeights, CommitWeights,
-// Stats, …) are queued and answered when done; Pause and Sleep complete once the engine has
-// drained what they wait for. Requests that arrive while the engine is paused or asleep are queued
-// up to Config.MaxQueued, then refused with ErrQueueFull.
+// UpdateWeights, Stats, …) are queued and answered when done; Pause and Sleep complete once the
+// engine has drained what they wait for, and a call queued behind a pending one takes effect
+// after it: a Resume sent while a Pause(wait) drains lets the drain finish (the running
+// requests end normally, the Pause returns) and resumes right after. UpdateWeights stages and
+// commits in one call, so concurrent updates never interleave; CommitWeights names the version.
+//
+// A step that fails (a forward error) aborts the requests it scheduled, rolled back so that
+// nothing the step was to compute is cached or offloaded; the connector fails the step's
+// stores. A connector load that fails its checks makes its request recompute. Before a sleep
+// releases the KV pool every request gives its blocks up and later recomputes; releasing with
+// a block owned is counted in Metrics().InvariantViolations. Requests wait to be scheduled (running, paused or asleep) up to
+// Config.MaxQueued; beyond that Add refuses them with ErrQueueFull.
 //
 // Usage:
 //
 //	e, err := engine.New(engine.Config{Weights: w})
+//	defer e.Close()
 //	go e.Run(ctx)
 //	s, err := e.Add(ctx, engine.Request{ID: "r1", PromptTokenIDs: ids, Sampling: p})
 //	res, err := s.Collect(ctx)

@@ -30,14 +30,16 @@ var (
 	ErrDuplicateID     = errors.New("engine: duplicate request id")
 	ErrNoWeights       = errors.New("engine: no weights loaded")
 	ErrNothingStaged   = errors.New("engine: no staged weights")
-	ErrStaleVersion    = errors.New("engine: weight version not newer than the serving one")
+	ErrNotStaged       = errors.New("engine: the staged weights are another version")
+	ErrStaleVersion    = errors.New("engine: weight version not newer than the serving and staged ones")
 	ErrInvalidArgument = errors.New("engine: invalid argument")
 	ErrAsleep          = errors.New("engine: asleep")
 )
 
 // Config configures an Engine. Zero values take the documented defaults.
 type Config struct {
-	// Weights is the initial weight set (required) and WeightVersion its version.
+	// Weights is the initial weight set (required) and WeightVersion its version. The engine
+	// serves it until a swap, and a level-2 sleep releases it (New does not keep Config.Weights).
 	Weights       *model.Weights
 	WeightVersion int64
 	// BlockSize is the KV block size in tokens (default 16).
@@ -50,7 +52,9 @@ type Config struct {
 	// (default 2048).
 	MaxNumSeqs       int
 	MaxBatchedTokens int
-	// MaxQueued bounds the requests waiting while the engine is paused or asleep (default 4096).
+	// MaxQueued bounds the requests waiting to be scheduled, in every state (default 4096):
+	// a running engine that is behind must refuse work too, or one burst of requests grows
+	// the queue without bound.
 	MaxQueued int
 	// Workers is the number of kernel workers (default GOMAXPROCS).
 	Workers int
@@ -74,6 +78,9 @@ type Hooks struct {
 	OnFinish func(id string, reason FinishReason, promptTokens, genTokens int, t Timings)
 	// OnStep is called after every step with the number of tokens it computed.
 	OnStep func(tokens int)
+	// BeforeForward is called before each forward pass; a non-nil error fails the step as a
+	// model error would (for fault-injection tests; nil in production).
+	BeforeForward func(step uint64) error
 }
 
 func (c *Config) defaults() error {
@@ -172,14 +179,20 @@ type idleTask struct {
 	fail func(error)
 }
 
-// Engine is EngineCore. Create it with New, run it with Run; every other method is safe for
-// concurrent use.
+// Engine is EngineCore. Create it with New, run it with Run, release it with Close (also one
+// that never ran); every other method is safe for concurrent use.
 type Engine struct {
-	cfg  Config
-	log  *slog.Logger
-	in   chan message
-	done chan struct{}
-	ran  atomic.Bool
+	cfg Config
+	// shape is the model configuration every weight set must have (the initial one's).
+	shape model.Config
+	log   *slog.Logger
+	in    chan message
+	done  chan struct{} // closed when the engine starts shutting down
+	ran   atomic.Bool
+	// stop is closed by Close; exited once shutdown has released everything New started.
+	stop     chan struct{}
+	stopOnce sync.Once
+	exited   chan struct{}
 
 	metrics Metrics
 
@@ -225,7 +238,8 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger, in: make(chan message, 256), done: make(chan struct{}),
-		reqs: map[string]*reqState{}, version: cfg.WeightVersion, weights: cfg.Weights}
+		stop: make(chan struct{}), exited: make(chan struct{}),
+		reqs: map[string]*reqState{}, version: cfg.WeightVersion, weights: cfg.Weights, shape: cfg.Weights.Config}
 	e.kpool = kernels.NewPool(cfg.Workers)
 	m, err := model.New(cfg.Weights, e.kpool)
 	if err != nil {
@@ -244,6 +258,7 @@ func New(cfg Config) (*Engine, error) {
 		e.kpool.Close()
 		return nil, err
 	}
+	// From here on Close (or Run's end) releases what New started.
 	if e.blocks, err = kvcache.New(kvcache.Config{NumBlocks: cfg.NumBlocks, BlockSize: cfg.BlockSize, PrefixCaching: true}); err != nil {
 		return fail(err)
 	}
@@ -261,13 +276,22 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.sched.SetWeightVersion(e.version)
 	e.metrics.weightVersion.Store(e.version)
+	// The engine owns the weights through e.weights and e.model only, so a level-2 sleep or a
+	// swap can release them; the config must not keep the initial set alive.
+	e.cfg.Weights = nil
 	return e, nil
 }
 
-// Run steps the engine until ctx is cancelled, then aborts whatever is left and returns nil.
-// It may be called once.
+// Run steps the engine until ctx is cancelled or Close is called, then aborts whatever is
+// left, releases the engine's goroutines and returns nil. It may be called once, and not
+// after Close (ErrClosed).
 func (e *Engine) Run(ctx context.Context) error {
 	if !e.ran.CompareAndSwap(false, true) {
+		select {
+		case <-e.stop:
+			return ErrClosed
+		default:
+		}
 		return fmt.Errorf("%w: Run called twice", ErrInvalidArgument)
 	}
 	defer e.shutdown()
@@ -282,6 +306,8 @@ func (e *Engine) Run(ctx context.Context) error {
 				e.handle(m)
 			case <-ctx.Done():
 				return nil
+			case <-e.stop:
+				return nil
 			}
 		}
 	drain:
@@ -293,13 +319,36 @@ func (e *Engine) Run(ctx context.Context) error {
 				break drain
 			}
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || e.stopping() {
 			return nil
 		}
 		if e.hasWork() {
 			e.step()
 		}
 	}
+}
+
+func (e *Engine) stopping() bool {
+	select {
+	case <-e.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close stops the engine and waits until every goroutine it started (the kernel workers, the
+// loop if Run is running, the connector's transfers) is gone: a running Run returns after
+// aborting what is left; an engine never run is released without running. Close is
+// idempotent and safe for concurrent use, but must not be called from the engine goroutine
+// (a hook).
+func (e *Engine) Close() error {
+	e.stopOnce.Do(func() { close(e.stop) })
+	if e.ran.CompareAndSwap(false, true) {
+		e.shutdown() // never run: nothing else will
+	}
+	<-e.exited
+	return nil
 }
 
 // hasWork is the busy-loop predicate. An undelivered flush set counts through the connector.
@@ -370,6 +419,7 @@ func (e *Engine) shutdown() {
 					e.log.Error("engine: connector did not go idle at shutdown", "err", err)
 				}
 				e.kpool.Close()
+				close(e.exited)
 				return
 			}
 		}
@@ -424,7 +474,7 @@ func (e *Engine) Add(ctx context.Context, req Request) (*Stream, error) {
 }
 
 func (e *Engine) validate(req *Request) error {
-	c := e.cfg.Weights.Config
+	c := e.shape
 	if req.ID == "" {
 		return fmt.Errorf("%w: empty request id", ErrInvalidRequest)
 	}
@@ -450,8 +500,8 @@ func (e *Engine) admit(m *addMsg) error {
 	if _, dup := e.reqs[m.req.ID]; dup {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, m.req.ID)
 	}
-	if (e.paused != "" || e.sleepLevel > 0) && e.sched.NumWaiting() >= e.cfg.MaxQueued {
-		return fmt.Errorf("%w: %d requests already wait while the engine is paused or asleep", ErrQueueFull, e.cfg.MaxQueued)
+	if e.sched.NumWaiting() >= e.cfg.MaxQueued {
+		return fmt.Errorf("%w: %d requests already wait to be scheduled", ErrQueueFull, e.cfg.MaxQueued)
 	}
 	p := m.req.Sampling
 	e.seedCounter++
@@ -468,7 +518,7 @@ func (e *Engine) admit(m *addMsg) error {
 		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	e.reqs[m.req.ID] = &reqState{stream: m.stream, sampler: sample.New(p, seed), params: p,
-		prompt: len(m.req.PromptTokenIDs), stops: p.StopTokens([]int{e.cfg.Weights.Config.EOSTokenID})}
+		prompt: len(m.req.PromptTokenIDs), stops: p.StopTokens([]int{e.shape.EOSTokenID})}
 	e.metrics.promptTokens.Add(int64(len(m.req.PromptTokenIDs)))
 	return nil
 }
@@ -535,12 +585,27 @@ func (e *Engine) step() {
 	mo := &sched.ModelOutput{Step: so.Step, Sampled: map[string]sched.Sample{}}
 	var forward func(context.Context) error
 	if so.NumScheduledTokens > 0 {
-		forward = func(context.Context) error { return e.execute(so, mo) }
+		forward = func(context.Context) error {
+			if h := e.cfg.Hooks.BeforeForward; h != nil {
+				if err := h(so.Step); err != nil {
+					return err
+				}
+			}
+			return e.execute(so, mo)
+		}
 	}
 	ctx := context.Background()
 	kvOut, err := kvconnector.RunStep(ctx, e.worker, so.ConnectorMeta, so.FinishedReqIDs, forward)
 	if err != nil {
-		e.log.Error("engine: step failed", "step", so.Step, "err", err)
+		// A failed step fails the requests it scheduled (their streams end with FinishAbort):
+		// the scheduler rolls them back to the step's start, so nothing the step was to compute
+		// is cached or stored, and the connector was told to fail the step's transfers. The
+		// connector output is still applied, so no transfer completion is lost.
+		e.metrics.stepErrors.Add(1)
+		mo.Sampled = nil
+		failed := e.sched.FailStep(so, sched.FinishAbort)
+		e.log.Error("engine: step failed; its requests are aborted", "step", so.Step, "requests", len(failed), "err", err)
+		e.deliver(failed)
 	}
 	mo.KVConnector = kvOut
 	outs, err := e.sched.UpdateFromOutput(so, mo)

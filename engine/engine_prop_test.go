@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,6 +128,7 @@ type propTotals struct {
 	checkedRuns, checkedTokens, nearTies  int
 	multiVersionChecked, seededPairs      int
 	refGreedySpot, queueFull, sleep2Cases int
+	stepErrors, concurrentUpdates         int
 	finishes                              map[FinishReason]int
 	errs                                  map[string]int
 }
@@ -157,6 +159,9 @@ type propHarness struct {
 
 	tot *propTotals
 	ops int
+	// failNext makes the next forward pass fail (opStepError); the requests of that step are
+	// aborted, so every request live while it is armed may end aborted.
+	failNext atomic.Bool
 	// trace records what each operation did, for failure messages.
 	trace []string
 	// refs caches reference logits per weight set: a greedy repeat of a request produces the
@@ -233,10 +238,10 @@ func TestPropertyRandomInterleavings(t *testing.T) {
 	}
 	t.Logf("cases %d, ops %d (pairs %d), requests %d, finishes %v, preemptions %d, prefix hits %d, "+
 		"swaps clean %d dirty %d, checked runs %d (multi-version requests %d) tokens %d, near ties %d, tainted runs %d, "+
-		"seeded pairs %d, referenceGreedy spot checks %d, queue-full %d, level-2 cases %d, expected errors %v, in %v",
+		"seeded pairs %d, referenceGreedy spot checks %d, queue-full %d, level-2 cases %d, step errors armed %d, concurrent updates %d, expected errors %v, in %v",
 		tot.cases, tot.ops, tot.pairs, tot.requests, tot.finishes, tot.preemptions, tot.prefixHits,
 		tot.cleanSwaps, tot.dirtySwaps, tot.checkedRuns, tot.multiVersionChecked, tot.checkedTokens, tot.nearTies, tot.taintedRuns,
-		tot.seededPairs, tot.refGreedySpot, tot.queueFull, tot.sleep2Cases, tot.errs, time.Since(start).Round(time.Millisecond))
+		tot.seededPairs, tot.refGreedySpot, tot.queueFull, tot.sleep2Cases, tot.stepErrors, tot.concurrentUpdates, tot.errs, time.Since(start).Round(time.Millisecond))
 	if t.Failed() || tot.cases < 8 {
 		return
 	}
@@ -294,6 +299,12 @@ func runPropCase(t *testing.T, rt *rapid.T, seeds [2]*model.Weights, tot *propTo
 	}
 	h := &propHarness{rt: rt, t: t, seeds: seeds, weights: map[int64]*model.Weights{1: seeds[0]},
 		nextVer: 2, byID: map[string]*propReq{}, finishes: map[string]int{}, finishGen: map[string]int{}, tot: tot}
+	cfg.Hooks.BeforeForward = func(uint64) error {
+		if h.failNext.CompareAndSwap(true, false) {
+			return errors.New("injected forward error")
+		}
+		return nil
+	}
 	cfg.Hooks.OnFinish = func(id string, _ FinishReason, _, gen int, _ Timings) {
 		h.mu.Lock()
 		h.finishes[id]++
@@ -346,6 +357,10 @@ func runPropCase(t *testing.T, rt *rapid.T, seeds [2]*model.Weights, tot *propTo
 			h.opWeights()
 		case kind < 91:
 			h.opSwapUnderKeep()
+		case kind < 93:
+			h.opConcurrentUpdates()
+		case kind < 95:
+			h.opStepError()
 		default:
 			h.opPair()
 		}
@@ -396,11 +411,12 @@ func (h *propHarness) expect(op string, want propState) {
 	}
 }
 
-// check runs after every operation: the scheduler's and pool's invariants (inside Stats) and
-// the engine-level ones.
+// check runs after every operation: the scheduler's and pool's invariants (CheckInvariants,
+// which also fails on a counted violation such as a block owned across a pool release) and the
+// engine-level ones.
 func (h *propHarness) check() {
 	h.rt.Helper()
-	st, err := h.e.Stats(h.ctx)
+	st, err := h.e.CheckInvariants(h.ctx)
 	if err != nil {
 		h.fatalf("after op %d: invariants: %v", h.ops, err)
 	}
@@ -492,18 +508,17 @@ func (h *propHarness) opAdd() {
 func (h *propHarness) add(p []int, params sample.Params, seed int64, salt string) *propReq {
 	h.nextID++
 	id := fmt.Sprintf("r%d", h.nextID)
+	armed := h.failNext.Load() // checked before Add: a failure consumed earlier cannot hit it
 	s, err := h.e.Add(h.ctx, Request{ID: id, PromptTokenIDs: p, Sampling: params, CacheSalt: salt})
 	if errors.Is(err, ErrQueueFull) {
-		if h.st.Paused == "" && !h.st.asleep() {
-			h.fatalf("ErrQueueFull while neither paused nor asleep: %+v", h.st)
-		}
+		// The waiting queue is capped in every state, so a running engine may refuse too.
 		h.tot.add(func(tt *propTotals) { tt.queueFull++ })
 		return nil
 	}
 	if err != nil {
 		h.fatalf("add %s: %v", id, err)
 	}
-	r := &propReq{id: id, prompt: p, params: params, salt: salt, seed: seed, stream: s, addedVer: h.st.Version, tainted: map[int64]bool{}}
+	r := &propReq{id: id, prompt: p, params: params, salt: salt, seed: seed, stream: s, addedVer: h.st.Version, tainted: map[int64]bool{}, mayAbort: armed}
 	h.tracef("add %s (prompt %d, max %d, temp %v)", id, len(p), params.MaxTokens, params.Temperature)
 	h.reqs = append(h.reqs, r)
 	h.byID[id] = r
@@ -880,12 +895,21 @@ func (h *propHarness) opWeights() {
 		running := h.sync()
 		want := h.st
 		who := h.commitCandidates(running)
-		v, err := h.e.CommitWeights(h.ctx)
+		ver := want.Staged
+		if ver == 0 || rapid.IntRange(0, 4).Draw(h.rt, "commit_other") == 0 {
+			ver = h.nextVer + 5 // a version that is not staged
+		}
+		v, err := h.e.CommitWeights(h.ctx, ver)
 		if want.Staged == 0 {
 			if !errors.Is(err, ErrNothingStaged) {
 				h.fatalf("commit with nothing staged: %v", err)
 			}
 			h.countErr("nothing_staged")
+		} else if ver != want.Staged {
+			if !errors.Is(err, ErrNotStaged) {
+				h.fatalf("commit of %d with %d staged: %v", ver, want.Staged, err)
+			}
+			h.countErr("not_staged")
 		} else {
 			if err != nil || v != want.Staged {
 				h.fatalf("commit: %d, %v; staged %d", v, err, want.Staged)
@@ -896,13 +920,82 @@ func (h *propHarness) opWeights() {
 		h.expect("commit_weights", want)
 	case 4: // a stale stage is refused and changes nothing
 		want := h.st
-		err := h.e.StageWeights(h.ctx, h.newWeights(want.Version), want.Version)
+		ver := want.Version
+		if want.Staged > 0 && rapid.Bool().Draw(h.rt, "stale_vs_staged") {
+			ver = want.Staged // not above the staged version either
+		}
+		err := h.e.StageWeights(h.ctx, h.newWeights(ver), ver)
 		if !errors.Is(err, ErrStaleVersion) {
 			h.fatalf("stale stage: %v", err)
 		}
 		h.countErr("stale_stage")
 		h.expect("stale stage", want)
 	}
+}
+
+// opConcurrentUpdates queues two UpdateWeights calls back to back with the loop parked (the
+// newer version first or second): each stages and commits atomically, so the newest version
+// serves, a call never hears ErrNothingStaged, and the older one is refused as stale only
+// when the newer one went first.
+func (h *propHarness) opConcurrentUpdates() {
+	lo, hi := h.nextVer, h.nextVer+1
+	h.nextVer += 2
+	wl, wh := h.newWeights(lo), h.newWeights(hi)
+	h.weights[lo], h.weights[hi] = wl, wh
+	newerFirst := rapid.Bool().Draw(h.rt, "newer_first")
+	h.sync()
+	before := h.st
+	liveBefore := h.live()
+	type res struct {
+		v   int64
+		err error
+	}
+	var rl, rh res
+	release := h.e.block(h.t)
+	var wg sync.WaitGroup
+	runLo := func() { defer wg.Done(); rl.v, rl.err = h.e.UpdateWeights(h.ctx, wl, lo, false) }
+	runHi := func() { defer wg.Done(); rh.v, rh.err = h.e.UpdateWeights(h.ctx, wh, hi, false) }
+	first, second := runLo, runHi
+	if newerFirst {
+		first, second = runHi, runLo
+	}
+	wg.Add(2)
+	go first()
+	h.waitQueued(1)
+	go second()
+	h.waitQueued(2)
+	release()
+	wg.Wait()
+	h.tracef("concurrent updates %d, %d (newer first %v): %v/%v, %v/%v", lo, hi, newerFirst, rl.v, rl.err, rh.v, rh.err)
+	if rh.err != nil || rh.v != hi {
+		h.fatalf("update to %d: %d, %v", hi, rh.v, rh.err)
+	}
+	if newerFirst {
+		if !errors.Is(rl.err, ErrStaleVersion) {
+			h.fatalf("update to %d after %d: %v, want ErrStaleVersion", lo, hi, rl.err)
+		}
+	} else if rl.err != nil || rl.v != lo {
+		h.fatalf("update to %d before %d: %d, %v", lo, hi, rl.v, rl.err)
+	}
+	want := before
+	want.Version, want.Staged, want.NoModel = hi, 0, false
+	h.expect("concurrent updates", want)
+	for _, r := range append(liveBefore, h.live()...) {
+		r.tainted[lo], r.tainted[hi] = true, true
+	}
+	h.tot.add(func(tt *propTotals) { tt.concurrentUpdates++; tt.dirtySwaps++ })
+}
+
+// opStepError makes the next forward pass fail. The requests of that step end aborted; the
+// engine's invariants and every other request's output must be unaffected.
+func (h *propHarness) opStepError() {
+	if h.failNext.Load() {
+		return
+	}
+	h.markAbortable()
+	h.failNext.Store(true)
+	h.tracef("step error armed")
+	h.tot.add(func(tt *propTotals) { tt.stepErrors++ })
 }
 
 // pairOp is one utility call of a back-to-back pair; it reports whether err is an allowed
@@ -981,8 +1074,12 @@ func (h *propHarness) drawPairOp(label string, kind int) pairOp {
 		return pairOp{fmt.Sprintf("stage(%d)", ver), func(ctx context.Context) error { return h.e.StageWeights(ctx, w, ver) },
 			func(err error) bool { return err == nil || errors.Is(err, ErrStaleVersion) }}
 	case pairCommit:
-		return pairOp{"commit", func(ctx context.Context) error { _, err := h.e.CommitWeights(ctx); return err },
-			func(err error) bool { return err == nil || errors.Is(err, ErrNothingStaged) }}
+		// The latest version staged so far, by the model or by a stage of this pair.
+		ver := h.nextVer - 1
+		return pairOp{fmt.Sprintf("commit(%d)", ver), func(ctx context.Context) error { _, err := h.e.CommitWeights(ctx, ver); return err },
+			func(err error) bool {
+				return err == nil || errors.Is(err, ErrNothingStaged) || errors.Is(err, ErrNotStaged) || errors.Is(err, ErrStaleVersion)
+			}}
 	default:
 		return pairOp{"stats", func(ctx context.Context) error { _, err := h.e.Stats(ctx); return err }, nilOnly}
 	}
@@ -1101,7 +1198,7 @@ func (h *propHarness) finish() {
 		promptTotal += int64(len(r.prompt))
 		reasons[r.finalOut.FinishReason]++
 	}
-	st, err := h.e.Stats(h.ctx)
+	st, err := h.e.CheckInvariants(h.ctx)
 	if err != nil {
 		h.fatalf("final invariants: %v", err)
 	}
@@ -1333,13 +1430,13 @@ func TestSleep2ThenCommitBackToBack(t *testing.T) {
 	require.NoError(t, err)
 	_, errSleep, errCommit := backToBack(t, e,
 		func() error { return e.Sleep(ctx, 2, PauseWait) },
-		func() error { _, err := e.CommitWeights(ctx); return err })
+		func() error { _, err := e.CommitWeights(ctx, 2); return err })
 	require.NoError(t, errSleep)
 	require.NoError(t, errCommit)
 	require.NoError(t, e.WakeUp(ctx, nil), "the committed weights survive the sleep")
 	got, err := e.Weights(ctx)
 	require.NoError(t, err)
-	assert.Same(t, w2, got)
+	assert.Equal(t, w2, got)
 	res, err := s.Collect(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, FinishLength, res.FinishReason)

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -141,10 +143,7 @@ func TestPauseWaitLetsRunningFinish(t *testing.T) {
 	// A request added while paused waits until Resume.
 	s2, err := e.Add(ctx, Request{ID: "b", PromptTokenIDs: prompt(8, 2), Sampling: greedy(3)})
 	require.NoError(t, err)
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	_, err = s2.Recv(short)
-	cancel()
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	requireParked(t, e, 1)
 	require.NoError(t, e.Resume(ctx))
 	res2, err := s2.Collect(ctx)
 	require.NoError(t, err)
@@ -189,11 +188,7 @@ func TestPauseKeepFreezesAndResumeContinues(t *testing.T) {
 	st, err := e.Stats(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Running, "keep leaves the request running, frozen")
-	steps := st.Steps
-	time.Sleep(20 * time.Millisecond)
-	st, err = e.Stats(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, steps, st.Steps, "a paused engine does not step")
+	assert.False(t, e.testHasWork(t), "a paused engine does not step")
 	require.NoError(t, e.Resume(ctx))
 	toks = recvAtLeast(t, ctx, s, toks, 40)
 	s.Abort()
@@ -291,10 +286,7 @@ func TestSleepLevel1ReleasesKVAndQueuesGeneration(t *testing.T) {
 	p := prompt(12, 9)
 	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(6)})
 	require.NoError(t, err, "generation while asleep queues")
-	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
-	_, err = s.Recv(short)
-	cancel()
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	requireParked(t, e, 1)
 	require.ErrorIs(t, e.Resume(ctx), ErrAsleep)
 	require.NoError(t, e.WakeUp(ctx, []string{TagKVCache}))
 	// The sleep paused the engine itself, so a full wake resumes it.
@@ -384,7 +376,7 @@ func TestWeightUpdatesReuseTheRetiredSet(t *testing.T) {
 			require.NotNil(t, retired)
 			assert.Nil(t, e.spare.Load(), "version %d packed into the retired set", v)
 		}
-		_, err = e.CommitWeights(ctx)
+		_, err = e.CommitWeights(ctx, v)
 		require.NoError(t, err)
 		assert.NotNil(t, e.spare.Load(), "the commit retired version %d", v-1)
 		check("v"+strconv.FormatInt(v, 10), w)
@@ -436,7 +428,7 @@ func TestPerTokenVersionsAcrossSwapDuringKeep(t *testing.T) {
 func TestStagedWeightsFailuresLeaveOldServing(t *testing.T) {
 	e, _ := testEngine(t, nil)
 	ctx := ctxT(t)
-	_, err := e.CommitWeights(ctx)
+	_, err := e.CommitWeights(ctx, 2)
 	require.ErrorIs(t, err, ErrNothingStaged)
 	w, err := model.Preset("tiny", 3)
 	require.NoError(t, err)
@@ -450,6 +442,15 @@ func TestStagedWeightsFailuresLeaveOldServing(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 3, st.StagedVersion)
 	assert.EqualValues(t, 1, st.WeightVersion)
+	// A stage must be newer than the staged version too, and a commit names what it commits.
+	require.ErrorIs(t, e.StageWeights(ctx, w, 2), ErrStaleVersion)
+	require.ErrorIs(t, e.StageWeights(ctx, w, 3), ErrStaleVersion)
+	_, err = e.CommitWeights(ctx, 2)
+	require.ErrorIs(t, err, ErrNotStaged)
+	v, err := e.CommitWeights(ctx, 3)
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, v)
+	assert.EqualValues(t, 3, e.Version())
 }
 
 func TestBadInput(t *testing.T) {
@@ -527,11 +528,27 @@ func TestIdleEngineDoesNotStep(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Collect(ctx)
 	require.NoError(t, err)
-	_, err = e.Stats(ctx)
+	// The loop blocks on its input when it has no work (it would step otherwise).
+	assert.False(t, e.testHasWork(t))
+}
+
+// testHasWork reads the loop's busy predicate between steps.
+func (e *Engine) testHasWork(t *testing.T) bool {
+	t.Helper()
+	v, err := call(context.Background(), e, "test_has_work", func(_ context.Context, done func(bool, error)) { done(e.hasWork(), nil) })
 	require.NoError(t, err)
-	before := e.Metrics().Steps
-	time.Sleep(30 * time.Millisecond)
-	assert.Equal(t, before, e.Metrics().Steps)
+	return v
+}
+
+// requireParked checks, between steps, that n requests wait (none runs) and that the loop
+// has no work, i.e. they wait for a Resume or WakeUp rather than for their turn.
+func requireParked(t *testing.T, e *Engine, n int) {
+	t.Helper()
+	st, err := e.Stats(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, n, st.Waiting)
+	assert.Zero(t, st.Running)
+	assert.False(t, e.testHasWork(t), "queued, not scheduled")
 }
 
 // block parks the engine loop inside a utility call until release is called, so tests can
@@ -575,4 +592,256 @@ func backToBack(t *testing.T, e *Engine, first, second func() error) (steps int6
 func waitQueued(t *testing.T, e *Engine, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return len(e.in) >= n }, 5*time.Second, time.Millisecond)
+}
+
+// TestReleaseWithOwnedBlockIsAViolation: releasing the KV pool while a request owns blocks is
+// an invariant violation, counted (the sleep path gives every block up first, so this counter
+// stays 0 in every other test).
+func TestReleaseWithOwnedBlockIsAViolation(t *testing.T) {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	e, err := New(Config{Weights: w, NumBlocks: 16, Workers: 1})
+	require.NoError(t, err)
+	defer e.kpool.Close()
+	_, ok := e.blocks.AllocateSlots("x", 20, nil)
+	require.True(t, ok)
+	e.releaseKV()
+	assert.EqualValues(t, 1, e.Metrics().InvariantViolations)
+	e.blocks.Free("x")
+	require.NoError(t, e.allocKV())
+	e.releaseKV()
+	assert.EqualValues(t, 1, e.Metrics().InvariantViolations, "a release with every block free is fine")
+}
+
+// TestConcurrentUpdateWeightsIsAtomic: two UpdateWeights calls queued back to back (a newer
+// version first) must each stage and commit in one step of the loop: the newer version serves,
+// its caller hears so, and the older one is refused as stale. With stage and commit as two
+// loop calls the older stage replaced the newer one, the newer caller was told it committed
+// the older version and the other caller heard "no staged weights".
+func TestConcurrentUpdateWeightsIsAtomic(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	w2, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	w3, err := model.Preset("tiny", 3)
+	require.NoError(t, err)
+	var v3, v2 int64
+	_, err3, err2 := backToBack(t, e,
+		func() (err error) { v3, err = e.UpdateWeights(ctx, w3, 3, false); return err },
+		func() (err error) { v2, err = e.UpdateWeights(ctx, w2, 2, false); return err })
+	require.NoError(t, err3)
+	assert.EqualValues(t, 3, v3)
+	require.ErrorIs(t, err2, ErrStaleVersion)
+	assert.Zero(t, v2)
+	assert.EqualValues(t, 3, e.Version())
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.StagedVersion, "nothing left staged")
+}
+
+// TestCloseReleasesEverything: Close releases an engine that never ran and stops a running
+// one; it is idempotent, waits for the goroutines New and Run started, and later calls fail
+// with ErrClosed.
+func TestCloseReleasesEverything(t *testing.T) {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	t.Run("never run", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		e, err := New(Config{Weights: w, NumBlocks: 64, Workers: 4})
+		require.NoError(t, err)
+		require.NoError(t, e.Close())
+		require.NoError(t, e.Close())
+		require.ErrorIs(t, e.Run(context.Background()), ErrClosed)
+		_, err = e.Add(context.Background(), Request{ID: "a", PromptTokenIDs: prompt(4, 1), Sampling: greedy(1)})
+		require.ErrorIs(t, err, ErrClosed)
+	})
+	t.Run("running", func(t *testing.T) {
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		e, err := New(Config{Weights: w, NumBlocks: 64, Workers: 4})
+		require.NoError(t, err)
+		ran := make(chan error, 1)
+		go func() { ran <- e.Run(context.Background()) }()
+		ctx := ctxT(t)
+		s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(4, 1), Sampling: greedy(long)})
+		require.NoError(t, err)
+		_, err = s.Recv(ctx)
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() { defer wg.Done(); assert.NoError(t, e.Close()) }()
+		}
+		wg.Wait()
+		require.NoError(t, <-ran)
+		res, err := s.Collect(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, FinishAbort, res.FinishReason)
+		_, err = e.Stats(ctx)
+		require.ErrorIs(t, err, ErrClosed)
+	})
+}
+
+// TestFailedStepAbortsItsRequests: an injected forward error aborts exactly the requests the
+// step scheduled (rolled back first: nothing of the step is cached), the scheduler's invariants
+// hold, and a request that was only waiting, and later ones, generate the reference output.
+func TestFailedStepAbortsItsRequests(t *testing.T) {
+	var fail sync.Once
+	armed := make(chan struct{})
+	e, w := testEngine(t, func(c *Config) {
+		c.MaxNumSeqs = 2
+		c.Hooks.BeforeForward = func(uint64) error {
+			select {
+			case <-armed:
+			default:
+				return nil
+			}
+			err := error(nil)
+			fail.Do(func() { err = errors.New("injected forward error") })
+			return err
+		}
+	})
+	ctx := ctxT(t)
+	_, err := e.Pause(ctx, PauseKeep, false) // all three are queued before anything runs
+	require.NoError(t, err)
+	var streams []*Stream
+	for i := range 3 {
+		s, err := e.Add(ctx, Request{ID: string(rune('a' + i)), PromptTokenIDs: prompt(20, i), Sampling: greedy(5)})
+		require.NoError(t, err)
+		streams = append(streams, s)
+	}
+	close(armed)
+	require.NoError(t, e.Resume(ctx))
+	for i, s := range streams {
+		res, err := s.Collect(ctx)
+		require.NoError(t, err)
+		if i < 2 {
+			assert.Equal(t, FinishAbort, res.FinishReason, "request %d ran in the failed step", i)
+			assert.Empty(t, res.Tokens)
+			continue
+		}
+		assert.Equal(t, referenceGreedy(t, w, prompt(20, i), 5), res.TokenIDs(), "the waiting request is unaffected")
+	}
+	assert.EqualValues(t, 1, e.Metrics().StepErrors)
+	st, err := e.CheckInvariants(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.KVBlocksUsed)
+	s, err := e.Add(ctx, Request{ID: "d", PromptTokenIDs: prompt(20, 0), Sampling: greedy(5)})
+	require.NoError(t, err)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, w, prompt(20, 0), 5), res.TokenIDs())
+	assert.Zero(t, res.NumCachedTokens, "the failed step cached nothing")
+}
+
+// TestSleep2ReleasesEveryWeightSet: after a level-2 sleep no weight set the engine served or
+// retired is reachable, the initial one included (the config used to keep it for the engine's
+// lifetime). Cleanups on the sets and their embedding arrays prove it.
+func TestSleep2ReleasesEveryWeightSet(t *testing.T) {
+	freed := make(chan string, 4)
+	watch := func(w *model.Weights, name string) {
+		runtime.AddCleanup(w, func(s string) { freed <- s }, name)
+		runtime.AddCleanup(&w.Embed[0], func(s string) { freed <- s }, name+" embedding")
+	}
+	e, ctx := func() (*Engine, context.Context) {
+		w1, err := model.Preset("tiny", 1)
+		require.NoError(t, err)
+		watch(w1, "initial")
+		e, err := New(Config{Weights: w1, WeightVersion: 1, NumBlocks: 64, Workers: 2})
+		require.NoError(t, err)
+		go func() { _ = e.Run(context.Background()) }()
+		t.Cleanup(func() { require.NoError(t, e.Close()) })
+		ctx := ctxT(t)
+		w2, err := model.Preset("tiny", 2)
+		require.NoError(t, err)
+		watch(w2, "committed")
+		_, err = e.UpdateWeights(ctx, w2, 2, false) // w1 becomes the retired spare
+		require.NoError(t, err)
+		return e, ctx
+	}()
+	require.NoError(t, e.Sleep(ctx, 2, PauseAbort))
+	got := map[string]bool{}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(got) < 4 && time.Now().Before(deadline) {
+		runtime.GC()
+		select {
+		case s := <-freed:
+			got[s] = true
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	assert.Equal(t, map[string]bool{"initial": true, "initial embedding": true, "committed": true, "committed embedding": true}, got)
+	w3, err := model.Preset("tiny", 3)
+	require.NoError(t, err)
+	_, err = e.UpdateWeights(ctx, w3, 3, false)
+	require.NoError(t, err)
+	require.NoError(t, e.WakeUp(ctx, nil))
+}
+
+// TestWeightsIsACopy: writing to what Weights returns changes nothing that is served.
+func TestWeightsIsACopy(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	w, err := model.Preset("tiny", 1) // the same set, not shared with the engine
+	require.NoError(t, err)
+	ctx := ctxT(t)
+	p := prompt(12, 3)
+	got, err := e.Weights(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, w, got)
+	for i := range got.Embed {
+		got.Embed[i] = 0
+	}
+	for i := range got.FinalNorm {
+		got.FinalNorm[i] = 0
+	}
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(6)})
+	require.NoError(t, err)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, w, p, 6), res.TokenIDs(), "the served model is unchanged")
+	again, err := e.Weights(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, w, again)
+}
+
+// TestResumeDuringPauseWaitDrain: a Resume queued while a Pause(wait) drains lets the drain
+// finish: the running request ends normally (the Pause, handled first, completes first) and a
+// request queued meanwhile starts only after the running one finished.
+func TestResumeDuringPauseWaitDrain(t *testing.T) {
+	e, w := testEngine(t, nil)
+	ctx := ctxT(t)
+	pa, pb := prompt(8, 1), prompt(8, 2)
+	a, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: pa, Sampling: greedy(16)})
+	require.NoError(t, err)
+	first, err := a.Recv(ctx) // a is running
+	require.NoError(t, err)
+	var b *Stream
+	release := e.block(t)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _, err := e.Pause(ctx, PauseWait, false); assert.NoError(t, err) }()
+	waitQueued(t, e, 1)
+	go func() { defer wg.Done(); assert.NoError(t, e.Resume(ctx)) }()
+	waitQueued(t, e, 2)
+	added := make(chan *Stream, 1)
+	go func() {
+		s, err := e.Add(ctx, Request{ID: "b", PromptTokenIDs: pb, Sampling: greedy(3)})
+		assert.NoError(t, err)
+		added <- s
+	}()
+	waitQueued(t, e, 3)
+	release()
+	wg.Wait()
+	b = <-added
+	paused, err := e.IsPaused(ctx)
+	require.NoError(t, err)
+	assert.False(t, paused)
+	resA, err := a.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, FinishLength, resA.FinishReason, "the drain was not cut short")
+	assert.Equal(t, referenceGreedy(t, w, pa, 16), tokenIDs(append(first.Tokens, resA.Tokens...)))
+	require.NotNil(t, b)
+	resB, err := b.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, w, pb, 3), resB.TokenIDs())
+	assert.False(t, resB.Timings.FirstToken.Before(resA.Timings.Finish), "b started after a finished")
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 )
 
@@ -24,6 +25,8 @@ type Metrics struct {
 	kvTotalBlocks atomic.Int64
 	prefixQueries atomic.Int64
 	prefixHits    atomic.Int64
+	violations    atomic.Int64
+	stepErrors    atomic.Int64
 	state         atomic.Value // string
 }
 
@@ -68,6 +71,14 @@ type MetricsSnapshot struct {
 	PrefixQueries    int64
 	PrefixHits       int64
 	KVReleased       bool
+	// InvariantViolations counts broken engine invariants detected in production paths (a KV
+	// pool released while a request owned blocks); it must stay 0.
+	InvariantViolations int64
+	// StepErrors counts steps whose execution failed (their requests were aborted).
+	StepErrors int64
+	// InputQueued is the number of messages (adds, aborts, utility calls) waiting for the
+	// engine loop right now.
+	InputQueued int
 }
 
 // Metrics returns the current counters without a round trip through the engine loop.
@@ -83,7 +94,7 @@ func (e *Engine) Metrics() MetricsSnapshot {
 		FinishedStop: m.finishedStop.Load(), FinishedLength: m.finishedLen.Load(), FinishedAbort: m.finishedAbort.Load(),
 		Running: m.running.Load(), Waiting: m.waiting.Load(), KVUsedBlocks: m.kvUsedBlocks.Load(),
 		KVTotalBlocks: m.kvTotalBlocks.Load(), PrefixQueries: m.prefixQueries.Load(), PrefixHits: m.prefixHits.Load(),
-		KVReleased: m.kvReleased.Load(),
+		KVReleased: m.kvReleased.Load(), InvariantViolations: m.violations.Load(), StepErrors: m.stepErrors.Load(), InputQueued: len(e.in),
 	}
 }
 
@@ -101,27 +112,47 @@ type Stats struct {
 	KVBlocksTotal int    `json:"kv_blocks_total"`
 	KVReleased    bool   `json:"kv_released"`
 	Steps         int64  `json:"steps"`
+	// InvariantViolations is Metrics().InvariantViolations (0 unless something is broken).
+	InvariantViolations int64 `json:"invariant_violations"`
 	// Connector reports the connector's own state (offload jobs in flight, flush pending, …).
 	Connector map[string]float64 `json:"connector,omitempty"`
 }
 
-// Stats returns the engine state; it also checks the scheduler's and pool's invariants and
-// reports a violation as an error, which the tests rely on.
+// Stats returns the engine state as the loop sees it between steps. It is cheap (the /state
+// route calls it); CheckInvariants also verifies the scheduler's and the pool's consistency.
 func (e *Engine) Stats(ctx context.Context) (Stats, error) {
-	return call(ctx, e, "stats", func(_ context.Context, done func(Stats, error)) {
-		s := Stats{State: e.stateName(), WeightVersion: e.version, Paused: e.paused != "", PauseMode: string(e.paused),
-			SleepLevel: e.sleepLevel, Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting(),
-			KVBlocksUsed: e.usedBlocks(), KVBlocksTotal: e.blocks.NumBlocks() - 1, KVReleased: e.sleepKV,
-			Steps: e.metrics.steps.Load(), Connector: e.conn.Stats()}
-		if e.staged != nil {
-			s.StagedVersion = e.staged.version
-		}
+	return call(ctx, e, "stats", func(_ context.Context, done func(Stats, error)) { done(e.stats(), nil) })
+}
+
+// CheckInvariants returns Stats and walks the scheduler's queues and the whole block pool to
+// verify their consistency, reporting a violation as an error. The walk is linear in the pool
+// size and runs on the engine goroutine: for tests and debugging, not for routes.
+func (e *Engine) CheckInvariants(ctx context.Context) (Stats, error) {
+	return call(ctx, e, "check_invariants", func(_ context.Context, done func(Stats, error)) {
+		s := e.stats()
 		err := e.sched.CheckInvariants()
 		if err == nil {
 			err = e.blocks.CheckInvariants()
 		}
+		if err == nil && s.KVReleased && s.KVBlocksUsed > 0 {
+			err = fmt.Errorf("engine: %d blocks owned with the KV pool released", s.KVBlocksUsed)
+		}
+		if n := e.metrics.violations.Load(); err == nil && n > 0 {
+			err = fmt.Errorf("engine: %d invariant violations counted", n)
+		}
 		done(s, err)
 	})
+}
+
+func (e *Engine) stats() Stats {
+	s := Stats{State: e.stateName(), WeightVersion: e.version, Paused: e.paused != "", PauseMode: string(e.paused),
+		SleepLevel: e.sleepLevel, Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting(),
+		KVBlocksUsed: e.usedBlocks(), KVBlocksTotal: e.blocks.NumBlocks() - 1, KVReleased: e.sleepKV,
+		Steps: e.metrics.steps.Load(), InvariantViolations: e.metrics.violations.Load(), Connector: e.conn.Stats()}
+	if e.staged != nil {
+		s.StagedVersion = e.staged.version
+	}
+	return s
 }
 
 func (e *Engine) stateName() string {

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"slices"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/rolloutkit/rollout/engine/kvconnector"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/sched"
@@ -50,20 +53,33 @@ func fromDetail(ok bool, d sched.ResetDetail) ResetResult {
 }
 
 // Pause stops scheduling as mode says. With clearCache it then resets the prefix cache and
-// the connector, preempting running requests (also those frozen by keep) so that no KV
-// computed before the pause is reused; they recompute on Resume. It returns once the pause is
-// complete: at once for keep and abort, after the running requests finished for wait.
+// the connector, preempting running requests (also those frozen by keep) and turning waiting
+// requests whose connector load landed back into recomputing ones, so that no KV computed
+// before the pause is reused; they recompute on Resume. The reset runs once the engine is idle,
+// so normally nothing is left in use and it reports success; otherwise Success is false and
+// Reason says what is still held. It returns once the pause is complete: at once for keep and
+// abort, after the running requests finished for wait.
 func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (ResetResult, error) {
 	if _, err := ParsePauseMode(string(mode)); err != nil {
 		return ResetResult{}, err
 	}
-	return call(ctx, e, "pause", func(_ context.Context, done func(ResetResult, error)) {
+	return call(ctx, e, "pause", func(ctx context.Context, done func(ResetResult, error)) {
 		e.pause(mode)
 		e.pausedBySleep = false
+		span := trace.SpanFromContext(ctx)
+		span.SetAttributes(attribute.String("engine.pause_mode", string(mode)), attribute.Bool("engine.clear_cache", clearCache))
+		if e.hasWork() {
+			// The pause completes once running requests and in-flight KV transfers are done:
+			// the event marks where that wait starts, so a slow pause shows what it waited on.
+			span.AddEvent("engine.drain", trace.WithAttributes(attribute.Int("engine.running", e.sched.NumUnfinishedRequests()),
+				attribute.Bool("engine.connector_pending", e.conn.HasPendingPushWork())))
+		}
 		complete := func() bool {
 			var r ResetResult
 			if clearCache {
-				r = e.resetCaches()
+				r = e.resetCaches(ctx)
+				span.SetAttributes(attribute.Int("engine.blocks_cleared", r.BlocksCleared), attribute.Int("engine.jobs_flushed", r.JobsFlushed),
+					attribute.Int("engine.preempted", r.Preempted), attribute.Bool("engine.reset_success", r.Success))
 			}
 			done(r, nil)
 			return true
@@ -106,13 +122,17 @@ func (e *Engine) afterPending(task func(), fail func(error)) {
 }
 
 // resetCaches is vLLM's _reset_caches: preempt running requests, reset the prefix cache and
-// the connector.
-func (e *Engine) resetCaches() ResetResult {
-	ok, d := e.sched.ResetPrefixCache(true, true)
+// the connector. ctx is the utility call's (its span is the connector reset's parent).
+func (e *Engine) resetCaches(ctx context.Context) ResetResult {
+	ok, d := e.sched.ResetPrefixCache(ctx, true, true)
 	return fromDetail(ok, d)
 }
 
-// Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep.
+// Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep. A Resume
+// that arrives while a Pause(wait) (or a Sleep) is still draining does not cut the drain short:
+// it takes effect right after that call completes, as if sent after it returned, so the pause
+// returns first (its running requests finished normally) and only then do queued requests
+// start.
 func (e *Engine) Resume(ctx context.Context) error {
 	_, err := call(ctx, e, "resume", func(_ context.Context, done func(struct{}, error)) {
 		e.afterPending(func() {
@@ -149,8 +169,10 @@ func (e *Engine) asleep() bool { return e.sleep0 || e.sleepKV || e.sleepWeights 
 // Sleep pauses the engine (with mode, unless it is paused already, in which case the existing
 // pause stands) and then, for level ≥ 1, resets every cache, keeps stepping until every flush
 // the reset produced has been delivered to the connector's workers, waits for every transfer
-// touching the KV pool, and only then releases the pool. Level 2 also releases the weights: a
-// wake-up then needs a new weight set (CommitWeights while asleep). Level 0 only pauses.
+// touching the KV pool, turns every request still holding blocks (a connector load that landed
+// meanwhile) into one that recomputes after the wake-up, and only then releases the pool.
+// Level 2 also releases every weight set the engine serves or retired (a staged one stays): a
+// wake-up then needs new weights (CommitWeights while asleep). Level 0 only pauses.
 func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 	if level < 0 || level > 2 {
 		return fmt.Errorf("%w: sleep level %d: want 0, 1 or 2", ErrInvalidArgument, level)
@@ -161,11 +183,12 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 	if _, err := ParsePauseMode(string(mode)); err != nil {
 		return err
 	}
-	_, err := call(ctx, e, "sleep", func(_ context.Context, done func(struct{}, error)) {
+	_, err := call(ctx, e, "sleep", func(ctx context.Context, done func(struct{}, error)) {
 		if e.paused == "" {
 			e.pause(mode)
 			e.pausedBySleep = true
 		}
+		trace.SpanFromContext(ctx).SetAttributes(attribute.Int("engine.sleep_level", level))
 		if level == 0 {
 			e.sleep0 = true
 			done(struct{}{}, nil)
@@ -175,7 +198,7 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 		task := func() bool {
 			if phase == 0 {
 				phase = 1
-				if r := e.resetCaches(); !r.Success {
+				if r := e.resetCaches(ctx); !r.Success {
 					e.log.Warn("engine: sleep: cache reset incomplete", "reason", r.Reason)
 				}
 				if e.hasWork() {
@@ -187,9 +210,16 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 				done(struct{}{}, fmt.Errorf("engine: sleep: waiting for KV transfers: %w", err))
 				return true
 			}
+			// No request may keep blocks whose memory is about to go: whatever still holds
+			// some (a connector load that landed while paused) recomputes after the wake-up.
+			if n := e.sched.DropAllKV(); n > 0 {
+				e.log.Info("engine: sleep: requests holding KV will recompute", "requests", n)
+			}
 			e.releaseKV()
 			e.spare.Store(nil) // sleeping is for giving memory back
 			if level == 2 {
+				// Every weight set the engine serves or retired goes (the spare is gone
+				// above). A staged set stays: it is what the caller asked to serve next.
 				e.model, e.weights = nil, nil
 				e.sleepWeights = true
 			}
@@ -202,10 +232,19 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 	return err
 }
 
+// releaseKV drops the KV pool's memory. Every request must have given its blocks up first
+// (Scheduler.DropAllKV); a block still owned here would resume on the zeroed pool a wake-up
+// allocates, so it is counted as an invariant violation, and the prefix cache is cleared so no
+// lookup can reach the old content either.
 func (e *Engine) releaseKV() {
 	if e.sleepKV {
 		return
 	}
+	if used := e.usedBlocks(); used > 0 {
+		e.metrics.violations.Add(1)
+		e.log.Error("engine: invariant violation: KV pool released while requests own blocks", "blocks", used)
+	}
+	e.blocks.Reset(true)
 	if b, ok := e.worker.(kvconnector.StorageBinder); ok {
 		b.ReleaseKVStorage()
 	}
@@ -280,84 +319,124 @@ func (e *Engine) allocKV() error {
 // ResetPrefixCache resets the engine's prefix cache and, with resetConnector, the connector's
 // (the offloaded KV). Without resetRunning it refuses while requests hold blocks, and says so.
 func (e *Engine) ResetPrefixCache(ctx context.Context, resetRunning, resetConnector bool) (ResetResult, error) {
-	return call(ctx, e, "reset_prefix_cache", func(_ context.Context, done func(ResetResult, error)) {
-		ok, d := e.sched.ResetPrefixCache(resetRunning, resetConnector)
+	return call(ctx, e, "reset_prefix_cache", func(ctx context.Context, done func(ResetResult, error)) {
+		ok, d := e.sched.ResetPrefixCache(ctx, resetRunning, resetConnector)
 		done(fromDetail(ok, d), nil)
 	})
 }
 
 // StageWeights packs w (on the caller's goroutine, while the old weights keep serving) and
-// stages it as version. It must have the serving model's shape and a version newer than the
-// serving one; a later stage replaces an earlier one.
+// stages it as version. It must have the serving model's shape and a version newer than both
+// the serving one and any staged one (else ErrStaleVersion); it replaces an older staged set.
 func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int64) error {
-	if w == nil {
-		return fmt.Errorf("%w: nil weights", ErrInvalidArgument)
-	}
-	if !sameShape(w.Config, e.cfg.Weights.Config) {
-		return fmt.Errorf("%w: staged weights have shape %+v, the engine serves %+v", ErrInvalidArgument, w.Config, e.cfg.Weights.Config)
-	}
-	// A failed pack leaves the spare half-written: it is dropped, not put back.
-	m, err := model.NewReusing(w, e.kpool, e.spare.Swap(nil))
+	m, err := e.pack(w)
 	if err != nil {
 		return err
 	}
-	_, err = call(ctx, e, "stage_weights", func(_ context.Context, done func(struct{}, error)) {
-		e.afterPending(func() {
-			if version <= e.version {
-				e.spare.Store(m)
-				done(struct{}{}, fmt.Errorf("%w: %d <= %d", ErrStaleVersion, version, e.version))
-				return
-			}
-			if e.staged != nil {
-				e.spare.Store(e.staged.model)
-			}
-			e.staged = &staged{model: m, weights: w, version: version}
-			e.metrics.stagedVersion.Store(version)
-			done(struct{}{}, nil)
-		}, func(err error) { done(struct{}{}, err) })
+	_, err = call(ctx, e, "update_weights.stage", func(_ context.Context, done func(struct{}, error)) {
+		e.afterPending(func() { done(struct{}{}, e.stage(m, w, version)) }, func(err error) { done(struct{}{}, err) })
 	})
 	return err
 }
 
-// CommitWeights swaps the staged weights in at a step boundary and returns the new version.
-// Requests keep running (use Pause first for a clean cut); their later tokens carry the new
-// version, and the new version enters the prefix hashes, so no new request reuses old KV.
-func (e *Engine) CommitWeights(ctx context.Context) (int64, error) {
-	return call(ctx, e, "commit_weights", func(_ context.Context, done func(int64, error)) {
+// pack validates w and packs it for the kernels, into the retired set when there is one.
+func (e *Engine) pack(w *model.Weights) (*model.Model, error) {
+	if w == nil {
+		return nil, fmt.Errorf("%w: nil weights", ErrInvalidArgument)
+	}
+	if !sameShape(w.Config, e.shape) {
+		return nil, fmt.Errorf("%w: staged weights have shape %+v, the engine serves %+v", ErrInvalidArgument, w.Config, e.shape)
+	}
+	// A failed pack leaves the spare half-written: it is dropped, not put back.
+	return model.NewReusing(w, e.kpool, e.spare.Swap(nil))
+}
+
+// stage makes the packed m the staged set, on the engine goroutine. A refused m becomes the
+// spare again.
+func (e *Engine) stage(m *model.Model, w *model.Weights, version int64) error {
+	switch {
+	case version <= e.version:
+		e.spare.Store(m)
+		return fmt.Errorf("%w: %d <= serving %d", ErrStaleVersion, version, e.version)
+	case e.staged != nil && version <= e.staged.version:
+		e.spare.Store(m)
+		return fmt.Errorf("%w: %d <= staged %d", ErrStaleVersion, version, e.staged.version)
+	}
+	if e.staged != nil {
+		e.spare.Store(e.staged.model)
+	}
+	e.staged = &staged{model: m, weights: w, version: version}
+	e.metrics.stagedVersion.Store(version)
+	return nil
+}
+
+// CommitWeights swaps in the staged weights of the given version at a step boundary and
+// returns it. It fails with ErrNothingStaged when nothing is staged and with ErrNotStaged when
+// the staged set is another version (a newer stage replaced it), so a caller never commits a
+// version it did not mean. Requests keep running (use Pause first for a clean cut); their
+// later tokens carry the new version, and the new version enters the prefix hashes, so no new
+// request reuses old KV.
+func (e *Engine) CommitWeights(ctx context.Context, version int64) (int64, error) {
+	return call(ctx, e, "update_weights.commit", func(_ context.Context, done func(int64, error)) {
+		e.afterPending(func() { done(e.commit(version)) }, func(err error) { done(0, err) })
+	})
+}
+
+// commit is CommitWeights' effect, on the engine goroutine.
+func (e *Engine) commit(version int64) (int64, error) {
+	s := e.staged
+	switch {
+	case s == nil:
+		return 0, fmt.Errorf("%w: cannot commit version %d", ErrNothingStaged, version)
+	case s.version != version:
+		return 0, fmt.Errorf("%w: version %d requested, %d is staged", ErrNotStaged, version, s.version)
+	}
+	e.staged = nil
+	if e.model != nil {
+		e.spare.Store(e.model) // at a step boundary: no forward uses it any more
+	}
+	e.model, e.weights, e.version = s.model, s.weights, s.version
+	e.sched.SetWeightVersion(s.version)
+	e.metrics.weightVersion.Store(s.version)
+	e.metrics.stagedVersion.Store(0)
+	return s.version, nil
+}
+
+// UpdateWeights stages w as version and, unless stageOnly, commits it, in one task of the
+// engine loop: concurrent callers never interleave between the stage and the commit. It
+// returns the serving version afterwards (version itself unless stageOnly).
+func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version int64, stageOnly bool) (int64, error) {
+	m, err := e.pack(w)
+	if err != nil {
+		return 0, err
+	}
+	return call(ctx, e, "update_weights", func(_ context.Context, done func(int64, error)) {
 		e.afterPending(func() {
-			if e.staged == nil {
-				done(0, ErrNothingStaged)
+			if err := e.stage(m, w, version); err != nil {
+				done(0, err)
 				return
 			}
-			s := e.staged
-			e.staged = nil
-			if e.model != nil {
-				e.spare.Store(e.model) // at a step boundary: no forward uses it any more
+			if stageOnly {
+				done(e.version, nil)
+				return
 			}
-			e.model, e.weights, e.version = s.model, s.weights, s.version
-			e.sched.SetWeightVersion(s.version)
-			e.metrics.weightVersion.Store(s.version)
-			e.metrics.stagedVersion.Store(0)
-			done(s.version, nil)
+			done(e.commit(version))
 		}, func(err error) { done(0, err) })
 	})
 }
 
-// UpdateWeights stages w as version and, unless stageOnly, commits it.
-func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version int64, stageOnly bool) (int64, error) {
-	if err := e.StageWeights(ctx, w, version); err != nil {
-		return 0, err
-	}
-	if stageOnly {
-		return e.Version(), nil
-	}
-	return e.CommitWeights(ctx)
-}
-
-// Weights returns the serving weight set (nil after a level-2 sleep), e.g. for a trainer
-// that starts from the served policy.
+// Weights returns a copy of the serving weight set (nil after a level-2 sleep), e.g. for a
+// trainer that starts from the served policy. It is a copy because the serving model shares
+// memory with the set: writes to it would change what is served without a version bump and
+// race the forward pass.
 func (e *Engine) Weights(ctx context.Context) (*model.Weights, error) {
-	return call(ctx, e, "weights", func(_ context.Context, done func(*model.Weights, error)) { done(e.weights, nil) })
+	w, err := call(ctx, e, "weights", func(_ context.Context, done func(*model.Weights, error)) { done(e.weights, nil) })
+	if err != nil || w == nil {
+		return nil, err
+	}
+	// The set is immutable once staged (only the caller that passed it in could write to it),
+	// so it is copied on the caller's goroutine, not the engine's.
+	return w.Clone(), nil
 }
 
 func sameShape(a, b model.Config) bool {

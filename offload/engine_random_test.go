@@ -1,9 +1,11 @@
 package offload_test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,15 +18,24 @@ import (
 
 // TestEngineRandomInterleaving drives the real EngineCore with the connector through random
 // adds, aborts, resets (single and double), pauses with cache clearing, the RL weight-update
-// cycle (pause, sleep, swap, wake, resume) and slow/fast copies, then checks zero violations
-// and that every completed request's greedy output equals the reference forward under the
-// weights it ran with.
+// cycle (pause, sleep, swap, wake, resume), sleeps that catch waiting and loading requests,
+// concurrent UpdateWeights callers, a corrupted CPU tier (loads fail their checksum), injected
+// forward errors and slow/fast copies, then checks that the only safety violations are the
+// injected checksum failures, that no block was owned across a pool release, and that every
+// completed request's greedy output equals the reference forward under the weights it ran
+// with: no token was computed on KV that is not its own.
 func TestEngineRandomInterleaving(t *testing.T) {
 	ops := 70
 	if testing.Short() {
 		ops = 30
 	}
-	s := startEngine(t, time.Millisecond, engine.Hooks{})
+	var failNext atomic.Bool
+	s := startEngine(t, time.Millisecond, engine.Hooks{BeforeForward: func(uint64) error {
+		if failNext.CompareAndSwap(true, false) {
+			return errors.New("injected forward error")
+		}
+		return nil
+	}})
 	ctx := testCtx(t)
 	weights := map[int64]*model.Weights{1: s.w}
 	version := int64(1)
@@ -42,26 +53,33 @@ func TestEngineRandomInterleaving(t *testing.T) {
 		ids  []string
 	)
 	prefixes := [][]int{tinyPrompt(32, 1), tinyPrompt(48, 2), tinyPrompt(16, 3)}
-	for i := range ops {
-		switch r := rng.IntN(100); {
-		case r < 40:
-			id := fmt.Sprintf("q%d", i)
-			p := append(append([]int(nil), prefixes[rng.IntN(len(prefixes))]...), tinyPrompt(1+rng.IntN(12), i)...)
-			ru := &run{prompt: p, n: 1 + rng.IntN(8)}
-			st, err := s.e.Add(ctx, engine.Request{ID: id, PromptTokenIDs: p, Sampling: greedy(ru.n)})
-			require.NoError(t, err)
+	corrupted := 0
+	add := func(id string, p []int, n int) {
+		ru := &run{prompt: p, n: n}
+		st, err := s.e.Add(ctx, engine.Request{ID: id, PromptTokenIDs: p, Sampling: greedy(ru.n)})
+		require.NoError(t, err)
+		mu.Lock()
+		runs[id] = ru
+		ids = append(ids, id)
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := st.Collect(ctx)
 			mu.Lock()
-			runs[id] = ru
-			ids = append(ids, id)
+			ru.res, ru.err = res, err
 			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res, err := st.Collect(ctx)
-				mu.Lock()
-				ru.res, ru.err = res, err
-				mu.Unlock()
-			}()
+		}()
+	}
+	for i := range ops {
+		r := rng.IntN(100)
+		if i == ops/3 {
+			r = 86 // at least one corruption per run
+		}
+		switch {
+		case r < 40:
+			p := append(append([]int(nil), prefixes[rng.IntN(len(prefixes))]...), tinyPrompt(1+rng.IntN(12), i)...)
+			add(fmt.Sprintf("q%d", i), p, 1+rng.IntN(8))
 		case r < 46 && len(ids) > 0:
 			s.e.Abort(ids[rng.IntN(len(ids))])
 		case r < 54:
@@ -102,8 +120,60 @@ func TestEngineRandomInterleaving(t *testing.T) {
 			require.NoError(t, s.e.Resume(ctx))
 		case r < 78:
 			s.conn.SetDelay([]time.Duration{0, time.Millisecond, 5 * time.Millisecond}[rng.IntN(3)])
+		case r < 82:
+			// A sleep that keeps the requests (waiting, loading, landed): they recompute after
+			// the wake-up and must still produce the reference output.
+			mode := []engine.PauseMode{engine.PauseKeep, engine.PauseWait}[rng.IntN(2)]
+			_, err := s.e.Pause(ctx, mode, false)
+			require.NoError(t, err)
+			require.NoError(t, s.e.Sleep(ctx, 1, mode))
+			require.NoError(t, s.e.WakeUp(ctx, nil))
+			require.NoError(t, s.e.Resume(ctx))
+		case r < 85:
+			// Concurrent updates of a quiet engine (so no request spans the swap).
+			_, err := s.e.Pause(ctx, engine.PauseAbort, true)
+			require.NoError(t, err)
+			var wg2 sync.WaitGroup
+			for range 2 {
+				version++
+				v := version
+				w, err := model.Preset("tiny", uint64(v))
+				require.NoError(t, err)
+				weights[v] = w
+				wg2.Add(1)
+				go func() {
+					defer wg2.Done()
+					if _, err := s.e.UpdateWeights(ctx, w, v, false); err != nil {
+						assert.ErrorIs(t, err, engine.ErrStaleVersion)
+					}
+				}()
+			}
+			wg2.Wait()
+			require.Equal(t, version, s.e.Version(), "the newest version serves")
+			require.NoError(t, s.e.Resume(ctx))
+		case r < 89:
+			// Corrupt what the CPU tier holds and drop the engine's own cache, so the next
+			// requests with a shared prefix load bad bytes: those loads fail their checksum
+			// and the requests recompute.
+			p := append(append([]int(nil), prefixes[rng.IntN(2)]...), tinyPrompt(1+rng.IntN(12), i)...)
+			add(fmt.Sprintf("c%d", i), p, 2) // stores the prefix, unless an abort or reset follows
+			wg.Wait()
+			waitIdle(t, s.conn)
+			res, err := s.e.ResetPrefixCache(ctx, false, false)
+			require.NoError(t, err)
+			require.True(t, res.Success, res.Reason)
+			s.conn.CorruptCPUTier()
+			corrupted++
+			add(fmt.Sprintf("d%d", i), p, 3) // loads the corrupted prefix, fails, recomputes
+		case r < 92:
+			failNext.Store(true) // the next step's requests end aborted
 		default:
-			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+			// Let the engine take a step or two (or go idle) before the next operation.
+			steps := s.e.Metrics().Steps
+			require.Eventually(t, func() bool {
+				m := s.e.Metrics()
+				return m.Steps > steps+int64(rng.IntN(2)) || m.Running+m.Waiting == 0
+			}, 10*time.Second, 100*time.Microsecond)
 		}
 	}
 	wg.Wait()
@@ -122,8 +192,12 @@ func TestEngineRandomInterleaving(t *testing.T) {
 		require.Equal(t, referenceGreedy(t, weights[v], ru.prompt, ru.n), ru.res.TokenIDs(), "request %s under version %d", id, v)
 	}
 	st := s.conn.Stats()
-	t.Logf("%d ops, %d completed, %d weight versions; stats %v", ops, completed, len(weights), st)
-	assert.Zero(t, s.conn.Violations())
+	t.Logf("%d ops, %d completed, %d weight versions, %d corruptions, %d step errors; stats %v",
+		ops, completed, len(weights), corrupted, s.e.Metrics().StepErrors, st)
+	assert.Equal(t, st["offload_checksum_failures_total"], st["safety_violations_total"], "only the injected corruption")
+	assert.Zero(t, s.e.Metrics().InvariantViolations, "a block owned across a KV pool release")
+	_, err := s.e.CheckInvariants(ctx)
+	require.NoError(t, err)
 	assert.Positive(t, completed)
 	assert.Positive(t, st["offload_hit_tokens_total"], "the run exercised loads")
 }

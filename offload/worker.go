@@ -9,6 +9,10 @@ import (
 	"time"
 	"unsafe"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/rolloutkit/rollout/engine/kvconnector"
 )
 
@@ -47,16 +51,20 @@ type workerSide struct {
 	unsubmitted []*Transfer
 	completed   map[int64]bool
 	recv        []string
+	failedRecv  []string // loads that completed without valid KV (subset of recv)
 
 	// Current step (engine goroutine only).
 	meta    kvconnector.Metadata
 	payload *Payload
 	popped  map[int64]bool
+	loaded  bool // StartLoadKV submitted this step's loads
 }
 
 var (
-	_ kvconnector.Worker        = (*workerSide)(nil)
-	_ kvconnector.StorageBinder = (*workerSide)(nil)
+	_ kvconnector.Worker            = (*workerSide)(nil)
+	_ kvconnector.StorageBinder     = (*workerSide)(nil)
+	_ kvconnector.StepFailer        = (*workerSide)(nil)
+	_ kvconnector.LoadErrorReporter = (*workerSide)(nil)
 )
 
 func newWorkerSide(c *Connector) *workerSide {
@@ -107,6 +115,7 @@ func (w *workerSide) BindMetadata(meta kvconnector.Metadata) {
 		w.payload = &Payload{}
 	}
 	clear(w.popped)
+	w.loaded = false
 }
 
 // HandlePreemptions implements kvconnector.Worker: stores of this step that are in the flush set
@@ -124,12 +133,40 @@ func (w *workerSide) HandlePreemptions(ctx context.Context) error {
 		}
 	}
 	w.submitDeferredLocked()
+	inflight := 0
+	for _, id := range w.meta.FlushJobIDs {
+		if w.inflight[id] != nil {
+			inflight++
+		}
+	}
 	w.mu.Unlock()
+	delivered := w.payload.FlushSpan
+	var wait trace.Span
+	if delivered != nil {
+		ctx, wait = w.c.tracer.Start(trace.ContextWithSpan(ctx, delivered), SpanFlushWait, trace.WithAttributes(
+			attribute.Int(AttrJobs, len(w.meta.FlushJobIDs)), attribute.Int(AttrJobsInFlight, inflight)))
+	}
 	if err := w.wait(ctx, w.meta.FlushJobIDs); err != nil {
+		if delivered != nil {
+			wait.RecordError(err)
+			wait.SetStatus(codes.Error, err.Error())
+			wait.End()
+			delivered.End()
+		}
 		return err
 	}
-	if cb := w.c.cfg.OnFlushDelivered; cb != nil && !w.payload.ResetAt.IsZero() {
-		cb(w.meta.FlushJobIDs, w.c.cfg.Now().Sub(w.payload.ResetAt))
+	if wait != nil {
+		wait.End()
+	}
+	if !w.payload.ResetAt.IsZero() {
+		since := w.c.cfg.Now().Sub(w.payload.ResetAt)
+		if delivered != nil {
+			delivered.SetAttributes(attribute.Float64(AttrResetToFlush, since.Seconds()))
+			delivered.End()
+		}
+		if cb := w.c.cfg.OnFlushDelivered; cb != nil {
+			cb(ctx, w.meta.FlushJobIDs, since)
+		}
 	}
 	return nil
 }
@@ -142,7 +179,41 @@ func (w *workerSide) StartLoadKV(context.Context) error {
 	for _, t := range w.payload.Loads {
 		w.submitLocked(t)
 	}
+	w.loaded = true
 	return nil
+}
+
+// FailStep implements kvconnector.StepFailer: the step's forward pass did not compute the KV
+// its new stores were built to copy, so they are never submitted and complete as failed (their
+// keys never become readable); loads the step did not submit complete as failed loads, so
+// their requests recompute. Stores of earlier steps, and stores this step's flush set already
+// submitted, copy KV computed before and go ahead.
+func (w *workerSide) FailStep() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, t := range w.payload.Stores {
+		if !w.popped[t.ID] {
+			w.popped[t.ID] = true
+			w.completed[t.ID] = false
+		}
+	}
+	if !w.loaded {
+		for _, t := range w.payload.Loads {
+			w.completed[t.ID] = false
+			w.recv = append(w.recv, t.ReqID)
+			w.failedRecv = append(w.failedRecv, t.ReqID)
+		}
+		w.loaded = true
+	}
+}
+
+// TakeFailedRecving implements kvconnector.LoadErrorReporter.
+func (w *workerSide) TakeFailedRecving() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f := w.failedRecv
+	w.failedRecv = nil
+	return f
 }
 
 // WaitForSave implements kvconnector.Worker: stores are deferred to the next step, so there is
@@ -194,8 +265,12 @@ func (w *workerSide) BuildWorkerMeta() any {
 	return wm
 }
 
-// ClearMetadata implements kvconnector.Worker.
+// ClearMetadata implements kvconnector.Worker. A delivery span still open (the step failed
+// before its wait) ends here.
 func (w *workerSide) ClearMetadata() {
+	if w.payload != nil && w.payload.FlushSpan != nil {
+		w.payload.FlushSpan.End()
+	}
 	w.meta, w.payload = kvconnector.Metadata{}, nil
 }
 
@@ -263,6 +338,9 @@ func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) 
 		w.c.violation(x.t.ID, "transfer submitted without bound KV storage")
 		ok = false
 	default:
+		if g := w.c.cfg.TransferGate; g != nil {
+			g(x.t)
+		}
 		w.throttle(x.t, storage.BlockFloats())
 		for i := range x.t.Chunks {
 			var cok bool
@@ -279,6 +357,9 @@ func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) 
 	w.completed[x.t.ID] = ok
 	if !x.t.Store {
 		w.recv = append(w.recv, x.t.ReqID)
+		if !ok {
+			w.failedRecv = append(w.failedRecv, x.t.ReqID)
+		}
 	}
 	delete(w.inflight, x.t.ID)
 	w.c.stats.xfersInflight.Add(-1)
@@ -449,6 +530,7 @@ func (w *workerSide) loadChunk(t *Transfer, c *ChunkTransfer, storage kvconnecto
 		got = copySum(storage.Block(b), src[(c.Offset+i)*bf:(c.Offset+i+1)*bf], got)
 	}
 	if got != want {
+		w.c.stats.checksumFailures.Add(1)
 		w.c.violation(t.ID, "checksum mismatch on load", "slot", c.Slot.ID, "want", want, "got", got)
 		return false
 	}

@@ -86,6 +86,7 @@ type Client struct {
 	refreshed chan struct{}          // closed and replaced after every refresh
 	kick      chan struct{}          // asks the refresher for an early refresh
 	aborts    abortLog               // aborts the caller asked for (Generate does not continue them)
+	garbage   chan string            // ack lists read, for the janitor to delete
 }
 
 // serverView is the client's routing knowledge of one server.
@@ -94,7 +95,9 @@ type serverView struct {
 	live     bool      // hb's key had not expired at the last refresh
 	seen     time.Time // when the client read hb
 	inflight int       // sequences this client has in flight on the server
-	suspect  time.Time // a request to it failed at this time; cleared by a newer heartbeat
+	// committing is the version of this client's commit in flight to the server (0: none).
+	committing int64
+	suspect    time.Time // a request to it failed at this time; cleared by a newer heartbeat
 	// ack is what an ack newer than hb said about the server (nil: nothing newer): the agent
 	// heartbeats on its own schedule, so after a commit or a pause the ack is the fresher
 	// word until the next heartbeat.
@@ -140,7 +143,7 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 	c := &Client{opts: o, names: protocol.Names{Fleet: o.Fleet}, log: o.Logger,
 		tracer: o.TracerProvider.Tracer(tracerName), prop: o.Propagator, http: o.HTTPClient,
 		stop: make(chan struct{}), view: map[string]*serverView{}, refreshed: make(chan struct{}),
-		kick: make(chan struct{}, 1)}
+		kick: make(chan struct{}, 1), garbage: make(chan string, 1024)}
 	switch {
 	case o.Bus != nil:
 		c.bus = o.Bus
@@ -168,8 +171,9 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 		c.closeBus()
 		return nil, err
 	}
-	c.wg.Add(1)
+	c.wg.Add(2)
 	go c.refresher()
+	go c.janitor()
 	return c, nil
 }
 
@@ -592,4 +596,55 @@ func (c *Client) noteAck(a *protocol.Ack) {
 	// Wake Generate calls waiting for a server to come back.
 	close(c.refreshed)
 	c.refreshed = make(chan struct{})
+}
+
+// cachedIDs returns the ids of the servers live at the last refresh, sorted.
+func (c *Client) cachedIDs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := make([]string, 0, len(c.view))
+	for id, v := range c.view {
+		if v.live {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// discard hands a read ack list to the janitor. The list expires by its TTL anyway; deleting
+// it keeps an in-process bus from holding every command's list until then.
+func (c *Client) discard(list string) {
+	select {
+	case c.garbage <- list:
+	default: // the janitor is behind: leave this one to the TTL
+	}
+}
+
+// janitor deletes read ack lists in batches, off the calls' path.
+func (c *Client) janitor() {
+	defer c.wg.Done()
+	for {
+		var batch []string
+		select {
+		case <-c.stop:
+			return
+		case l := <-c.garbage:
+			batch = append(batch, l)
+		}
+	more:
+		for len(batch) < 256 {
+			select {
+			case l := <-c.garbage:
+				batch = append(batch, l)
+			default:
+				break more
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := c.bus.Delete(ctx, batch...); err != nil && !errors.Is(err, bus.ErrClosed) {
+			c.log.Debug("sdk: deleting ack lists", "n", len(batch), "err", err)
+		}
+		cancel()
+	}
 }

@@ -181,6 +181,12 @@ func TestUpdateWeightsBadInput(t *testing.T) {
 	}
 	_, err = c.UpdateWeights(t.Context(), ref(4), Plan{})
 	require.ErrorIs(t, err, ErrNoServers)
-	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}), ErrNoServers)
 	s.nothingPublished()
+	require.NoError(t, s.sub.Close())
+	// Control calls target the servers of the last refresh: the agents are gone, so nobody
+	// hears the command.
+	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}, Targets("a")), ErrNoServers)
+	_, err = c.Status(t.Context())
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}), ErrNoServers)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/protocol"
+	"github.com/rolloutkit/rollout/sdk/telemetry"
 )
 
 // fleetConn holds the flags that say which fleet to talk to: every fleet subcommand and
@@ -84,9 +85,22 @@ func newFleetCmd() *cobra.Command {
 	return cmd
 }
 
-// withClient dials, runs f and closes the client.
+// withClient dials, runs f and closes the client. Tracing follows the standard OTEL_*
+// variables (OTEL_TRACES_EXPORTER=otlp exports the command's sdk.* spans, whose context the
+// servers continue), flushed before the command exits.
 func (fc *fleetCmd) withClient(cmd *cobra.Command, f func(context.Context, *sdk.Client) error) error {
 	ctx := cmd.Context()
+	_, shutdown, err := telemetry.Setup(ctx, telemetry.Options{ServiceName: "rollout-fleet", Stdout: cmd.ErrOrStderr()})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := shutdown(sctx); err != nil {
+			loggerFrom(cmd).Warn("flushing traces", "err", err)
+		}
+	}()
 	c, err := fc.conn.dial(ctx, cmd)
 	if err != nil {
 		return err

@@ -69,7 +69,12 @@ type Metadata struct {
 type Output struct {
 	FinishedSending []string // requests whose delayed-free blocks may now be freed
 	FinishedRecving []string // requests whose asynchronous KV load completed
-	WorkerMeta      any      // connector-specific (e.g. completed job ids)
+	// FailedRecving are requests whose load completed without valid KV (a checksum or
+	// generation check failed, or the step that was to submit it failed): the scheduler frees
+	// their blocks and recomputes them (vLLM's load-error path). An id here needs not be
+	// repeated in FinishedRecving.
+	FailedRecving []string
+	WorkerMeta    any // connector-specific (e.g. completed job ids)
 }
 
 // Event is a cache event for consumers such as a KV-aware router.
@@ -118,8 +123,9 @@ type Scheduler interface {
 	HasPendingPushWork() bool
 	// ResetCache drops the connector's cached KV. In-flight jobs are not cancelled but queued for
 	// flushing by the next step's metadata; jobsFlushed is how many this call queued. It must be
-	// re-entrant: two resets with no step between them are routine.
-	ResetCache() (jobsFlushed int, ok bool)
+	// re-entrant: two resets with no step between them are routine. ctx carries the caller's
+	// trace context, for parentage only: a reset never blocks and ignores cancellation.
+	ResetCache(ctx context.Context) (jobsFlushed int, ok bool)
 	// TakeEvents returns the events since the previous call.
 	TakeEvents() []Event
 	// Stats returns the connector's current counters.
@@ -156,29 +162,56 @@ type Worker interface {
 	WaitIdle(ctx context.Context) error
 }
 
+// StepFailer is implemented by worker sides that must hear that a step failed (its forward
+// pass, or a phase before it): the KV the step was to compute is not there, so the transfers
+// built for it (stores of the chunks it completes, loads it did not submit) must not run; the
+// worker reports them as failed in the step's output instead.
+type StepFailer interface {
+	FailStep()
+}
+
+// LoadErrorReporter is implemented by worker sides that detect failed loads; RunStep puts what
+// it returns into Output.FailedRecving.
+type LoadErrorReporter interface {
+	// TakeFailedRecving returns the requests whose load failed since the previous call.
+	TakeFailedRecving() []string
+}
+
 // RunStep drives a worker through one step in the canonical order: bind the metadata, handle
 // preemptions (flush), start loads, run forward (nil or skipped for a 0-token step), wait for saves,
-// collect finished transfers and the worker metadata, clear the metadata. The metadata is cleared
-// even on error.
+// collect finished transfers and the worker metadata, clear the metadata. When a phase fails the
+// rest of it is skipped and the worker is told (StepFailer), but finished transfers and the worker
+// metadata are still collected and returned with the error: a transfer's completion is reported
+// exactly once, and a scheduler side that never hears of one would wait for it forever. The
+// metadata is cleared even on error.
 func RunStep(ctx context.Context, w Worker, meta Metadata, finishedReqIDs []string, forward func(context.Context) error) (Output, error) {
 	w.BindMetadata(meta)
 	defer w.ClearMetadata()
-	if err := w.HandlePreemptions(ctx); err != nil {
-		return Output{}, fmt.Errorf("kvconnector: handle preemptions: %w", err)
-	}
-	if err := w.StartLoadKV(ctx); err != nil {
-		return Output{}, fmt.Errorf("kvconnector: start load: %w", err)
-	}
-	if forward != nil {
-		if err := forward(ctx); err != nil {
-			return Output{}, fmt.Errorf("kvconnector: forward: %w", err)
+	var err error
+	if e := w.HandlePreemptions(ctx); e != nil {
+		err = fmt.Errorf("kvconnector: handle preemptions: %w", e)
+	} else if e := w.StartLoadKV(ctx); e != nil {
+		err = fmt.Errorf("kvconnector: start load: %w", e)
+	} else if forward != nil {
+		if e := forward(ctx); e != nil {
+			err = fmt.Errorf("kvconnector: forward: %w", e)
 		}
 	}
-	if err := w.WaitForSave(ctx); err != nil {
-		return Output{}, fmt.Errorf("kvconnector: wait for save: %w", err)
+	if err == nil {
+		if e := w.WaitForSave(ctx); e != nil {
+			err = fmt.Errorf("kvconnector: wait for save: %w", e)
+		}
+	}
+	if f, ok := w.(StepFailer); ok && err != nil {
+		f.FailStep()
 	}
 	sending, recving := w.GetFinished(finishedReqIDs)
-	return Output{FinishedSending: sending, FinishedRecving: recving, WorkerMeta: w.BuildWorkerMeta()}, nil
+	out := Output{FinishedSending: sending, FinishedRecving: recving}
+	if r, ok := w.(LoadErrorReporter); ok {
+		out.FailedRecving = r.TakeFailedRecving()
+	}
+	out.WorkerMeta = w.BuildWorkerMeta()
+	return out, err
 }
 
 // KVStorage is the worker side's view of the KV pool's memory (kvcache.Storage implements it):

@@ -53,13 +53,36 @@ func TestRunStepOrder(t *testing.T) {
 	assert.Equal(t, []string{"bind", "preempt", "load", "save", "finished", "meta", "clear"}, w.calls)
 }
 
+// failWorker is a recWorker that hears about failed steps and reports failed loads.
+type failWorker struct {
+	recWorker
+	failed int
+}
+
+func (w *failWorker) FailStep()                   { w.failed++; _ = w.hit("fail") }
+func (w *failWorker) TakeFailedRecving() []string { return []string{"bad"} }
+
+// A failed phase skips the rest of the step but still reports finished transfers and the
+// worker metadata (else their completions would be lost), and tells a StepFailer.
 func TestRunStepErrors(t *testing.T) {
-	for _, phase := range []string{"preempt", "load", "forward", "save"} {
-		w := &recWorker{failAt: phase}
-		_, err := RunStep(t.Context(), w, Metadata{}, nil, func(context.Context) error { return w.hit("forward") })
-		require.Error(t, err, phase)
-		assert.Equal(t, "clear", w.calls[len(w.calls)-1], "metadata cleared after a %s failure", phase)
+	want := map[string][]string{
+		"preempt": {"bind", "preempt", "fail", "finished", "meta", "clear"},
+		"load":    {"bind", "preempt", "load", "fail", "finished", "meta", "clear"},
+		"forward": {"bind", "preempt", "load", "forward", "fail", "finished", "meta", "clear"},
+		"save":    {"bind", "preempt", "load", "forward", "save", "fail", "finished", "meta", "clear"},
 	}
+	for phase, calls := range want {
+		w := &failWorker{recWorker: recWorker{failAt: phase, sending: []string{"s"}}}
+		out, err := RunStep(t.Context(), w, Metadata{}, []string{"f"}, func(context.Context) error { return w.hit("forward") })
+		require.Error(t, err, phase)
+		assert.Equal(t, calls, w.calls, phase)
+		assert.Equal(t, 1, w.failed)
+		assert.Equal(t, Output{FinishedSending: []string{"s"}, FinishedRecving: []string{"f"}, FailedRecving: []string{"bad"}, WorkerMeta: "wm"}, out, phase)
+	}
+	w := &failWorker{}
+	_, err := RunStep(t.Context(), w, Metadata{}, nil, nil)
+	require.NoError(t, err)
+	assert.Zero(t, w.failed, "a step that did not fail is not reported as failed")
 }
 
 func TestNoop(t *testing.T) {
@@ -69,7 +92,7 @@ func TestNoop(t *testing.T) {
 	assert.False(t, async)
 	assert.False(t, n.RequestFinished(nil, nil))
 	assert.False(t, n.HasPendingPushWork())
-	jobs, ok := n.ResetCache()
+	jobs, ok := n.ResetCache(context.Background())
 	assert.Zero(t, jobs)
 	assert.True(t, ok)
 	assert.Equal(t, uint64(9), n.BuildConnectorMeta(StepInfo{Step: 9}).Step)

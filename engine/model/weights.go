@@ -83,6 +83,27 @@ func (w *Weights) Check() error {
 	return nil
 }
 
+// Clone returns a deep copy: writing to it leaves w unchanged.
+func (w *Weights) Clone() *Weights {
+	c := &Weights{Config: w.Config, Embed: clone(w.Embed), FinalNorm: clone(w.FinalNorm), LMHead: clone(w.LMHead)}
+	if w.Layers != nil {
+		c.Layers = make([]Layer, len(w.Layers))
+	}
+	for i, l := range w.Layers {
+		c.Layers[i] = Layer{AttnNorm: clone(l.AttnNorm), Wq: clone(l.Wq), Wk: clone(l.Wk), Wv: clone(l.Wv), Wo: clone(l.Wo),
+			FFNNorm: clone(l.FFNNorm), WGate: clone(l.WGate), WDown: clone(l.WDown), WUp: clone(l.WUp)}
+	}
+	return c
+}
+
+// clone copies s, keeping nil as nil.
+func clone(s []float32) []float32 {
+	if s == nil {
+		return nil
+	}
+	return append(make([]float32, 0, len(s)), s...)
+}
+
 // Classifier returns the output projection, which is the embedding when tied.
 func (w *Weights) Classifier() []float32 {
 	if w.Config.TieWordEmbeddings {

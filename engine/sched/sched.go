@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -28,12 +29,19 @@ type Scheduler struct {
 	delaySend   map[string]bool // finished; connector holds the blocks until FinishedSending
 	delayRecv   map[string]bool // finished while a load wrote into its blocks; until FinishedRecving
 	recvDone    map[string]bool // waiting-for-remote-KV requests whose load completed
+	// dropOnRecv: loading requests a reset_running reset caught with the load in flight; their
+	// KV predates the reset, so when the load lands they recompute instead of using it.
+	dropOnRecv map[string]bool
+	// ignoreRecv counts, per id, load completions still to come for loads DropAllKV forgot:
+	// they report on KV that no longer exists and must not mark a later load of the id done.
+	ignoreRecv map[string]int
 
-	pause          PauseState
-	version        int64
-	step           uint64
-	pending        bool // a SchedulerOutput awaits UpdateFromOutput
-	numPreemptions int64
+	pause           PauseState
+	version         int64
+	step            uint64
+	pending         bool // a SchedulerOutput awaits UpdateFromOutput
+	numPreemptions  int64
+	numLoadFailures int64
 }
 
 // New builds a scheduler over a block pool and a connector (nil means kvconnector.Noop).
@@ -69,6 +77,8 @@ func New(cfg Config, pool *kvcache.Manager, conn kvconnector.Scheduler) (*Schedu
 		delaySend:   map[string]bool{},
 		delayRecv:   map[string]bool{},
 		recvDone:    map[string]bool{},
+		dropOnRecv:  map[string]bool{},
+		ignoreRecv:  map[string]int{},
 	}, nil
 }
 
@@ -203,6 +213,7 @@ func (s *Scheduler) FinishRequests(ids []string, reason FinishReason) []RequestO
 		}
 		loading := r.status == StatusWaitingForRemoteKVs && !s.recvDone[id]
 		delete(s.recvDone, id)
+		delete(s.dropOnRecv, id)
 		r.status, r.finishReason = StatusFinished, reason
 		done[r] = true
 		s.release(r, loading)
@@ -268,14 +279,49 @@ func (s *Scheduler) preemptLoaded(keep *Request) bool {
 			continue
 		}
 		delete(s.recvDone, r.ID)
-		s.pool.Free(r.ID)
-		r.status, r.numComputed = StatusPreempted, 0
-		r.numPreemptions++
-		s.numPreemptions++
-		s.preempted = append(s.preempted, r.ID)
+		s.turnBack(r)
 		return true
 	}
 	return false
+}
+
+// turnBack frees the blocks of a waiting request that holds them (its connector load landed,
+// or is forgotten) and makes it recompute from scratch, in place in the waiting queue.
+func (s *Scheduler) turnBack(r *Request) {
+	s.pool.Free(r.ID)
+	r.status, r.numComputed = StatusPreempted, 0
+	r.numPreemptions++
+	s.numPreemptions++
+	s.preempted = append(s.preempted, r.ID)
+}
+
+// DropAllKV turns every request that holds KV blocks into one that recomputes from scratch:
+// running requests are preempted, and waiting requests whose connector load landed or is
+// still unreported give up their blocks. The engine calls it right before it releases the KV
+// pool's memory (sleep), once no transfer touches the pool, so that no request resumes on KV
+// that is gone; a completion reported later for a forgotten load is ignored. It returns the
+// number of requests it turned back.
+func (s *Scheduler) DropAllKV() int {
+	n := 0
+	for len(s.running) > 0 {
+		r := s.running[len(s.running)-1]
+		s.running = s.running[:len(s.running)-1]
+		s.preempt(r)
+		n++
+	}
+	for _, r := range s.waiting {
+		if r.status != StatusWaitingForRemoteKVs {
+			continue
+		}
+		if !s.recvDone[r.ID] {
+			s.ignoreRecv[r.ID]++
+		}
+		delete(s.recvDone, r.ID)
+		delete(s.dropOnRecv, r.ID)
+		s.turnBack(r)
+		n++
+	}
+	return n
 }
 
 // Schedule plans the next step (vLLM schedule()). Every call must be followed by
@@ -362,11 +408,7 @@ func (s *Scheduler) Schedule() (*SchedulerOutput, error) {
 					// The weights changed while the KV was loading: the loaded KV belongs to the
 					// old version, so drop it and start over like a preempted request.
 					delete(s.recvDone, r.ID)
-					s.pool.Free(r.ID)
-					r.status, r.numComputed = StatusPreempted, 0
-					r.numPreemptions++
-					s.numPreemptions++
-					s.preempted = append(s.preempted, r.ID)
+					s.turnBack(r)
 				} else {
 					// The load landed: its blocks become cacheable. The status changes only once
 					// the request is scheduled, so a failed allocation leaves it as it was.
@@ -544,12 +586,39 @@ func (s *Scheduler) UpdateFromOutput(so *SchedulerOutput, mo *ModelOutput) ([]Re
 
 	kv := mo.KVConnector
 	s.conn.UpdateConnectorOutput(kv)
-	for _, id := range kv.FinishedRecving {
+	failedLoad := map[string]bool{}
+	recving := kv.FinishedRecving
+	for _, id := range kv.FailedRecving {
+		failedLoad[id] = true
+		if !slices.Contains(recving, id) {
+			recving = append(slices.Clip(recving), id)
+		}
+	}
+	for _, id := range recving {
+		if n := s.ignoreRecv[id]; n > 0 {
+			// The completion of a load DropAllKV forgot: its blocks are gone.
+			if n == 1 {
+				delete(s.ignoreRecv, id)
+			} else {
+				s.ignoreRecv[id] = n - 1
+			}
+			continue
+		}
 		r, ok := s.requests[id]
 		if !ok {
 			continue
 		}
 		if r.status == StatusWaitingForRemoteKVs {
+			if s.dropOnRecv[id] || failedLoad[id] {
+				// A reset_running reset retired this KV while it was loading, or the load
+				// failed its checks: the blocks hold nothing usable, so recompute.
+				if failedLoad[id] {
+					s.numLoadFailures++
+				}
+				delete(s.dropOnRecv, id)
+				s.turnBack(r)
+				continue
+			}
 			s.recvDone[id] = true
 		} else if s.delayRecv[id] {
 			delete(s.delayRecv, id)
@@ -567,6 +636,33 @@ func (s *Scheduler) UpdateFromOutput(so *SchedulerOutput, mo *ModelOutput) ([]Re
 	}
 	return outs, nil
 }
+
+// FailStep is UpdateFromOutput's counterpart for a step whose execution failed (the forward
+// pass or a connector phase before it): every request the step scheduled is rolled back to the
+// step's start (nothing it was to compute is cached, stored or sampled) and finished with
+// reason, and their final outputs are returned. Call it between Schedule and UpdateFromOutput
+// (which still runs, to hand the connector the step's output; the failed requests' stale
+// results are ignored there). Failing rather than retrying them means a fault that repeats
+// cannot make the engine loop forever on the same requests.
+func (s *Scheduler) FailStep(so *SchedulerOutput, reason FinishReason) []RequestOutput {
+	if so == nil || !s.pending || so.Step != s.step {
+		return nil
+	}
+	var ids []string
+	for _, sr := range so.Scheduled {
+		r := sr.Req
+		if s.requests[sr.ReqID] != r || r.status != StatusRunning {
+			continue
+		}
+		r.numComputed = sr.StartPos
+		ids = append(ids, r.ID)
+	}
+	return s.FinishRequests(ids, reason)
+}
+
+// NumLoadFailures counts connector loads that completed without valid KV (their requests
+// recomputed).
+func (s *Scheduler) NumLoadFailures() int64 { return s.numLoadFailures }
 
 func stepOf(so *SchedulerOutput) any {
 	if so == nil {
@@ -593,13 +689,17 @@ func (s *Scheduler) checkStop(r *Request, tok int) FinishReason {
 	return FinishNone
 }
 
-// ResetPrefixCache clears the prefix cache (vLLM reset_prefix_cache, §2.6), never reporting a
-// success it did not achieve. With resetRunning every running request is preempted first (LIFO)
-// and the pool reset is forced, so it succeeds even if delayed frees still hold blocks (they keep
-// their KV but it is no longer reachable by a lookup); without it the reset is refused while any
-// block is in use. With resetConnector the connector is reset too, even if the pool reset failed.
-// ok is true only when every requested reset succeeded.
-func (s *Scheduler) ResetPrefixCache(resetRunning, resetConnector bool) (ok bool, detail ResetDetail) {
+// ResetPrefixCache clears the prefix cache (vLLM reset_prefix_cache), never reporting a success
+// it did not achieve. With resetRunning every running request is preempted first (LIFO), every
+// waiting request whose connector load landed gives its blocks up and recomputes, one whose load
+// is in flight recomputes once it lands, and the pool's cache is cleared even while blocks are
+// in use (what still holds them keeps its content, no longer reachable by a lookup); without it
+// the reset is refused while any block is in use. Either way ok is false, with the reason, while
+// blocks are still in use after the reset (loads in flight, frees the connector delays): success
+// means nothing computed before the reset is held or reachable. With resetConnector the
+// connector is reset too, even if the pool reset failed; ok is true only when every requested
+// reset succeeded. ctx reaches the connector's reset (trace parentage only).
+func (s *Scheduler) ResetPrefixCache(ctx context.Context, resetRunning, resetConnector bool) (ok bool, detail ResetDetail) {
 	if resetRunning {
 		for len(s.running) > 0 {
 			r := s.running[len(s.running)-1]
@@ -607,17 +707,33 @@ func (s *Scheduler) ResetPrefixCache(resetRunning, resetConnector bool) (ok bool
 			s.preempt(r)
 			detail.RequestsPreempted++
 		}
+		for _, r := range s.waiting {
+			if r.status != StatusWaitingForRemoteKVs {
+				continue
+			}
+			if s.recvDone[r.ID] {
+				delete(s.recvDone, r.ID)
+				s.turnBack(r)
+				detail.RequestsPreempted++
+			} else {
+				s.dropOnRecv[r.ID] = true
+			}
+		}
 	}
 	detail.BlocksInUse = s.pool.NumBlocks() - 1 - s.pool.NumFreeBlocks()
 	var reasons []string
 	gpuOK, cleared, reason := s.pool.Reset(resetRunning)
 	detail.BlocksCleared, detail.PrefixCacheReset = cleared, gpuOK
-	if reason != "" {
+	switch {
+	case !gpuOK:
 		reasons = append(reasons, "prefix cache: "+reason)
+	case detail.BlocksInUse > 0:
+		reasons = append(reasons, fmt.Sprintf("prefix cache cleared, but %d blocks are still in use by %d requests (loads in flight or frees the connector delays)",
+			detail.BlocksInUse, s.pool.NumRequestsWithBlocks()))
 	}
-	ok = gpuOK
+	ok = gpuOK && detail.BlocksInUse == 0
 	if resetConnector {
-		jobs, cok := s.conn.ResetCache()
+		jobs, cok := s.conn.ResetCache(ctx)
 		detail.ConnectorJobsFlushed, detail.ConnectorReset = jobs, cok
 		if !cok {
 			reasons = append(reasons, "connector reset failed")

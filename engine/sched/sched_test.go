@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -373,7 +374,7 @@ func (c *fakeConn) RequestFinished(r kvconnector.Request, blocks []int) bool {
 
 func (c *fakeConn) HasPendingPushWork() bool { return c.pending }
 
-func (c *fakeConn) ResetCache() (int, bool) {
+func (c *fakeConn) ResetCache(context.Context) (int, bool) {
 	c.resets++
 	return c.jobs, c.resetOK
 }
@@ -388,7 +389,7 @@ func TestResetPrefixCache(t *testing.T) {
 	r := h.add("a", tokens(1, 9), Params{MaxTokens: 5, IgnoreEOS: true})
 	h.step()
 
-	ok, d := h.s.ResetPrefixCache(false, true)
+	ok, d := h.s.ResetPrefixCache(context.Background(), false, true)
 	assert.False(t, ok)
 	assert.False(t, d.PrefixCacheReset)
 	assert.Contains(t, d.Reason, "blocks in use")
@@ -398,7 +399,7 @@ func TestResetPrefixCache(t *testing.T) {
 	assert.Equal(t, 3, d.ConnectorJobsFlushed)
 	assert.Equal(t, StatusRunning, r.Status())
 
-	ok, d = h.s.ResetPrefixCache(true, true)
+	ok, d = h.s.ResetPrefixCache(context.Background(), true, true)
 	assert.True(t, ok, d.Reason)
 	assert.Equal(t, 1, d.RequestsPreempted)
 	assert.Equal(t, 2, d.BlocksCleared)
@@ -415,11 +416,11 @@ func TestResetPrefixCache(t *testing.T) {
 	assert.Len(t, r.OutputTokenIDs(), 5)
 
 	// Idle pool: plain reset succeeds; a failing connector fails the whole call.
-	ok, d = h.s.ResetPrefixCache(false, false)
+	ok, d = h.s.ResetPrefixCache(context.Background(), false, false)
 	assert.True(t, ok)
 	assert.Positive(t, d.BlocksCleared)
 	conn.resetOK = false
-	ok, d = h.s.ResetPrefixCache(false, true)
+	ok, d = h.s.ResetPrefixCache(context.Background(), false, true)
 	assert.False(t, ok)
 	assert.True(t, d.PrefixCacheReset)
 	assert.False(t, d.ConnectorReset)
@@ -585,4 +586,84 @@ func TestDeterministic(t *testing.T) {
 	assert.Equal(t, sos1, sos2)
 	assert.Equal(t, outs1, outs2)
 	assert.Greater(t, len(sos1), 10)
+}
+
+// recv runs one step whose connector output reports the listed loads as landed.
+func (h *harness) recv(ids ...string) *SchedulerOutput {
+	h.t.Helper()
+	so, err := h.s.Schedule()
+	require.NoError(h.t, err)
+	mo, err := h.run.run(so)
+	require.NoError(h.t, err)
+	mo.KVConnector.FinishedRecving = ids
+	outs, err := h.s.UpdateFromOutput(so, mo)
+	require.NoError(h.t, err)
+	h.record(outs)
+	require.NoError(h.t, h.s.CheckInvariants())
+	return so
+}
+
+// DropAllKV (the engine's last call before a sleep releases the pool) leaves no request
+// holding blocks: a landed load and an unreported one both recompute, and the late completion
+// of the forgotten load does not mark the request's next load done.
+func TestDropAllKVLeavesNoBlockOwned(t *testing.T) {
+	conn := newFakeConn()
+	h := newHarness(t, baseConfig(), 20, 4, conn)
+	conn.asyncFor["landed"], conn.asyncFor["loading"] = 8, 8
+	landed := h.add("landed", tokens(10, 10), Params{MaxTokens: 2})
+	loading := h.add("loading", tokens(40, 10), Params{MaxTokens: 2})
+	h.step()
+	require.Equal(t, StatusWaitingForRemoteKVs, landed.Status())
+	require.Equal(t, StatusWaitingForRemoteKVs, loading.Status())
+	h.s.SetPauseState(PausedAll)
+	h.recv("landed")
+	assert.Equal(t, 2, h.s.DropAllKV())
+	assert.Zero(t, h.pool.NumBlocks()-1-h.pool.NumFreeBlocks(), "no block owned")
+	assert.Equal(t, StatusPreempted, landed.Status())
+	assert.Zero(t, loading.NumComputedTokens())
+	require.NoError(t, h.s.CheckInvariants())
+
+	// After the wake-up "loading" is granted a new load; the forgotten one reports first.
+	conn.asyncFor["loading"] = 8
+	h.s.SetPauseState(Unpaused)
+	h.recv("loading") // the forgotten load's completion, in the step that grants the new load
+	assert.Equal(t, StatusWaitingForRemoteKVs, loading.Status(), "the stale completion is ignored")
+	so := h.step()
+	assert.NotContains(t, scheduledTokens(so), "loading", "its new load has not landed")
+	for p := range 8 { // the new load writes the KV
+		h.run.kv[h.pool.Blocks("loading")[p/4]][p%4] = kvEntry{valid: true, tok: loading.TokenIDs()[p], pos: p}
+	}
+	h.recv("loading")
+	h.drain(20)
+	assert.Len(t, loading.OutputTokenIDs(), 2)
+	assert.Len(t, landed.OutputTokenIDs(), 2)
+	assert.Equal(t, 8, landed.NumCachedTokens(), "landed counted its first load as cached")
+}
+
+// A reset_running reset leaves no KV of before the reset in use: a landed load recomputes at
+// once, an in-flight one once it lands; while the load is in flight the reset says it could
+// not free everything (success false, with the reason).
+func TestResetRunningDropsLoadedKV(t *testing.T) {
+	conn := newFakeConn()
+	h := newHarness(t, baseConfig(), 20, 4, conn)
+	conn.asyncFor["landed"], conn.asyncFor["loading"] = 8, 8
+	landed := h.add("landed", tokens(10, 10), Params{MaxTokens: 2})
+	loading := h.add("loading", tokens(40, 10), Params{MaxTokens: 2})
+	h.step()
+	h.s.SetPauseState(PausedAll)
+	h.recv("landed")
+	ok, d := h.s.ResetPrefixCache(context.Background(), true, false)
+	assert.False(t, ok, "the in-flight load still holds blocks")
+	assert.Contains(t, d.Reason, "still in use")
+	assert.Equal(t, 1, d.RequestsPreempted)
+	assert.Equal(t, StatusPreempted, landed.Status())
+	assert.Equal(t, 2, d.BlocksInUse)
+	h.recv("loading")
+	assert.Equal(t, StatusPreempted, loading.Status(), "its KV predates the reset")
+	ok, d = h.s.ResetPrefixCache(context.Background(), true, false)
+	assert.True(t, ok, d.Reason)
+	assert.Empty(t, d.Reason)
+	h.s.SetPauseState(Unpaused)
+	h.drain(20)
+	assert.Len(t, loading.OutputTokenIDs(), 2)
 }

@@ -152,6 +152,26 @@ func (m *Manager) CompleteLoad(keys []Key) {
 	}
 }
 
+// Remove drops readable, unpinned keys (content found bad, e.g. by a load's checksum) and
+// frees their slots, emitting a removal event; other keys are left alone. It returns how many
+// it removed.
+func (m *Manager) Remove(keys []Key) int {
+	var removed []Key
+	for _, k := range keys {
+		e := m.pol.get(k)
+		if e == nil || e.ref != 0 {
+			continue
+		}
+		m.pol.remove(k)
+		m.free = append(m.free, e.slot)
+		removed = append(removed, k)
+	}
+	if len(removed) > 0 {
+		m.events = append(m.events, Event{Keys: removed, Removed: true})
+	}
+	return len(removed)
+}
+
 // PrepareStore allocates slots for the keys not yet present, evicting idle keys outside keys if
 // needed, and marks them write-pending. It returns nil (changing nothing) when they cannot fit;
 // an empty output when every key is present already.

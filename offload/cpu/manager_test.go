@@ -236,3 +236,24 @@ func TestARCFailedStoreRemovesKey(t *testing.T) {
 	assert.Zero(t, m.Stats().Used)
 	require.NoError(t, m.CheckInvariants())
 }
+
+// Remove drops readable unpinned keys only, frees their slots and reports them removed.
+func TestRemove(t *testing.T) {
+	for _, pol := range []string{PolicyLRU, PolicyARC} {
+		m, err := New(4, pol)
+		require.NoError(t, err)
+		out := m.PrepareStore(ks(1, 2, 3))
+		require.NotNil(t, out)
+		m.CompleteStore(ks(1, 2), true) // 3 stays write-pending
+		_, err = m.PrepareLoad(ks(2))
+		require.NoError(t, err)
+		m.TakeEvents()
+		assert.Equal(t, 1, m.Remove(ks(1, 2, 3, 9)), pol)
+		assert.Equal(t, Miss, m.Lookup(ks(1)[0]))
+		assert.Equal(t, Hit, m.Lookup(ks(2)[0]), "pinned by a load")
+		assert.Equal(t, HitPending, m.Lookup(ks(3)[0]))
+		assert.Equal(t, []Event{{Keys: ks(1), Removed: true}}, m.TakeEvents())
+		require.NoError(t, m.CheckInvariants())
+		assert.Equal(t, 2, m.Stats().Used)
+	}
+}

@@ -335,7 +335,8 @@ func (e *Envelope) ForServer(id string) bool {
 	return len(e.Targets) == 0 || slices.Contains(e.Targets, id)
 }
 
-// Canonical is what Sig signs: every field but Sig, length-prefixed, in a fixed order.
+// Canonical is what Sig signs: every field but Sig, length-prefixed, in a fixed order, with
+// Targets sorted and Body in canonical JSON (sorted keys, no whitespace).
 func (e *Envelope) Canonical() []byte {
 	var c canon
 	c.str("rollout.command")
@@ -349,7 +350,7 @@ func (e *Envelope) Canonical() []byte {
 	c.int(e.Deadline)
 	c.strMap(e.Trace)
 	c.str(string(e.Kind))
-	c.bytes(compact(e.Body))
+	c.bytes(canonicalJSON(e.Body))
 	return c.b.Bytes()
 }
 
@@ -674,13 +675,29 @@ func (c *canon) strMap(m map[string]string) {
 	}
 }
 
-// compact makes the signed body independent of the sender's JSON whitespace.
-func compact(b []byte) []byte {
-	var out bytes.Buffer
-	if err := json.Compact(&out, b); err != nil {
+// canonicalJSON makes the signed body independent of how the sender wrote its JSON: object
+// keys sorted, no whitespace, strings re-escaped one way, numbers kept as written. Two bodies
+// with the same canonical form decode to the same command, so nothing an attacker can change
+// without the secret survives verification.
+func canonicalJSON(b []byte) []byte {
+	if len(bytes.TrimSpace(b)) == 0 {
+		// A missing body is encoded as null: both must sign alike.
+		return []byte("null")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
 		return b // malformed bodies fail strict decoding later; sign what arrived
 	}
-	return out.Bytes()
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return b // trailing data: strict decoding refuses it too
+	}
+	out, err := json.Marshal(v) // maps marshal with sorted keys
+	if err != nil {
+		return b
+	}
+	return out
 }
 
 func mac(secret, msg []byte) string {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,13 +98,10 @@ func (a *EngineAdapter) Reset(ctx context.Context, resetRunning, resetExternal b
 	return resetResult(r), err
 }
 
-// Commit implements Engine. The engine commits whatever is staged, so the staged version is
-// checked first: a stage that raced in between would otherwise be committed unasked.
+// Commit implements Engine. The engine checks, on its own goroutine, that version is the
+// one staged, so a stage that raced in between is never swapped in unasked.
 func (a *EngineAdapter) Commit(ctx context.Context, version int64) (int64, error) {
-	if st := a.Engine.Metrics().StagedVersion; st != version {
-		return a.Engine.Version(), fmt.Errorf("%w: version %d is not staged (staged: %d)", engine.ErrNothingStaged, version, st)
-	}
-	return a.Engine.CommitWeights(ctx)
+	return a.Engine.CommitWeights(ctx, version)
 }
 
 // Abort implements Engine.

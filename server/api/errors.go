@@ -73,7 +73,7 @@ func classify(err error) *Error {
 	case errors.Is(err, engine.ErrDuplicateID):
 		return &Error{Status: http.StatusConflict, Type: typeConflict, Code: "duplicate_request_id", Message: err.Error()}
 	case errors.Is(err, engine.ErrAsleep), errors.Is(err, engine.ErrNoWeights),
-		errors.Is(err, engine.ErrNothingStaged), errors.Is(err, engine.ErrStaleVersion):
+		errors.Is(err, engine.ErrNothingStaged), errors.Is(err, engine.ErrNotStaged), errors.Is(err, engine.ErrStaleVersion):
 		return &Error{Status: http.StatusConflict, Type: typeConflict, Code: "conflict", Message: err.Error()}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		// The client went away or gave up; nobody may read this, but it is no server error.
@@ -89,12 +89,19 @@ func classify(err error) *Error {
 	case errors.Is(err, weights.ErrFetch), errors.Is(err, weights.ErrBadCheckpoint), errors.Is(err, weights.ErrUnsupportedFormat):
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "bad_checkpoint", Param: "source", Message: err.Error()}
 	}
-	return &Error{Status: http.StatusInternalServerError, Type: typeInternal, Code: "internal", Message: err.Error()}
+	// An unknown error is a bug: its text may name internals, so the client gets a generic
+	// message and the log (writeError) the detail.
+	return &Error{Status: http.StatusInternalServerError, Type: typeInternal, Code: "internal", Message: "internal error"}
 }
 
 // writeError renders err as the JSON error body and aborts the gin chain.
 func writeError(c *gin.Context, err error) {
 	e := classify(err)
+	if e.Status == http.StatusInternalServerError {
+		if a, ok := c.Get(ctxAPI); ok {
+			a.(*API).log.Error("api: internal error", "path", c.Request.URL.Path, "err", err)
+		}
+	}
 	d := errorDetail{Message: e.Message, Type: e.Type, Code: e.Code}
 	if e.Code == "" {
 		d.Code = nil

@@ -41,6 +41,10 @@ func (a *API) handleGenerate(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
+	if req.MinVersion < 0 {
+		writeError(c, badRequest("invalid_value", "min_version", "min_version must be >= 0 (got %d)", req.MinVersion))
+		return
+	}
 	if req.MinVersion > 0 {
 		if v := a.eng.Version(); v < req.MinVersion {
 			writeError(c, &Error{Status: http.StatusConflict, Type: typeConflict, Code: "stale_version", Param: "min_version",
