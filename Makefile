@@ -21,8 +21,9 @@ COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 TESTFLAGS ?=
 FUZZTIME ?= 100000x
+DEMO_STEPS ?= 40
 
-.PHONY: help build test race lint lint-fmt lint-vet lint-golangci lint-arch bench demo fuzz clean
+.PHONY: help build test race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e fuzz clean
 
 help: ## List the targets
 	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); override with GOEXPERIMENT=)"
@@ -57,11 +58,19 @@ lint-golangci: ## golangci-lint (the go.mod tool) with and without GOEXPERIMENT=
 lint-arch: ## The DESIGN.md dependency rules (internal/archtest)
 	$(GO) test -count=1 ./internal/archtest/
 
+JAEGER := bin/jaeger
+
+e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --otel otlp, rollout fleet update, checked via Jaeger's HTTP API
+	$(GO) -C tools build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
+	ROLLOUT_BIN=$(abspath $(BIN)) JAEGER_BIN=$(abspath $(JAEGER)) E2E_TRACE_OUT=$(abspath bin/e2e-trace.txt) \
+		$(GO) -C tools test -tags e2e -count=1 -v -timeout 10m ./e2e/
+
 bench: build ## Run the engine benchmark (bin/rollout bench engine)
 	$(BIN) bench engine
 
-demo: build ## Generate text in-process on builtin:tiny and print tokens/s
-	$(BIN) generate --model builtin:tiny --max-tokens 64 "Once upon a time"
+demo: ## GRPO on an embedded 2-server fleet (examples/rl-loop): the reward rises within a minute
+	$(GO) build -o bin/rl-loop ./examples/rl-loop
+	bin/rl-loop --steps $(DEMO_STEPS) --out rl-loop-out
 
 fuzz: ## Run every Fuzz target briefly: FUZZTIME executions each (a count: a duration hits golang/go#75804, a spurious "context deadline exceeded" in go1.26)
 	@found=0; \

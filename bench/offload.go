@@ -316,8 +316,8 @@ func OffloadResetDrain(ctx context.Context, n int, delay time.Duration) (Offload
 	res := OffloadResetResult{StoresInFlight: int(rig.conn.Stats()["offload_jobs_inflight"]), DelayPerJobMs: float64(delay) / 1e6}
 	res.BytesInFlight = int64(res.StoresInFlight) * int64(l.BlockBytes())
 	start := time.Now()
-	_, _ = s.ResetPrefixCache(true, true)
-	_, _ = s.ResetPrefixCache(true, true)
+	_, _ = s.ResetPrefixCache(context.Background(), true, true)
+	_, _ = s.ResetPrefixCache(context.Background(), true, true)
 	meta, err := step()
 	if err != nil {
 		return res, err

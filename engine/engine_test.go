@@ -822,10 +822,16 @@ func TestResumeDuringPauseWaitDrain(t *testing.T) {
 	waitQueued(t, e, 1)
 	go func() { defer wg.Done(); assert.NoError(t, e.Resume(ctx)) }()
 	waitQueued(t, e, 2)
-	go func() { b, err = e.Add(ctx, Request{ID: "b", PromptTokenIDs: pb, Sampling: greedy(3)}) }()
+	added := make(chan *Stream, 1)
+	go func() {
+		s, err := e.Add(ctx, Request{ID: "b", PromptTokenIDs: pb, Sampling: greedy(3)})
+		assert.NoError(t, err)
+		added <- s
+	}()
 	waitQueued(t, e, 3)
 	release()
 	wg.Wait()
+	b = <-added
 	paused, err := e.IsPaused(ctx)
 	require.NoError(t, err)
 	assert.False(t, paused)

@@ -73,6 +73,13 @@ func newStream(e *Engine, id string, arrival time.Time) *Stream {
 // ID is the request id.
 func (s *Stream) ID() string { return s.id }
 
+// Timings returns the request's timings so far (zero FirstToken or Finish: not yet).
+func (s *Stream) Timings() Timings {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.timings
+}
+
 // push is called by the engine goroutine.
 func (s *Stream) push(toks []Token, cached int, reason FinishReason, now time.Time) {
 	s.mu.Lock()

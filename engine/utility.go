@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"slices"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/rolloutkit/rollout/engine/kvconnector"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/sched"
@@ -60,13 +63,23 @@ func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (Re
 	if _, err := ParsePauseMode(string(mode)); err != nil {
 		return ResetResult{}, err
 	}
-	return call(ctx, e, "pause", func(_ context.Context, done func(ResetResult, error)) {
+	return call(ctx, e, "pause", func(ctx context.Context, done func(ResetResult, error)) {
 		e.pause(mode)
 		e.pausedBySleep = false
+		span := trace.SpanFromContext(ctx)
+		span.SetAttributes(attribute.String("engine.pause_mode", string(mode)), attribute.Bool("engine.clear_cache", clearCache))
+		if e.hasWork() {
+			// The pause completes once running requests and in-flight KV transfers are done:
+			// the event marks where that wait starts, so a slow pause shows what it waited on.
+			span.AddEvent("engine.drain", trace.WithAttributes(attribute.Int("engine.running", e.sched.NumUnfinishedRequests()),
+				attribute.Bool("engine.connector_pending", e.conn.HasPendingPushWork())))
+		}
 		complete := func() bool {
 			var r ResetResult
 			if clearCache {
-				r = e.resetCaches()
+				r = e.resetCaches(ctx)
+				span.SetAttributes(attribute.Int("engine.blocks_cleared", r.BlocksCleared), attribute.Int("engine.jobs_flushed", r.JobsFlushed),
+					attribute.Int("engine.preempted", r.Preempted), attribute.Bool("engine.reset_success", r.Success))
 			}
 			done(r, nil)
 			return true
@@ -109,9 +122,9 @@ func (e *Engine) afterPending(task func(), fail func(error)) {
 }
 
 // resetCaches is vLLM's _reset_caches: preempt running requests, reset the prefix cache and
-// the connector.
-func (e *Engine) resetCaches() ResetResult {
-	ok, d := e.sched.ResetPrefixCache(true, true)
+// the connector. ctx is the utility call's (its span is the connector reset's parent).
+func (e *Engine) resetCaches(ctx context.Context) ResetResult {
+	ok, d := e.sched.ResetPrefixCache(ctx, true, true)
 	return fromDetail(ok, d)
 }
 
@@ -170,11 +183,12 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 	if _, err := ParsePauseMode(string(mode)); err != nil {
 		return err
 	}
-	_, err := call(ctx, e, "sleep", func(_ context.Context, done func(struct{}, error)) {
+	_, err := call(ctx, e, "sleep", func(ctx context.Context, done func(struct{}, error)) {
 		if e.paused == "" {
 			e.pause(mode)
 			e.pausedBySleep = true
 		}
+		trace.SpanFromContext(ctx).SetAttributes(attribute.Int("engine.sleep_level", level))
 		if level == 0 {
 			e.sleep0 = true
 			done(struct{}{}, nil)
@@ -184,7 +198,7 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 		task := func() bool {
 			if phase == 0 {
 				phase = 1
-				if r := e.resetCaches(); !r.Success {
+				if r := e.resetCaches(ctx); !r.Success {
 					e.log.Warn("engine: sleep: cache reset incomplete", "reason", r.Reason)
 				}
 				if e.hasWork() {
@@ -305,8 +319,8 @@ func (e *Engine) allocKV() error {
 // ResetPrefixCache resets the engine's prefix cache and, with resetConnector, the connector's
 // (the offloaded KV). Without resetRunning it refuses while requests hold blocks, and says so.
 func (e *Engine) ResetPrefixCache(ctx context.Context, resetRunning, resetConnector bool) (ResetResult, error) {
-	return call(ctx, e, "reset_prefix_cache", func(_ context.Context, done func(ResetResult, error)) {
-		ok, d := e.sched.ResetPrefixCache(resetRunning, resetConnector)
+	return call(ctx, e, "reset_prefix_cache", func(ctx context.Context, done func(ResetResult, error)) {
+		ok, d := e.sched.ResetPrefixCache(ctx, resetRunning, resetConnector)
 		done(fromDetail(ok, d), nil)
 	})
 }
@@ -319,7 +333,7 @@ func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int
 	if err != nil {
 		return err
 	}
-	_, err = call(ctx, e, "stage_weights", func(_ context.Context, done func(struct{}, error)) {
+	_, err = call(ctx, e, "update_weights.stage", func(_ context.Context, done func(struct{}, error)) {
 		e.afterPending(func() { done(struct{}{}, e.stage(m, w, version)) }, func(err error) { done(struct{}{}, err) })
 	})
 	return err
@@ -363,7 +377,7 @@ func (e *Engine) stage(m *model.Model, w *model.Weights, version int64) error {
 // later tokens carry the new version, and the new version enters the prefix hashes, so no new
 // request reuses old KV.
 func (e *Engine) CommitWeights(ctx context.Context, version int64) (int64, error) {
-	return call(ctx, e, "commit_weights", func(_ context.Context, done func(int64, error)) {
+	return call(ctx, e, "update_weights.commit", func(_ context.Context, done func(int64, error)) {
 		e.afterPending(func() { done(e.commit(version)) }, func(err error) { done(0, err) })
 	})
 }

@@ -1,12 +1,16 @@
 package offload
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rolloutkit/rollout/engine/kvconnector"
 	"github.com/rolloutkit/rollout/offload/cpu"
@@ -29,6 +33,10 @@ type Config struct {
 	// rate, so copies stay in flight: for tests and benchmarks only.
 	Delay                time.Duration
 	BandwidthBytesPerSec float64
+	// TransferGate, if set, is called on a transfer's goroutine before it copies anything and
+	// may block: tests hold transfers in flight with it deterministically, where a Delay only
+	// makes that likely.
+	TransferGate func(t *Transfer)
 	// BlockBytes is the size of one pool block in bytes (all layers, K and V). Optional: when
 	// set, New checks CPUBytes against it; otherwise the check happens at BindKVStorage.
 	BlockBytes int64
@@ -38,18 +46,54 @@ type Config struct {
 	RecordEvents bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes the connector's spans (nil: none): offload.reset_cache, a child of
+	// the context ResetCache is given; offload.flush.delivered on the step that carries the
+	// resets' flush set to the workers, a child of the first reset it covers and linked to the
+	// others; offload.flush.wait, its child, while the workers wait on the flushed jobs.
+	TracerProvider trace.TracerProvider
 	// OnFlushDelivered, if set, is called by the worker side once a reset's flush set reached
 	// it and it waited on every job in it, with the time since the first reset it covers (the
-	// server's rollout_reset_to_flush_seconds). Now is the clock it measures with (time.Now).
-	OnFlushDelivered func(jobIDs []int64, sinceReset time.Duration)
+	// server's rollout_reset_to_flush_seconds) and a context holding the flush.delivered span
+	// (for exemplars). Now is the clock it measures with (time.Now).
+	OnFlushDelivered func(ctx context.Context, jobIDs []int64, sinceReset time.Duration)
 	Now              func() time.Time
 }
 
+// tracerName is the instrumentation scope of the connector's spans.
+const tracerName = "github.com/rolloutkit/rollout/offload"
+
+// Span names and attribute keys of the connector's spans.
+const (
+	SpanResetCache     = "offload.reset_cache"
+	SpanFlushDelivered = "offload.flush.delivered"
+	SpanFlushWait      = "offload.flush.wait"
+
+	// AttrJobsFlushed is the number of in-flight jobs a reset moved into the flush set.
+	AttrJobsFlushed = "offload.jobs_flushed"
+	// AttrFlushPending is the size of the pending flush set after a reset.
+	AttrFlushPending = "offload.flush_pending"
+	// AttrResetsMerged is, on a reset, how many earlier undelivered resets it joined (0 for
+	// the first); on a delivery, how many resets its flush set covers.
+	AttrResetsMerged = "offload.resets_merged"
+	// AttrJobIDs and AttrJobs are the flushed job ids a step delivers and their number.
+	AttrJobIDs = "offload.job_ids"
+	AttrJobs   = "offload.jobs"
+	// AttrStep is the engine step that carries the flush.
+	AttrStep = "offload.step"
+	// AttrResetToDelivery is the time from the first reset to the step that delivers its
+	// flush; AttrResetToFlush adds the workers' wait (rollout_reset_to_flush_seconds).
+	AttrResetToDelivery = "offload.reset_to_delivery_seconds"
+	AttrResetToFlush    = "offload.reset_to_flush_seconds"
+	// AttrJobsInFlight is how many flushed jobs were still copying when the wait began.
+	AttrJobsInFlight = "offload.jobs_in_flight"
+)
+
 // Connector is the offloading connector; its two sides are Scheduler and Worker.
 type Connector struct {
-	cfg   Config
-	log   *slog.Logger
-	stats counters
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
+	stats  counters
 
 	mu      sync.Mutex // guards pool, mgr and bindErr across the sides
 	pool    kvconnector.BlockPool
@@ -104,6 +148,9 @@ func New(cfg Config) (*Connector, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = noop.NewTracerProvider()
+	}
 	switch {
 	case cfg.BlockSize <= 0:
 		return nil, fmt.Errorf("%w: block size %d tokens", ErrInvalidConfig, cfg.BlockSize)
@@ -121,7 +168,7 @@ func New(cfg Config) (*Connector, error) {
 			return nil, fmt.Errorf("%w: CPU bytes %d smaller than one chunk (%d bytes: %d blocks of %d)", ErrInvalidConfig, cfg.CPUBytes, chunk, cfg.BlocksPerChunk, cfg.BlockBytes)
 		}
 	}
-	c := &Connector{cfg: cfg, log: cfg.Logger}
+	c := &Connector{cfg: cfg, log: cfg.Logger, tracer: cfg.TracerProvider.Tracer(tracerName)}
 	c.delay.Store(int64(cfg.Delay))
 	c.sched = newSchedSide(c)
 	c.worker = newWorkerSide(c)
@@ -258,6 +305,9 @@ type Payload struct {
 	// ResetAt is when the first reset whose flush this step delivers was called; zero when the
 	// step delivers no reset.
 	ResetAt time.Time
+	// FlushSpan is the offload.flush.delivered span of a step that delivers resets (nil
+	// otherwise); the worker side ends it once it waited on the flush set.
+	FlushSpan trace.Span
 }
 
 // WorkerMeta is this connector's kvconnector.Output.WorkerMeta: completed job ids with success.

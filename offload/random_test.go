@@ -87,7 +87,7 @@ func TestRandomInterleaving(t *testing.T) {
 				require.Zero(t, h.stat("offload_flush_pending"))
 			}
 			resetAll := func() {
-				_, _ = h.sched.ResetPrefixCache(true, true)
+				_, _ = h.sched.ResetPrefixCache(context.Background(), true, true)
 			}
 			sleepWake := func() {
 				// Sleep(1): pause(abort), reset, deliver the flush, wait idle, release; wake with
@@ -128,7 +128,7 @@ func TestRandomInterleaving(t *testing.T) {
 					resetAll()
 					resetAll() // no step between
 				case r < 33:
-					_, _ = h.sched.ResetPrefixCache(false, false)
+					_, _ = h.sched.ResetPrefixCache(context.Background(), false, false)
 				case r < 34:
 					// Pause(abort, clearCache) then Sleep(1), back to back.
 					sleepWake()

@@ -1,9 +1,13 @@
 package offload
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/engine/kvcache"
 	"github.com/rolloutkit/rollout/engine/kvconnector"
@@ -36,6 +40,8 @@ type job struct {
 type schedSide struct {
 	c       *Connector
 	resetAt time.Time // first reset not yet delivered in a step (zero: none)
+	// resets are the spans of the resets not yet delivered, first first.
+	resets []trace.SpanContext
 
 	reqs        map[string]*reqState
 	jobs        map[int64]*job
@@ -246,10 +252,11 @@ func (s *schedSide) BuildConnectorMeta(step kvconnector.StepInfo) kvconnector.Me
 	s.c.stats.flushDelivered.Add(int64(len(flush)))
 	meta := kvconnector.Metadata{Step: step.Step, FlushJobIDs: flush, Payload: &Payload{
 		Loads: s.loads, Stores: stores, Release: s.release, NumScheduledTokens: step.NumScheduledTokens,
-		ResetAt: s.resetAt,
+		ResetAt: s.resetAt, FlushSpan: s.deliverySpan(step.Step, flush),
 	}}
 	s.loads, s.release = nil, nil
 	s.resetAt = time.Time{}
+	s.resets = s.resets[:0]
 	clear(s.flush)
 	clear(s.allocated)
 	s.gauges()
@@ -429,15 +436,53 @@ func (s *schedSide) RequestFinished(req kvconnector.Request, blockIDs []int) boo
 }
 
 // HasPendingPushWork implements kvconnector.Scheduler, with the fix: an undelivered flush set (or
-// an undelivered release) is pending work too.
+// an undelivered release) is pending work too, and so is an undelivered reset whose flush set is
+// empty: one more step tells the workers, so every reset's delivery is observed promptly
+// (rollout_reset_to_flush_seconds, offload.flush.delivered) rather than at whatever step comes
+// next, possibly after a resume.
 func (s *schedSide) HasPendingPushWork() bool {
-	return len(s.jobs) > 0 || len(s.flush) > 0 || len(s.release) > 0
+	return len(s.jobs) > 0 || len(s.flush) > 0 || len(s.release) > 0 || !s.resetAt.IsZero()
+}
+
+// deliverySpan starts the offload.flush.delivered span of a step that carries the undelivered
+// resets' flush set (nil when the step delivers no reset): a child of the first reset, linked
+// to the others.
+func (s *schedSide) deliverySpan(step uint64, flush []int64) trace.Span {
+	if s.resetAt.IsZero() {
+		return nil
+	}
+	var parent trace.SpanContext
+	var links []trace.Link
+	for i, sc := range s.resets {
+		if i == 0 {
+			parent = sc
+			continue
+		}
+		links = append(links, trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "merged_reset")}})
+	}
+	ctx := context.Background()
+	if parent.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, parent)
+	}
+	_, span := s.c.tracer.Start(ctx, SpanFlushDelivered, trace.WithLinks(links...), trace.WithAttributes(
+		attribute.Int64(AttrStep, int64(step)), attribute.Int64Slice(AttrJobIDs, flush), attribute.Int(AttrJobs, len(flush)),
+		attribute.Int(AttrResetsMerged, len(s.resets)),
+		attribute.Float64(AttrResetToDelivery, s.c.cfg.Now().Sub(s.resetAt).Seconds())))
+	return span
 }
 
 // ResetCache implements kvconnector.Scheduler, re-entrantly: every tracked job joins the pending
 // flush set (a union with what an earlier reset left undelivered); the CPU tier is emptied; the
-// stale threshold makes completions of the old jobs no-ops.
-func (s *schedSide) ResetCache() (int, bool) {
+// stale threshold makes completions of the old jobs no-ops. Its span is a child of ctx's and
+// links to the earlier resets of the same flush.
+func (s *schedSide) ResetCache(ctx context.Context) (int, bool) {
+	links := make([]trace.Link, len(s.resets))
+	for i, sc := range s.resets {
+		links[i] = trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "merged_into")}}
+	}
+	_, span := s.c.tracer.Start(ctx, SpanResetCache, trace.WithLinks(links...))
+	defer span.End()
+	merged := len(s.resets)
 	if len(s.flush) > 0 {
 		s.c.stats.resetsMerged.Add(1)
 	}
@@ -473,6 +518,10 @@ func (s *schedSide) ResetCache() (int, bool) {
 	clear(s.beingLoaded)
 	s.c.stats.resets.Add(1)
 	s.gauges()
+	span.SetAttributes(attribute.Int(AttrJobsFlushed, n), attribute.Int(AttrFlushPending, len(s.flush)), attribute.Int(AttrResetsMerged, merged))
+	if sc := span.SpanContext(); sc.IsValid() {
+		s.resets = append(s.resets, sc)
+	}
 	return n, true
 }
 

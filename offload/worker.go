@@ -9,6 +9,10 @@ import (
 	"time"
 	"unsafe"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/rolloutkit/rollout/engine/kvconnector"
 )
 
@@ -129,12 +133,40 @@ func (w *workerSide) HandlePreemptions(ctx context.Context) error {
 		}
 	}
 	w.submitDeferredLocked()
+	inflight := 0
+	for _, id := range w.meta.FlushJobIDs {
+		if w.inflight[id] != nil {
+			inflight++
+		}
+	}
 	w.mu.Unlock()
+	delivered := w.payload.FlushSpan
+	var wait trace.Span
+	if delivered != nil {
+		ctx, wait = w.c.tracer.Start(trace.ContextWithSpan(ctx, delivered), SpanFlushWait, trace.WithAttributes(
+			attribute.Int(AttrJobs, len(w.meta.FlushJobIDs)), attribute.Int(AttrJobsInFlight, inflight)))
+	}
 	if err := w.wait(ctx, w.meta.FlushJobIDs); err != nil {
+		if delivered != nil {
+			wait.RecordError(err)
+			wait.SetStatus(codes.Error, err.Error())
+			wait.End()
+			delivered.End()
+		}
 		return err
 	}
-	if cb := w.c.cfg.OnFlushDelivered; cb != nil && !w.payload.ResetAt.IsZero() {
-		cb(w.meta.FlushJobIDs, w.c.cfg.Now().Sub(w.payload.ResetAt))
+	if wait != nil {
+		wait.End()
+	}
+	if !w.payload.ResetAt.IsZero() {
+		since := w.c.cfg.Now().Sub(w.payload.ResetAt)
+		if delivered != nil {
+			delivered.SetAttributes(attribute.Float64(AttrResetToFlush, since.Seconds()))
+			delivered.End()
+		}
+		if cb := w.c.cfg.OnFlushDelivered; cb != nil {
+			cb(ctx, w.meta.FlushJobIDs, since)
+		}
 	}
 	return nil
 }
@@ -233,8 +265,12 @@ func (w *workerSide) BuildWorkerMeta() any {
 	return wm
 }
 
-// ClearMetadata implements kvconnector.Worker.
+// ClearMetadata implements kvconnector.Worker. A delivery span still open (the step failed
+// before its wait) ends here.
 func (w *workerSide) ClearMetadata() {
+	if w.payload != nil && w.payload.FlushSpan != nil {
+		w.payload.FlushSpan.End()
+	}
 	w.meta, w.payload = kvconnector.Metadata{}, nil
 }
 
@@ -302,6 +338,9 @@ func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) 
 		w.c.violation(x.t.ID, "transfer submitted without bound KV storage")
 		ok = false
 	default:
+		if g := w.c.cfg.TransferGate; g != nil {
+			g(x.t)
+		}
 		w.throttle(x.t, storage.BlockFloats())
 		for i := range x.t.Chunks {
 			var cok bool

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -9,6 +10,7 @@ import (
 	"github.com/rolloutkit/rollout/engine/kvconnector"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/offload"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // connector is the wiring of the KV offloading connector: its two engine-facing sides and its
@@ -21,7 +23,7 @@ type connector struct {
 
 // newConnector builds the offloading connector when cfg asks for one (nil otherwise). Its CPU
 // tier is allocated when the engine binds the KV storage.
-func newConnector(cfg Config, mc model.Config, log *slog.Logger, onFlush func([]int64, time.Duration)) (*connector, error) {
+func newConnector(cfg Config, mc model.Config, log *slog.Logger, tp trace.TracerProvider, onFlush func(context.Context, []int64, time.Duration)) (*connector, error) {
 	if cfg.OffloadCPUBytes == 0 {
 		return nil, nil
 	}
@@ -31,7 +33,7 @@ func newConnector(cfg Config, mc model.Config, log *slog.Logger, onFlush func([]
 	}
 	blockBytes := int64(mc.NumHiddenLayers) * 2 * int64(blockSize) * int64(mc.KVDim()) * 4
 	c, err := offload.New(offload.Config{CPUBytes: cfg.OffloadCPUBytes, BlockSize: blockSize, Delay: cfg.OffloadDelay,
-		BlockBytes: blockBytes, Logger: log, OnFlushDelivered: onFlush})
+		BlockBytes: blockBytes, Logger: log, TracerProvider: tp, OnFlushDelivered: onFlush})
 	if err != nil {
 		return nil, fmt.Errorf("%w: --offload-cpu-bytes %d: %w", ErrInvalidConfig, cfg.OffloadCPUBytes, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/load"
@@ -23,6 +24,9 @@ import (
 	"github.com/rolloutkit/rollout/server/agent"
 	"github.com/rolloutkit/rollout/server/api"
 )
+
+// tracerName is the instrumentation scope of the server's own spans (engine, fleet agent).
+const tracerName = "github.com/rolloutkit/rollout/server"
 
 // Errors callers branch on.
 var (
@@ -89,8 +93,8 @@ type Config struct {
 	// BodyReadTimeout and WriteTimeout bound reading a request body and each response write
 	// (0: the api package's defaults).
 	BodyReadTimeout, WriteTimeout time.Duration
-	// OTel selects the trace exporter: "" or "none". (Exporters live in the telemetry package,
-	// which is not built yet: "stdout" and "otlp" are refused.)
+	// OTel names the trace exporter the main package installed (none, stdout or otlp), for
+	// validation and logs; the spans go to TracerProvider.
 	OTel string
 	// HTTP limits; zero takes the api package's defaults.
 	MaxConcurrent, MaxQueue int
@@ -100,9 +104,12 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Version is the build version /version reports.
 	Version string
-	// Logger defaults to slog.Default(); Tracer to a no-op tracer.
-	Logger *slog.Logger
-	Tracer trace.Tracer
+	// Logger defaults to slog.Default(). TracerProvider makes every span of the server (the
+	// HTTP routes', the fleet agent's, the engine's, the connector's); nil: none. Tracer, when
+	// set, replaces the engine's and the agent's tracer.
+	Logger         *slog.Logger
+	TracerProvider trace.TracerProvider
+	Tracer         trace.Tracer
 }
 
 // Server is one rollout server: engine, connector, HTTP API and, in a fleet, the fleet agent.
@@ -236,7 +243,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, adm: adm}
 	metrics := api.NewMetrics()
-	s.conn, err = newConnector(cfg, m.Weights.Config, cfg.Logger, metrics.ObserveResetToFlush)
+	s.conn, err = newConnector(cfg, m.Weights.Config, cfg.Logger, cfg.TracerProvider, metrics.ObserveResetToFlush)
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +276,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 		// A server bound to loopback is a local setup: its weights may come from this host.
 		WeightsFetch:    weights.FetchPolicy{AllowLoopback: cfg.WeightsAllowPrivate || isLocal(ln.Addr()), AllowPrivate: cfg.WeightsAllowPrivate},
 		BodyReadTimeout: cfg.BodyReadTimeout, WriteTimeout: cfg.WriteTimeout,
-		Metrics: metrics, ConnectorStats: connStats, Ready: ready, Version: cfg.Version, Logger: cfg.Logger})
+		Metrics: metrics, ConnectorStats: connStats, Ready: ready, Version: cfg.Version, Logger: cfg.Logger, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		s.closeEngine()
 		return nil, err
@@ -296,7 +303,7 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		adv = advertiseURL(s.ln.Addr())
 	}
 	acfg := agent.Config{Bus: cfg.Bus, Fleet: cfg.Fleet, ServerID: id, AdvertiseURL: adv, Build: cfg.Version,
-		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps},
+		Secret: []byte(cfg.FleetSecret), Engine: observedEngine{Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps}, m: metrics},
 		Stage: func(ctx context.Context, ref protocol.WeightsRef) (int64, error) {
 			return s.api.StageWeights(ctx, weights.Ref{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256})
 		},
@@ -311,6 +318,22 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return a, nil
+}
+
+// observedEngine times the agent's weight swaps into rollout_update_weights_seconds{phase="commit"},
+// as /update_weights does its own.
+type observedEngine struct {
+	agent.Engine
+	m *api.Metrics
+}
+
+func (o observedEngine) Commit(ctx context.Context, version int64) (int64, error) {
+	t := time.Now()
+	v, err := o.Engine.Commit(ctx, version)
+	if err == nil {
+		o.m.ObserveCommit(ctx, time.Since(t))
+	}
+	return v, err
 }
 
 // defaultServerID is hostname-port, or a random id when the hostname is unknown.
@@ -355,6 +378,12 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
+	if c.Tracer == nil {
+		c.Tracer = c.TracerProvider.Tracer(tracerName)
 	}
 	switch c.OTel {
 	case "", "none", "stdout", "otlp":

@@ -11,5 +11,7 @@ func addCommands(root *cobra.Command) {
 		newGenerateCmd(),
 		newBenchCmd(),
 		newServeCmd(),
+		newWeightsCmd(),
+		newFleetCmd(),
 	)
 }

@@ -19,7 +19,7 @@ import (
 type generateOpts struct {
 	model, tokenizer string
 	server, apiKey   string
-	redis, fleet     string
+	conn             fleetConn
 	maxTokens        int
 	temperature      float64
 	topP             float64
@@ -32,11 +32,14 @@ func newGenerateCmd() *cobra.Command {
 	var o generateOpts
 	cmd := &cobra.Command{
 		Use:   "generate [flags] PROMPT",
-		Short: "Generate text from a prompt (in-process engine with --model, or a server with --server)",
+		Short: "Generate text from a prompt (in-process engine with --model, a server with --server, or a fleet with --redis and --fleet)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if o.redis != "" || o.fleet != "" {
-				return fmt.Errorf("--redis/--fleet: fleet control plane not built yet; use --model or --server")
+			if o.conn.redis != "" || o.conn.fleet != "" {
+				if o.server != "" || cmd.Flags().Changed("model") || cmd.Flags().Changed("tokenizer") {
+					return fmt.Errorf("--redis/--fleet and --server/--model/--tokenizer are exclusive: the fleet's servers have their own model")
+				}
+				return runGenerateFleet(cmd.Context(), cmd, o, args[0])
 			}
 			if o.server != "" {
 				if cmd.Flags().Changed("model") || cmd.Flags().Changed("tokenizer") {
@@ -51,9 +54,8 @@ func newGenerateCmd() *cobra.Command {
 	f.StringVar(&o.model, "model", "builtin:tiny", "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file")
 	f.StringVar(&o.tokenizer, "tokenizer", "", "tokenizer file overriding the one beside the checkpoint")
 	f.StringVar(&o.server, "server", "", "generate on a running server (its base URL, e.g. http://127.0.0.1:8000) instead of in-process")
-	f.StringVar(&o.apiKey, "api-key", "", "API key of the --server (sent as a bearer token)")
-	f.StringVar(&o.redis, "redis", "", "Redis URL of a fleet to generate on")
-	f.StringVar(&o.fleet, "fleet", "", "fleet name (with --redis)")
+	f.StringVar(&o.apiKey, "api-key", "", "API key of the --server or the fleet's servers (sent as a bearer token)")
+	o.conn.register(cmd, false)
 	f.IntVar(&o.maxTokens, "max-tokens", 64, "tokens to generate at most")
 	f.Float64Var(&o.temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	f.Float64Var(&o.topP, "top-p", 1, "nucleus sampling mass in (0,1]")

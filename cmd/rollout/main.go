@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"regexp"
 	"strings"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Set at link time by the Makefile: -ldflags "-X main.version=... -X main.commit=...".
@@ -19,6 +22,7 @@ var (
 )
 
 func main() {
+	redis.SetLogger(redisLog{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -67,4 +71,13 @@ func errorLine(err error) string {
 		}
 	}
 	return strings.Join(parts, "; ") + suffix
+}
+
+// redisLog sends go-redis's own log lines (pool dial failures while Redis is down, reconnects)
+// to slog at debug level instead of straight to stderr: what matters reaches the user as the
+// returned error, on one line.
+type redisLog struct{}
+
+func (redisLog) Printf(ctx context.Context, format string, v ...any) {
+	slog.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
 }

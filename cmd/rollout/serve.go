@@ -10,6 +10,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/rolloutkit/rollout/sdk/telemetry"
 	"github.com/rolloutkit/rollout/server"
@@ -60,8 +61,15 @@ func newServeCmd() *cobra.Command {
 				}
 				*sf.dst = v
 			}
+			var attrs []attribute.KeyValue
+			if cfg.Fleet != "" {
+				attrs = append(attrs, attribute.String("rollout.fleet", cfg.Fleet))
+			}
+			if cfg.ServerID != "" {
+				attrs = append(attrs, attribute.String("rollout.server_id", cfg.ServerID))
+			}
 			tp, shutdown, err := telemetry.Setup(cmd.Context(), telemetry.Options{Exporter: cfg.OTel, ServiceName: "rollout-serve",
-				Stdout: cmd.OutOrStdout()})
+				Attributes: attrs, Stdout: cmd.OutOrStdout()})
 			if err != nil {
 				return fmt.Errorf("--otel %s: %w", cfg.OTel, err)
 			}
@@ -72,7 +80,7 @@ func newServeCmd() *cobra.Command {
 					cfg.Logger.Warn("flushing traces", "err", err)
 				}
 			}()
-			cfg.Tracer = tp.Tracer("github.com/rolloutkit/rollout/server")
+			cfg.TracerProvider = tp
 			return server.Run(cmd.Context(), cfg)
 		},
 	}
@@ -89,7 +97,7 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&cfg.OffloadDelay, "offload-delay", 0, "extra delay per offload transfer (tests and benchmarks only)")
 	f.StringVar(&cfg.Redis, "redis", "", "Redis URL of the fleet control plane")
 	f.StringVar(&cfg.Fleet, "fleet", "", "fleet name to join")
-	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: derived)")
+	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: hostname-port)")
 	f.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "URL the fleet routes requests to (default: from --addr)")
 	f.StringVar(&cfg.FleetSecret, "fleet-secret", "", "HMAC secret of the fleet's control commands (at least 32 bytes)")
 	f.StringVar(&secretFile, "fleet-secret-file", "", "file holding the fleet secret (trailing newline ignored), so it stays out of ps")
@@ -104,7 +112,7 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&cfg.AllowUnverifiedWeights, "allow-unverified-weights", false, "accept http(s) weight sources without a sha256")
 	f.BoolVar(&cfg.WeightsAllowPrivate, "weights-allow-private", false,
 		"let http(s) weight fetches reach loopback, private and link-local addresses (loopback is allowed when --addr is loopback)")
-	f.StringVar(&cfg.OTel, "otel", "none", "trace exporter: none, stdout or otlp")
+	f.StringVar(&cfg.OTel, "otel", "", "trace exporter: none, stdout or otlp (default: OTEL_TRACES_EXPORTER, else none; OTLP reads the standard OTEL_EXPORTER_OTLP_* variables)")
 	f.IntVar(&cfg.MaxConcurrent, "max-concurrent", 256, "generation requests served at once")
 	f.IntVar(&cfg.MaxQueue, "max-queue", 1024, "generation requests waiting for a slot before 429")
 	maxBody = 8 << 20

@@ -82,15 +82,7 @@ func TestServeGenerateOverHTTPAndShutdown(t *testing.T) {
 	}
 }
 
-func TestServeAndGenerateRefuseWhatIsNotBuilt(t *testing.T) {
-	for _, args := range [][]string{
-		{"generate", "--redis", "redis://127.0.0.1:6379", "--fleet", "demo", "hi"},
-	} {
-		var out, errb bytes.Buffer
-		assert.Equal(t, 1, run(t.Context(), args, &out, &errb), args)
-		assert.Contains(t, errb.String(), "fleet control plane not built yet")
-		assert.Equal(t, 1, bytes.Count(errb.Bytes(), []byte("\n")), errb.String())
-	}
+func TestServeAndGenerateRefuseBadFlags(t *testing.T) {
 	var out, errb bytes.Buffer
 	assert.Equal(t, 1, run(t.Context(), []string{"generate", "--server", "http://127.0.0.1:1", "--model", "builtin:tiny", "hi"}, &out, &errb))
 	assert.Contains(t, errb.String(), "exclusive")

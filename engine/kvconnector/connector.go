@@ -123,8 +123,9 @@ type Scheduler interface {
 	HasPendingPushWork() bool
 	// ResetCache drops the connector's cached KV. In-flight jobs are not cancelled but queued for
 	// flushing by the next step's metadata; jobsFlushed is how many this call queued. It must be
-	// re-entrant: two resets with no step between them are routine.
-	ResetCache() (jobsFlushed int, ok bool)
+	// re-entrant: two resets with no step between them are routine. ctx carries the caller's
+	// trace context, for parentage only: a reset never blocks and ignores cancellation.
+	ResetCache(ctx context.Context) (jobsFlushed int, ok bool)
 	// TakeEvents returns the events since the previous call.
 	TakeEvents() []Event
 	// Stats returns the connector's current counters.

@@ -92,7 +92,7 @@ func TestNoop(t *testing.T) {
 	assert.False(t, async)
 	assert.False(t, n.RequestFinished(nil, nil))
 	assert.False(t, n.HasPendingPushWork())
-	jobs, ok := n.ResetCache()
+	jobs, ok := n.ResetCache(context.Background())
 	assert.Zero(t, jobs)
 	assert.True(t, ok)
 	assert.Equal(t, uint64(9), n.BuildConnectorMeta(StepInfo{Step: 9}).Step)

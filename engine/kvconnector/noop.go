@@ -33,7 +33,7 @@ func (Noop) RequestFinished(Request, []int) bool { return false }
 func (Noop) HasPendingPushWork() bool { return false }
 
 // ResetCache implements Scheduler: nothing to drop, always succeeds.
-func (Noop) ResetCache() (int, bool) { return 0, true }
+func (Noop) ResetCache(context.Context) (int, bool) { return 0, true }
 
 // TakeEvents implements Scheduler.
 func (Noop) TakeEvents() []Event { return nil }

@@ -9,7 +9,7 @@
 //	s, _ := sched.New(sched.Config{...}, pool, connector) // connector nil: kvconnector.Noop
 //	for {
 //		// 1. Handle every queued message first: s.Add(req), s.Abort(ids...),
-//		//    s.SetPauseState(p), s.ResetPrefixCache(r, c), s.SetWeightVersion(v), ...
+//		//    s.SetPauseState(p), s.ResetPrefixCache(ctx, r, c), s.SetWeightVersion(v), ...
 //		//    Abort/FinishRequests return the final outputs to send to clients.
 //		// 2. Block on the input queue while there is nothing to do:
 //		if !s.HasRequests() { wait for a message; continue }
@@ -51,7 +51,10 @@
 // rest of the waiting queue, and when nothing runs they give up their blocks (preemption) rather
 // than deadlock with the queue head. A load that lands after a weight-version change is dropped
 // and the request recomputes. Aborting a loading request delays its block free until the load
-// lands; RequestFinished returning true delays it until FinishedSending.
+// lands; RequestFinished returning true delays it until FinishedSending. A load reported in
+// FailedRecving (no valid KV) frees its blocks and the request recomputes. A step whose execution
+// failed is closed with FailStep before UpdateFromOutput: its requests are rolled back to the
+// step's start and finished, so nothing the step was to compute is cached.
 //
 // ResetPrefixCache never reports a success it did not achieve: it returns what it cleared and why
 // it could not clear the rest; blocks still in use after it (a load in flight, a free the

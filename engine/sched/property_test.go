@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -63,7 +64,7 @@ func (c *chaosConn) RequestFinished(r kvconnector.Request, _ []int) bool {
 	return false
 }
 
-func (c *chaosConn) ResetCache() (int, bool) {
+func (c *chaosConn) ResetCache(context.Context) (int, bool) {
 	c.resets++
 	return 0, true
 }
@@ -151,7 +152,7 @@ func (p *propState) step(all bool) {
 			}
 			p.record(outs)
 		case 1:
-			p.s.ResetPrefixCache(true, false)
+			p.s.ResetPrefixCache(context.Background(), true, false)
 		}
 	}
 	outs, err := p.s.UpdateFromOutput(so, mo)
@@ -255,7 +256,7 @@ func TestPropertySchedulerRandomInterleaving(t *testing.T) {
 			"reset": func(t *rapid.T) {
 				resetRunning := rapid.Bool().Draw(t, "resetRunning")
 				running := s.NumRunning()
-				ok, d := s.ResetPrefixCache(resetRunning, rapid.Bool().Draw(t, "resetConnector"))
+				ok, d := s.ResetPrefixCache(context.Background(), resetRunning, rapid.Bool().Draw(t, "resetConnector"))
 				// Preempted counts landed loads too; blocks a load in flight or a delayed free
 				// holds make even a reset_running reset fail, with the reason.
 				if resetRunning && (d.RequestsPreempted < running || s.NumRunning() != 0) {

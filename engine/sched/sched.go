@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -697,8 +698,8 @@ func (s *Scheduler) checkStop(r *Request, tok int) FinishReason {
 // blocks are still in use after the reset (loads in flight, frees the connector delays): success
 // means nothing computed before the reset is held or reachable. With resetConnector the
 // connector is reset too, even if the pool reset failed; ok is true only when every requested
-// reset succeeded.
-func (s *Scheduler) ResetPrefixCache(resetRunning, resetConnector bool) (ok bool, detail ResetDetail) {
+// reset succeeded. ctx reaches the connector's reset (trace parentage only).
+func (s *Scheduler) ResetPrefixCache(ctx context.Context, resetRunning, resetConnector bool) (ok bool, detail ResetDetail) {
 	if resetRunning {
 		for len(s.running) > 0 {
 			r := s.running[len(s.running)-1]
@@ -732,7 +733,7 @@ func (s *Scheduler) ResetPrefixCache(resetRunning, resetConnector bool) (ok bool
 	}
 	ok = gpuOK && detail.BlocksInUse == 0
 	if resetConnector {
-		jobs, cok := s.conn.ResetCache()
+		jobs, cok := s.conn.ResetCache(ctx)
 		detail.ConnectorJobsFlushed, detail.ConnectorReset = jobs, cok
 		if !cok {
 			reasons = append(reasons, "connector reset failed")

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -373,7 +374,7 @@ func (c *fakeConn) RequestFinished(r kvconnector.Request, blocks []int) bool {
 
 func (c *fakeConn) HasPendingPushWork() bool { return c.pending }
 
-func (c *fakeConn) ResetCache() (int, bool) {
+func (c *fakeConn) ResetCache(context.Context) (int, bool) {
 	c.resets++
 	return c.jobs, c.resetOK
 }
@@ -388,7 +389,7 @@ func TestResetPrefixCache(t *testing.T) {
 	r := h.add("a", tokens(1, 9), Params{MaxTokens: 5, IgnoreEOS: true})
 	h.step()
 
-	ok, d := h.s.ResetPrefixCache(false, true)
+	ok, d := h.s.ResetPrefixCache(context.Background(), false, true)
 	assert.False(t, ok)
 	assert.False(t, d.PrefixCacheReset)
 	assert.Contains(t, d.Reason, "blocks in use")
@@ -398,7 +399,7 @@ func TestResetPrefixCache(t *testing.T) {
 	assert.Equal(t, 3, d.ConnectorJobsFlushed)
 	assert.Equal(t, StatusRunning, r.Status())
 
-	ok, d = h.s.ResetPrefixCache(true, true)
+	ok, d = h.s.ResetPrefixCache(context.Background(), true, true)
 	assert.True(t, ok, d.Reason)
 	assert.Equal(t, 1, d.RequestsPreempted)
 	assert.Equal(t, 2, d.BlocksCleared)
@@ -415,11 +416,11 @@ func TestResetPrefixCache(t *testing.T) {
 	assert.Len(t, r.OutputTokenIDs(), 5)
 
 	// Idle pool: plain reset succeeds; a failing connector fails the whole call.
-	ok, d = h.s.ResetPrefixCache(false, false)
+	ok, d = h.s.ResetPrefixCache(context.Background(), false, false)
 	assert.True(t, ok)
 	assert.Positive(t, d.BlocksCleared)
 	conn.resetOK = false
-	ok, d = h.s.ResetPrefixCache(false, true)
+	ok, d = h.s.ResetPrefixCache(context.Background(), false, true)
 	assert.False(t, ok)
 	assert.True(t, d.PrefixCacheReset)
 	assert.False(t, d.ConnectorReset)
@@ -651,7 +652,7 @@ func TestResetRunningDropsLoadedKV(t *testing.T) {
 	h.step()
 	h.s.SetPauseState(PausedAll)
 	h.recv("landed")
-	ok, d := h.s.ResetPrefixCache(true, false)
+	ok, d := h.s.ResetPrefixCache(context.Background(), true, false)
 	assert.False(t, ok, "the in-flight load still holds blocks")
 	assert.Contains(t, d.Reason, "still in use")
 	assert.Equal(t, 1, d.RequestsPreempted)
@@ -659,7 +660,7 @@ func TestResetRunningDropsLoadedKV(t *testing.T) {
 	assert.Equal(t, 2, d.BlocksInUse)
 	h.recv("loading")
 	assert.Equal(t, StatusPreempted, loading.Status(), "its KV predates the reset")
-	ok, d = h.s.ResetPrefixCache(true, false)
+	ok, d = h.s.ResetPrefixCache(context.Background(), true, false)
 	assert.True(t, ok, d.Reason)
 	assert.Empty(t, d.Reason)
 	h.s.SetPauseState(Unpaused)

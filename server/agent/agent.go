@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -37,6 +39,12 @@ type Metrics interface {
 	CommandDone(kind, result string)
 	// Rejected counts a refused message by reason (the Reason constants).
 	Rejected(reason string)
+}
+
+// UpdateObserver is implemented by Metrics that record weight-update phases
+// (rollout_update_weights_seconds{phase}); ctx holds the command's span, for exemplars.
+type UpdateObserver interface {
+	ObserveUpdate(ctx context.Context, phase string, d time.Duration)
 }
 
 // Config configures an agent. Bus (or Dial), Fleet, ServerID, Engine and Stage are required.
@@ -233,9 +241,10 @@ type loop struct {
 
 	working  bool
 	done     chan workDone
-	pending  []protocol.Ack // acks not pushed yet (the bus was down)
+	pending  []pendingAck // acks not pushed yet (the bus was down)
 	busDown  bool
 	subFails int
+	joined   bool
 }
 
 func (l *loop) run(ctx context.Context) (err error) {
@@ -259,8 +268,11 @@ func (l *loop) run(ctx context.Context) (err error) {
 				retry.Reset(d)
 				continue
 			}
-			if l.subFails > 0 {
-				a.log.Info("agent: control channel joined after failures", "attempts", l.subFails+1)
+			if !l.joined {
+				a.log.Info("agent: joined the fleet", "advertise_url", a.cfg.AdvertiseURL, "signed", len(a.cfg.Secret) > 0, "attempts", l.subFails+1)
+				l.joined = true
+			} else {
+				a.log.Info("agent: control channel joined again", "attempts", l.subFails+1)
 			}
 			l.subFails = 0
 			events = l.sub.Events()
@@ -288,11 +300,11 @@ func (l *loop) run(ctx context.Context) (err error) {
 			}
 		case <-a.drainReq:
 			l.core.Drain()
-			if l.b != nil {
+			if l.b != nil && ctx.Err() == nil { // stopping: stop's heartbeat says it
 				l.heartbeat(ctx)
 			}
 		case <-tick.C:
-			if l.b == nil {
+			if l.b == nil || ctx.Err() != nil {
 				continue
 			}
 			if err := l.resync(ctx); err != nil {
@@ -365,6 +377,9 @@ func (l *loop) resync(ctx context.Context) error {
 }
 
 func (l *loop) busError(what string, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the agent is stopping, not the bus failing
+	}
 	if !l.busDown {
 		l.a.log.Warn("agent: bus unavailable; the server keeps serving and retries", "op", what, "err", err)
 	}
@@ -418,7 +433,7 @@ func (l *loop) flush(ctx context.Context) {
 	for _, reason := range r.Rejected {
 		a.log.Warn("agent: refused a control message", "reason", reason)
 	}
-	l.pending = append(l.pending, r.Acks...)
+	l.queueAcks(r)
 	l.pushAcks(ctx)
 	if r.Work != nil {
 		l.start(ctx, r.Work)
@@ -431,23 +446,60 @@ func (l *loop) pushAcks(ctx context.Context) {
 		return
 	}
 	for len(l.pending) > 0 {
-		ack := l.pending[0]
+		p := l.pending[0]
+		ack := p.ack
 		raw, err := ack.Encode()
 		if err != nil {
 			a.log.Error("agent: encode ack", "command_id", ack.CommandID, "err", err)
 			l.pending = l.pending[1:]
 			continue
 		}
-		pctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval+time.Second)
+		sctx, span := l.ackSpan(ctx, p)
+		pctx, cancel := context.WithTimeout(sctx, a.cfg.HeartbeatInterval+time.Second)
 		err = l.b.Push(pctx, a.names.Acks(ack.CommandID), raw, a.cfg.AckTTL)
 		cancel()
 		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+			span.End()
 			l.busError("push an ack", err)
 			return // kept; retried after the next input
 		}
+		span.End()
 		l.busOK()
 		l.pending = l.pending[1:]
 	}
+}
+
+// pendingAck is an ack waiting to be pushed, with where its span belongs.
+type pendingAck struct {
+	ack   protocol.Ack
+	trace AckTrace
+}
+
+func (l *loop) queueAcks(r Ready) {
+	for i, ack := range r.Acks {
+		var at AckTrace
+		if i < len(r.AckTraces) {
+			at = r.AckTraces[i]
+		}
+		l.pending = append(l.pending, pendingAck{ack: ack, trace: at})
+	}
+}
+
+// ackSpan starts the span of one ack push, a child of the command's process span (or of the
+// sender's span), linked as the core says.
+func (l *loop) ackSpan(ctx context.Context, p pendingAck) (context.Context, trace.Span) {
+	if p.trace.Parent.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, p.trace.Parent)
+	}
+	links := make([]trace.Link, 0, len(p.trace.Links))
+	for _, sc := range p.trace.Links {
+		links = append(links, trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "original")}})
+	}
+	return l.a.cfg.Tracer.Start(ctx, SpanAck, trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(links...),
+		trace.WithAttributes(attribute.String("rollout.command_id", p.ack.CommandID), attribute.String("rollout.server_id", l.a.cfg.ServerID),
+			attribute.String("rollout.result", string(p.ack.Result)), attribute.Bool("rollout.duplicate", p.trace.Duplicate)))
 }
 
 // start runs w on its own goroutine; the loop keeps heartbeating meanwhile. Convergence
@@ -484,7 +536,7 @@ func (l *loop) stop(ctx context.Context, runErr error) {
 				a.cfg.Metrics.CommandDone(c.Kind, c.Result)
 			}
 		}
-		l.pending = append(l.pending, r.Acks...)
+		l.queueAcks(r)
 		l.pushAcks(bg)
 		if runErr == nil {
 			hb := l.core.Heartbeat(a.cfg.Now())

@@ -2,9 +2,13 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
@@ -79,6 +83,9 @@ type Result struct {
 	LastTokenBefore, FirstTokenAfter int64
 	// Committed is the version a commit swapped in (0: none).
 	Committed int64
+	// Span is the work's control.process span: the parent of its ack's span, and the link
+	// of a re-ack when the command is delivered again.
+	Span trace.SpanContext
 }
 
 // CommandCount is one executed command, for rollout_control_commands_total.
@@ -89,10 +96,36 @@ type CommandCount struct {
 // Ready is what the core asks the I/O loop to do after an input (raft's Ready): push Acks
 // (each to protocol.Names.Acks(CommandID)), count Rejected and Commands, and start Work.
 type Ready struct {
-	Work     *Work
-	Acks     []protocol.Ack
-	Rejected []string
-	Commands []CommandCount
+	Work *Work
+	Acks []protocol.Ack
+	// AckTraces has one entry per ack, in the same order: where its span belongs.
+	AckTraces []AckTrace
+	Rejected  []string
+	Commands  []CommandCount
+}
+
+// AckTrace places an ack's span: a child of Parent (the command's control.process span, or
+// the sender's span when the command never ran), linked to Links. A re-ack of a command
+// delivered again is a child of the redelivery's sender span and links to the original
+// control.process span, so it never starts a new root.
+type AckTrace struct {
+	Parent    trace.SpanContext
+	Links     []trace.SpanContext
+	Duplicate bool
+}
+
+// SenderSpan is the span context of the W3C trace context in an envelope's Trace field; the
+// zero value when it is missing or malformed (a bad traceparent is ignored, never an error).
+func SenderSpan(carrier map[string]string) trace.SpanContext {
+	if len(carrier) == 0 {
+		return trace.SpanContext{}
+	}
+	return trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier(carrier)))
+}
+
+func (c *Core) ack(a protocol.Ack, at AckTrace) {
+	c.out.Acks = append(c.out.Acks, a)
+	c.out.AckTraces = append(c.out.AckTraces, at)
 }
 
 // Empty reports whether there is nothing to do.
@@ -107,6 +140,7 @@ var ErrRefuseJoin = errors.New("agent: the fleet is signed and this server has n
 type seenCmd struct {
 	deadline int64         // Unix ms; forgotten after it
 	ack      *protocol.Ack // nil while queued or running
+	span     trace.SpanContext
 }
 
 // Core is the agent's deterministic state machine: no I/O, no goroutines, no clock of its
@@ -117,11 +151,14 @@ type Core struct {
 	known   bool                   // the desired state was read at least once (found or absent)
 	desired *protocol.DesiredState // last verified; nil: none
 	badRaw  []byte                 // last refused desired-state bytes, so a bad key is counted once
-	eng     EngineState
+	// desiredErr says why the current desired-state key was refused ("" when it was not).
+	desiredErr string
+	eng        EngineState
 
-	seen  map[string]*seenCmd
-	queue []*Work
-	busy  *Work
+	seen   map[string]*seenCmd
+	pruned time.Time // last walk of seen
+	queue  []*Work
+	busy   *Work
 
 	wantConverge bool
 	convEpoch    int64 // epoch last converged to
@@ -173,7 +210,7 @@ func (c *Core) Engine(st EngineState) { c.eng = st }
 // per distinct value); ErrRefuseJoin means this server must leave.
 func (c *Core) Desired(raw []byte, found bool, now time.Time) error {
 	if !found {
-		c.known, c.desired, c.badRaw = true, nil, nil
+		c.known, c.desired, c.badRaw, c.desiredErr = true, nil, nil, ""
 		c.wantConverge = true
 		c.schedule(now)
 		return nil
@@ -191,7 +228,7 @@ func (c *Core) Desired(raw []byte, found bool, now time.Time) error {
 	if verr := d.Verify(c.cfg.Secret, c.cfg.Fleet); verr != nil {
 		return c.refuseDesired(raw, reasonOf(verr))
 	}
-	c.badRaw = nil
+	c.badRaw, c.desiredErr = nil, ""
 	if c.desired != nil && d.Epoch < c.desired.Epoch {
 		return nil // an older record (a stale read): keep the newer one
 	}
@@ -206,6 +243,9 @@ func (c *Core) Desired(raw []byte, found bool, now time.Time) error {
 func (c *Core) refuseDesired(raw []byte, reason string) error {
 	c.badRaw = bytes.Clone(raw)
 	c.out.Rejected = append(c.out.Rejected, reason)
+	// Said in the heartbeat: a server with a secret in an unsigned fleet (or the reverse)
+	// stays out of rotation, and the operator should see why.
+	c.desiredErr = "the fleet's desired state was refused: " + reason
 	return nil
 }
 
@@ -234,7 +274,14 @@ func (c *Core) Envelope(raw []byte, now time.Time) {
 		if s.ack != nil {
 			dup := *s.ack
 			dup.Duplicate, dup.At = true, now.UnixMilli()
-			c.out.Acks = append(c.out.Acks, dup)
+			at := AckTrace{Parent: SenderSpan(e.Trace), Duplicate: true}
+			if s.span.IsValid() {
+				at.Links = []trace.SpanContext{s.span}
+				if !at.Parent.IsValid() {
+					at.Parent = s.span
+				}
+			}
+			c.ack(dup, at)
 		}
 		return // still queued or running: its ack is on the way
 	}
@@ -263,9 +310,10 @@ func (c *Core) reject(e *protocol.Envelope, reason string, err error, now time.T
 	if reason == ReasonWrongFleet || e.ID == "" {
 		return
 	}
-	c.out.Acks = append(c.out.Acks, protocol.Ack{V: protocol.Version, CommandID: e.ID, ServerID: c.cfg.ServerID, Kind: e.Kind,
+	c.ack(protocol.Ack{V: protocol.Version, CommandID: e.ID, ServerID: c.cfg.ServerID, Kind: e.Kind,
 		Result: protocol.ResultRejected, Code: reason, Error: err.Error(),
-		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, At: now.UnixMilli()})
+		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, At: now.UnixMilli()},
+		AckTrace{Parent: SenderSpan(e.Trace)})
 }
 
 func reasonOf(err error) string {
@@ -283,8 +331,13 @@ func reasonOf(err error) string {
 }
 
 // prune forgets commands past their deadline: a copy arriving later is refused as expired
-// before the dedupe check, so nothing needs them.
+// before the dedupe check, so nothing needs them. It walks the map at most once a second, so
+// a burst of commands costs no more than one walk.
 func (c *Core) prune(now time.Time) {
+	if now.Sub(c.pruned) < time.Second && !now.Before(c.pruned) {
+		return
+	}
+	c.pruned = now
 	ms := now.UnixMilli()
 	for id, s := range c.seen {
 		if s.ack != nil && s.deadline < ms {
@@ -301,7 +354,7 @@ func (c *Core) Done(res Result, st EngineState, now time.Time) {
 	if w == nil {
 		return
 	}
-	if res.Committed > 0 && w != nil && w.Envelope == nil {
+	if res.Committed > 0 && w.Envelope == nil {
 		// Kept for a commit command that arrives after this self-convergence.
 		c.commits = map[int64]Result{res.Committed: res}
 	}
@@ -328,8 +381,13 @@ func (c *Core) finish(w *Work, res Result, now time.Time) {
 	if s := c.seen[e.ID]; s != nil {
 		stored := ack
 		s.ack = &stored
+		s.span = res.Span
 	}
-	c.out.Acks = append(c.out.Acks, ack)
+	at := AckTrace{Parent: res.Span}
+	if !at.Parent.IsValid() {
+		at.Parent = SenderSpan(e.Trace)
+	}
+	c.ack(ack, at)
 	c.out.Commands = append(c.out.Commands, CommandCount{Kind: string(e.Kind), Result: string(ack.Result)})
 }
 
@@ -401,7 +459,7 @@ func (c *Core) schedule(now time.Time) {
 
 func alreadyCommitted(prev Result, st EngineState) Result {
 	r := prev
-	r.Err, r.Code, r.Committed = nil, "", 0
+	r.Err, r.Code, r.Committed, r.Span = nil, "", 0, trace.SpanContext{}
 	r.WeightVersion, r.StagedVersion = st.WeightVersion, st.StagedVersion
 	return r
 }
@@ -481,11 +539,21 @@ func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
 	hb := protocol.Heartbeat{V: protocol.Version, Fleet: c.cfg.Fleet, ServerID: c.cfg.ServerID, State: state,
 		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, Epoch: c.convEpoch, InRotation: c.InRotation(),
 		Running: c.eng.Running, Waiting: c.eng.Waiting, KVUsage: c.eng.KVUsage, AdvertiseURL: c.cfg.AdvertiseURL,
-		Build: c.cfg.Build, Error: c.convErr, At: now.UnixMilli()}
+		Build: c.cfg.Build, Error: joinErrs(c.desiredErr, c.convErr), At: now.UnixMilli()}
 	if len(c.cfg.Secret) > 0 {
 		hb.Sign(c.cfg.Secret)
 	}
 	return hb
+}
+
+func joinErrs(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
 }
 
 func isCommit(cmd any) bool {

@@ -8,7 +8,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/sdk/protocol"
@@ -51,26 +50,39 @@ func (a *Agent) execute(ctx context.Context, w *Work) Result {
 		a.log.Debug("agent: work done", "kind", w.Kind(), "weight_version", res.WeightVersion)
 	}
 	span.SetAttributes(attribute.Int64("rollout.weight_version", res.WeightVersion))
+	res.Span = span.SpanContext()
 	return res
 }
 
+// Span names of the fleet agent.
+const (
+	// SpanProcess is one command's execution on this server.
+	SpanProcess = "control.process"
+	// SpanConverge is one self-convergence step towards the fleet's desired state.
+	SpanConverge = "control.converge"
+	// SpanAck is the push of one ack (Duplicate marks a re-ack).
+	SpanAck = "control.ack"
+)
+
 // span starts the work's span: a command's span is a child of the sender's (from the
-// envelope's trace context) and links to it, so the transaction is one trace.
+// envelope's trace context) and links to it, so the transaction is one trace even through
+// backends that show links only. A missing or malformed trace context makes it a root.
 func (a *Agent) span(ctx context.Context, w *Work) (context.Context, trace.Span) {
 	attrs := []attribute.KeyValue{attribute.String("rollout.server_id", a.cfg.ServerID), attribute.String("rollout.fleet", a.cfg.Fleet)}
 	var opts []trace.SpanStartOption
+	name := SpanConverge
 	if e := w.Envelope; e != nil {
+		name = SpanProcess
 		attrs = append(attrs, attribute.String("rollout.command_id", e.ID), attribute.String("rollout.command", string(e.Kind)))
-		if len(e.Trace) > 0 {
-			remote := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier(e.Trace))
-			if sc := trace.SpanContextFromContext(remote); sc.IsValid() {
-				ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
-			}
+		if sc := SenderSpan(e.Trace); sc.IsValid() {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "sender")}}))
 		}
+	} else {
+		attrs = append(attrs, attribute.Int64("rollout.epoch", w.Epoch))
 	}
 	opts = append(opts, trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindConsumer))
-	return a.cfg.Tracer.Start(ctx, "agent."+w.Kind(), opts...)
+	return a.cfg.Tracer.Start(ctx, name, opts...)
 }
 
 func (a *Agent) code(err error) string {
@@ -206,7 +218,14 @@ func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef) Result {
 	case st.WeightVersion >= ref.Version:
 		p.detail("already_serving", 1)
 		return Result{Phases: []protocol.Phase{p.end(nil)}}
-	case st.StagedVersion == ref.Version && a.stagedVersion == ref.Version && a.stagedSHA == ref.SHA256:
+	case st.StagedVersion == ref.Version:
+		// A version number names one set of weights (the engine refuses to restage it), so a
+		// second stage of it, e.g. a retried transaction, has nothing to do; unless this
+		// agent staged it from another digest, which is a conflict to report.
+		if a.stagedVersion == ref.Version && a.stagedSHA != "" && ref.SHA256 != "" && a.stagedSHA != ref.SHA256 {
+			err := fmt.Errorf("version %d is already staged with digest %s, not %s", ref.Version, a.stagedSHA, ref.SHA256)
+			return Result{Phases: []protocol.Phase{p.end(err)}, Err: err, Code: "conflict"}
+		}
 		p.detail("already_staged", 1)
 		return Result{Phases: []protocol.Phase{p.end(nil)}}
 	}
@@ -247,6 +266,14 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		}
 		return err
 	}
+	wasPaused := st.State != "running"
+	// Whether the server was generating: after a pause that aborted its requests, their
+	// clients resubmit (the SDK continues each sample), so the first token after the resume
+	// is worth waiting for even when nothing waits at the resume itself.
+	loaded := !wasPaused && st.Running+st.Waiting > 0
+	// From the pause on, the cut runs to its end whatever the sender's deadline.
+	cut, cancel := context.WithTimeout(context.WithoutCancel(ctx), cutTimeout)
+	defer cancel()
 	if err := step("pause", func(p *phase) error {
 		r, err := eng.Pause(ctx, c.Mode, c.ClearCache)
 		if c.ClearCache {
@@ -254,14 +281,16 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		}
 		return err
 	}); err != nil {
+		// A pause cut short by the deadline may still have taken effect in the engine: undo
+		// it rather than leave the server paused by a commit that did not happen.
+		if !wasPaused && !stayPaused && eng.State().State == "paused" {
+			_ = step("resume", func(*phase) error { return eng.Resume(cut) })
+		}
 		return res
 	}
 	if t := eng.Steps().Last(); !t.IsZero() {
 		res.LastTokenBefore = t.UnixNano()
 	}
-	// Paused: from here the cut runs to its end whatever the sender's deadline.
-	cut, cancel := context.WithTimeout(context.WithoutCancel(ctx), cutTimeout)
-	defer cancel()
 	slept := false
 	if c.SleepLevel > 0 {
 		slept = step("sleep", func(p *phase) error {
@@ -270,14 +299,19 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		}) == nil
 	}
 	if res.Err == nil {
-		_ = step("commit", func(p *phase) error {
+		start := time.Now()
+		if step("commit", func(p *phase) error {
 			v, err := eng.Commit(cut, c.Version)
 			p.detail("version", v)
 			if err == nil {
 				res.Committed = v
 			}
 			return err
-		})
+		}) == nil {
+			if o, ok := a.cfg.Metrics.(UpdateObserver); ok {
+				o.ObserveUpdate(cut, "commit", time.Since(start))
+			}
+		}
 	}
 	if slept {
 		_ = step("wake", func(*phase) error { return eng.WakeUp(cut, nil) })
@@ -292,7 +326,7 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 	if err := step("resume", func(*phase) error { return eng.Resume(cut) }); err != nil {
 		return res
 	}
-	if cerr == nil && running+waiting > 0 && res.Committed > 0 {
+	if (loaded || cerr == nil && running+waiting > 0) && res.Committed > 0 {
 		// Bounded by the command's deadline too: the ack must arrive before the sender gives up.
 		wctx, cancel := context.WithTimeout(ctx, firstTokenWait)
 		if t, err := eng.Steps().First(wctx); err == nil {

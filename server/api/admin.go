@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/weights"
@@ -240,11 +243,11 @@ func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (upda
 		if err != nil {
 			return resp, err
 		}
-		a.metrics.observeUpdate("commit", time.Since(t))
+		a.metrics.ObserveUpdate(ctx, "commit", time.Since(t))
 		resp.WeightVersion = v
 	}
 	resp.Seconds = time.Since(start).Seconds()
-	a.metrics.observeUpdate("total", time.Since(start))
+	a.metrics.ObserveUpdate(ctx, "total", time.Since(start))
 	return resp, nil
 }
 
@@ -256,12 +259,19 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref) (weights.Info,
 		return weights.Info{}, badRequest("digest_required", "sha256",
 			"an http(s) weight source needs a sha256 (the server was not started with --allow-unverified-weights)")
 	}
-	w, info, err := weights.LoadWithInfo(ctx, ref, weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient,
+	fctx, span := a.cfg.TracerProvider.Tracer(tracerName).Start(ctx, "weights.fetch", trace.WithAttributes(
+		attribute.Int64("rollout.weight_version", ref.Version), attribute.String("rollout.weights_uri", weights.RedactURI(ref.URI))))
+	w, info, err := weights.LoadWithInfo(fctx, ref, weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient,
 		MaxDownloadBytes: weights.DownloadLimit(a.cfg.ModelConfig)})
+	span.SetAttributes(attribute.Int64("rollout.bytes", info.Bytes))
 	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.End()
 		return info, err
 	}
-	a.metrics.observeUpdate("fetch", time.Since(start))
+	span.End()
+	a.metrics.ObserveUpdate(ctx, "fetch", time.Since(start))
 	t := time.Now()
 	if err := a.eng.StageWeights(ctx, w, ref.Version); err != nil {
 		if errors.Is(err, engine.ErrInvalidArgument) {
@@ -269,7 +279,7 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref) (weights.Info,
 		}
 		return info, err
 	}
-	a.metrics.observeUpdate("stage", time.Since(t))
+	a.metrics.ObserveUpdate(ctx, "stage", time.Since(t))
 	return info, nil
 }
 
@@ -290,7 +300,7 @@ func (a *API) StageWeights(ctx context.Context, ref weights.Ref) (int64, error) 
 		a.log.Warn("api: staging weights failed; the old weights keep serving", "version", ref.Version, "source", weights.RedactURI(ref.URI), "err", err)
 		return info.Bytes, err
 	}
-	a.metrics.observeUpdate("total", time.Since(start))
+	a.metrics.ObserveUpdate(ctx, "total", time.Since(start))
 	return info.Bytes, nil
 }
 

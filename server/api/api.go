@@ -14,6 +14,11 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"go.opentelemetry.io/contrib/instrumentation/github.com/gin-gonic/gin/otelgin"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/model"
@@ -28,6 +33,9 @@ const (
 	DefaultMaxBodyBytes  = 8 << 20
 	DefaultMaxN          = 64
 )
+
+// tracerName is the instrumentation scope of the API's own spans.
+const tracerName = "github.com/rolloutkit/rollout/server/api"
 
 var errShuttingDown = errors.New("api: server is shutting down")
 
@@ -92,6 +100,11 @@ type Config struct {
 	Version string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes a server span per request (nil: none), the parent of the engine's
+	// spans; a W3C traceparent header makes it a child of the caller's span, and a malformed
+	// one is ignored (the request is served as if it had none). /metrics, /health and /ready
+	// are not traced: scrapes and probes would drown the traces that matter.
+	TracerProvider trace.TracerProvider
 }
 
 // API is the HTTP surface of one server. Create it with New and serve Handler.
@@ -166,6 +179,9 @@ func New(cfg Config) (*API, error) {
 	}
 	if cfg.WeightsHTTPClient == nil {
 		cfg.WeightsHTTPClient = weights.NewHTTPClient(cfg.WeightsFetch)
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = noop.NewTracerProvider()
 	}
 	chat, err := newChatTemplate(cfg.ChatTemplate, cfg.BOSToken, cfg.EOSToken)
 	if err != nil {
@@ -247,6 +263,15 @@ func (a *API) routes(public, admin bool) *gin.Engine {
 		writeError(c, &Error{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: "method_not_allowed",
 			Message: c.Request.Method + " is not allowed on this route"})
 	})
+	r.Use(otelgin.Middleware("rollout", otelgin.WithTracerProvider(a.cfg.TracerProvider),
+		otelgin.WithPropagators(propagation.TraceContext{}), otelgin.WithMeterProvider(metricnoop.NewMeterProvider()),
+		otelgin.WithFilter(func(r *http.Request) bool {
+			switch r.URL.Path {
+			case "/metrics", "/health", "/ready":
+				return false
+			}
+			return true
+		})))
 
 	if public {
 		// Authentication, then the body (bounded in size and time), then a concurrency slot:

@@ -12,9 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/sample"
@@ -148,6 +151,7 @@ type choice struct {
 // genRun is a submitted request: its choices and how to end them.
 type genRun struct {
 	a       *API
+	ctx     context.Context //nolint:containedctx // the request's, for the spans end records
 	prompts [][]int
 	choices []*choice
 	untrack func()
@@ -218,7 +222,7 @@ func (a *API) prepare(s *genSpec) error {
 // submit adds every choice to the engine; on error nothing stays running.
 func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 	total := s.n * len(s.prompts)
-	run := &genRun{a: a, prompts: s.prompts}
+	run := &genRun{a: a, ctx: ctx, prompts: s.prompts}
 	ids := make([]string, 0, total)
 	// Engine ids are the server's own: a client's request_id is echoed, and names the request
 	// for /abort_requests, but two clients choosing the same one never collide.
@@ -269,6 +273,36 @@ func (r *genRun) end() {
 	r.abort()
 	if r.untrack != nil {
 		r.untrack()
+	}
+	r.traceChoices()
+}
+
+// traceChoices records each choice's life in the engine as child spans of the request's span,
+// from the engine's own timestamps (no cost on the engine loop): engine.request from arrival
+// to finish, split into engine.prefill (queueing and prefill, up to the first token) and
+// engine.decode (the rest).
+func (r *genRun) traceChoices() {
+	if r.ctx == nil || !trace.SpanFromContext(r.ctx).IsRecording() {
+		return
+	}
+	tr := r.a.cfg.TracerProvider.Tracer(tracerName)
+	for _, ch := range r.choices {
+		t := ch.stream.Timings()
+		end := t.Finish
+		if end.IsZero() {
+			end = time.Now()
+		}
+		ctx, span := tr.Start(r.ctx, "engine.request", trace.WithTimestamp(t.Arrival), trace.WithAttributes(
+			attribute.String("rollout.request_id", ch.engineID), attribute.Int("rollout.prompt_tokens", len(ch.prompt)),
+			attribute.Int("rollout.generated_tokens", len(ch.tokens)), attribute.Int("rollout.cached_tokens", ch.cached),
+			attribute.String("rollout.finish_reason", string(ch.finish))))
+		if !t.FirstToken.IsZero() {
+			_, p := tr.Start(ctx, "engine.prefill", trace.WithTimestamp(t.Arrival))
+			p.End(trace.WithTimestamp(t.FirstToken))
+			_, d := tr.Start(ctx, "engine.decode", trace.WithTimestamp(t.FirstToken))
+			d.End(trace.WithTimestamp(end))
+		}
+		span.End(trace.WithTimestamp(end))
 	}
 }
 

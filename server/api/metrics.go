@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"maps"
 	"net/http"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/engine"
 )
@@ -83,9 +85,28 @@ func (m *Metrics) Hooks() engine.Hooks {
 }
 
 // ObserveResetToFlush records one reset's reset-to-flush latency (the offload connector's
-// OnFlushDelivered callback).
-func (m *Metrics) ObserveResetToFlush(_ []int64, d time.Duration) {
-	m.resetToFlush.Observe(d.Seconds())
+// OnFlushDelivered callback), with the trace id of ctx's span as an exemplar.
+func (m *Metrics) ObserveResetToFlush(ctx context.Context, _ []int64, d time.Duration) {
+	observe(ctx, m.resetToFlush, d)
+}
+
+// ObserveUpdate records one phase of a weight update (fetch, stage, commit, total) in
+// rollout_update_weights_seconds, with the trace id of ctx's span as an exemplar; the fleet
+// agent reports the commits it runs through it.
+func (m *Metrics) ObserveUpdate(ctx context.Context, phase string, d time.Duration) {
+	observe(ctx, m.updateWeights.WithLabelValues(phase), d)
+}
+
+// observe records d, attaching the trace id of ctx's sampled span as an exemplar so a slow
+// bucket in a dashboard leads to the trace that explains it (OpenMetrics scrapes only).
+func observe(ctx context.Context, o prometheus.Observer, d time.Duration) {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+		if eo, ok := o.(prometheus.ExemplarObserver); ok {
+			eo.ObserveWithExemplar(d.Seconds(), prometheus.Labels{"trace_id": sc.TraceID().String(), "span_id": sc.SpanID().String()})
+			return
+		}
+	}
+	o.Observe(d.Seconds())
 }
 
 // CommandDone counts one fleet command this server executed (the fleet agent's hook).
@@ -94,12 +115,14 @@ func (m *Metrics) CommandDone(kind, result string) { m.commands.WithLabelValues(
 // Rejected counts one fleet control message this server refused, by reason.
 func (m *Metrics) Rejected(reason string) { m.rejected.WithLabelValues(reason).Inc() }
 
-func (m *Metrics) observeUpdate(phase string, d time.Duration) {
-	m.updateWeights.WithLabelValues(phase).Observe(d.Seconds())
-}
+// ObserveCommit records the swap of a weight update made outside /update_weights (the fleet
+// agent's commit), as phase "commit".
+func (m *Metrics) ObserveCommit(ctx context.Context, d time.Duration) { m.ObserveUpdate(ctx, "commit", d) }
 
+// handler serves the registry; a scraper that asks for OpenMetrics (Prometheus does when
+// exemplar storage is on) gets the exemplars too, anyone else the classic text format.
 func (m *Metrics) handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
 }
 
 // bind registers the scrape-time collector of a's engine and connector.

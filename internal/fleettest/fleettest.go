@@ -1,0 +1,454 @@
+package fleettest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rolloutkit/rollout/internal/redistest"
+	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/protocol"
+)
+
+// StartTimeout bounds how long a server may take to heartbeat in rotation after it starts.
+const StartTimeout = 60 * time.Second
+
+// build holds the one binary of a test binary's run.
+var build struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// Binary builds cmd/rollout with `go build` the first time it is called in a test binary and
+// returns its path; later calls reuse it. Main removes it at the end.
+func Binary(t testing.TB) string {
+	t.Helper()
+	build.once.Do(func() {
+		root, err := moduleRoot()
+		if err != nil {
+			build.err = err
+			return
+		}
+		// Not t.TempDir: the binary outlives the test that built it; Main removes it.
+		if build.dir, err = os.MkdirTemp("", "rollout-fleettest-"); err != nil { //nolint:usetesting // shared by every test of the binary
+			build.err = err
+			return
+		}
+		build.path = filepath.Join(build.dir, "rollout")
+		cmd := exec.Command("go", "build", "-o", build.path, "./cmd/rollout")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			build.err = fmt.Errorf("go build ./cmd/rollout: %w\n%s", err, out)
+		}
+	})
+	if build.err != nil {
+		t.Fatalf("fleettest: %v", build.err)
+	}
+	return build.path
+}
+
+// Main runs the tests and removes the binary Binary built. Call it from TestMain.
+func Main(m *testing.M) int {
+	code := m.Run()
+	if build.dir != "" {
+		_ = os.RemoveAll(build.dir)
+	}
+	return code
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("not inside the module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// Options configure Start.
+type Options struct {
+	// Servers is how many `rollout serve` processes to start (default 1).
+	Servers int
+	// Fleet is the fleet name (default "test").
+	Fleet string
+	// Secret is the fleet secret, passed through --fleet-secret-file (default: a fixed
+	// 32-byte test secret; "-" starts an unsigned fleet).
+	Secret string
+	// Redis is the redis-server to use (default: a new one).
+	Redis *redistest.Server
+	// Args are extra `rollout serve` flags for every server (a model, --offload-cpu-bytes).
+	Args []string
+	// RedisURL, when set, gives server i its Redis URL (e.g. through a redistest.Proxy).
+	RedisURL func(i int) string
+	// ServerArgs, when set, adds flags for server i only (e.g. its own --weights-root).
+	ServerArgs func(i int) []string
+}
+
+// DefaultSecret is the secret of a fleet started without Options.Secret.
+const DefaultSecret = "fleettest-secret-0123456789abcdef-0123456789"
+
+// Fleet is a running fleet of rollout processes.
+type Fleet struct {
+	t      testing.TB
+	Name   string
+	Secret string // "" for an unsigned fleet
+	Redis  *redistest.Server
+	Procs  []*Proc
+	bus    bus.Bus // reads heartbeats; go-redis redials after a redis restart
+}
+
+// Proc is one `rollout serve` process. Kill and Start stop and restart it on the same port
+// with the same flags.
+type Proc struct {
+	t    testing.TB
+	bin  string
+	ID   string
+	Addr string
+	args []string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	logs *lockedBuffer
+	runs int
+}
+
+// URL is the server's base URL.
+func (p *Proc) URL() string { return "http://" + p.Addr }
+
+// Start starts a fleet and waits until every server heartbeats in rotation.
+func Start(t testing.TB, o Options) *Fleet {
+	t.Helper()
+	bin := Binary(t)
+	if o.Servers <= 0 {
+		o.Servers = 1
+	}
+	if o.Fleet == "" {
+		o.Fleet = "test"
+	}
+	if o.Secret == "" {
+		o.Secret = DefaultSecret
+	}
+	if o.Redis == nil {
+		o.Redis = redistest.Start(t)
+	}
+	f := &Fleet{t: t, Name: o.Fleet, Secret: o.Secret, Redis: o.Redis}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	b, err := bus.DialRedis(ctx, o.Redis.URL(), bus.RedisOptions{})
+	cancel()
+	if err != nil {
+		t.Fatalf("fleettest: %v", err)
+	}
+	f.bus = b
+	t.Cleanup(func() { _ = b.Close() })
+	if o.Secret == "-" {
+		f.Secret = ""
+	}
+	var secretArgs []string
+	if f.Secret != "" {
+		path := filepath.Join(t.TempDir(), "fleet-secret")
+		if err := os.WriteFile(path, []byte(f.Secret+"\n"), 0o600); err != nil {
+			t.Fatalf("fleettest: %v", err)
+		}
+		secretArgs = []string{"--fleet-secret-file", path}
+	}
+	for i := range o.Servers {
+		url := o.Redis.URL()
+		if o.RedisURL != nil {
+			url = o.RedisURL(i)
+		}
+		p := &Proc{t: t, bin: bin, ID: fmt.Sprintf("s%d", i+1), Addr: freeAddr(t), logs: &lockedBuffer{}}
+		p.args = append([]string{"serve", "--addr", p.Addr, "--advertise-url", p.URL(), "--server-id", p.ID,
+			"--redis", url, "--fleet", o.Fleet, "--shutdown-grace", "1s", "--log-level", "info"}, secretArgs...)
+		p.args = append(p.args, o.Args...)
+		if o.ServerArgs != nil {
+			p.args = append(p.args, o.ServerArgs(i)...)
+		}
+		f.Procs = append(f.Procs, p)
+		t.Cleanup(func() {
+			p.Stop()
+			if t.Failed() {
+				t.Logf("=== output of server %s (%s)\n%s", p.ID, p.Addr, p.Logs())
+			}
+		})
+		p.Start()
+	}
+	for _, p := range f.Procs {
+		f.WaitInRotation(p)
+	}
+	return f
+}
+
+// Proc returns the server with the id.
+func (f *Fleet) Proc(id string) *Proc {
+	for _, p := range f.Procs {
+		if p.ID == id {
+			return p
+		}
+	}
+	f.t.Fatalf("fleettest: no server %q", id)
+	return nil
+}
+
+// Start (re)starts the process with its flags and returns without waiting for it.
+func (p *Proc) Start() {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		p.t.Fatalf("fleettest: server %s is already running", p.ID)
+	}
+	p.runs++
+	fmt.Fprintf(p.logs, "--- start %d: rollout %s\n", p.runs, strings.Join(p.args, " "))
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Stdout, cmd.Stderr = p.logs, p.logs
+	cmd.Env = append(os.Environ(), "GIN_MODE=release")
+	if err := cmd.Start(); err != nil {
+		p.t.Fatalf("fleettest: start server %s: %v", p.ID, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		err := cmd.Wait()
+		fmt.Fprintf(p.logs, "--- exited: %v\n", err)
+		close(done)
+	}()
+	p.cmd, p.done = cmd, done
+}
+
+// Kill SIGKILLs the process and waits until it is gone: no shutdown, its heartbeat key
+// lingers until its TTL runs out.
+func (p *Proc) Kill() { p.signal(syscall.SIGKILL, 0) }
+
+// Stop asks the process to shut down (SIGTERM) and kills it if it has not exited in 15 s.
+func (p *Proc) Stop() { p.signal(syscall.SIGTERM, 15*time.Second) }
+
+func (p *Proc) signal(sig syscall.Signal, grace time.Duration) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd = nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	if grace > 0 {
+		select {
+		case <-done:
+			return
+		case <-time.After(grace):
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}
+	<-done
+}
+
+// Running reports whether the process is running.
+func (p *Proc) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Logs is everything the process wrote so far (over all its runs).
+func (p *Proc) Logs() string { return p.logs.String() }
+
+// Heartbeat reads the server's current heartbeat (nil when its key is absent).
+func (f *Fleet) Heartbeat(id string) *protocol.Heartbeat {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	raw, err := f.bus.Get(ctx, protocol.Names{Fleet: f.Name}.Heartbeat(id))
+	if err != nil {
+		return nil // absent, or redis restarting: no heartbeat to read right now
+	}
+	hb, err := protocol.DecodeHeartbeat(raw)
+	if err != nil {
+		f.t.Fatalf("fleettest: heartbeat of %s: %v", id, err)
+	}
+	return hb
+}
+
+// WaitInRotation waits until p heartbeats in rotation and answers /ready with 200, failing
+// the test (with the process's output) when it does not within StartTimeout or exits.
+func (f *Fleet) WaitInRotation(p *Proc) {
+	f.t.Helper()
+	f.WaitFor(p, StartTimeout, "in rotation and ready", func(hb *protocol.Heartbeat) bool {
+		return hb != nil && hb.InRotation && p.Status("/ready") == http.StatusOK
+	})
+}
+
+// WaitFor polls until cond holds for p's heartbeat, failing the test when p exits or the
+// time runs out. It only waits for a condition that must become true; it decides nothing.
+func (f *Fleet) WaitFor(p *Proc, timeout time.Duration, what string, cond func(*protocol.Heartbeat) bool) {
+	f.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond(f.Heartbeat(p.ID)) {
+			return
+		}
+		if !p.Running() {
+			f.t.Fatalf("fleettest: server %s exited before it was %s:\n%s", p.ID, what, p.Logs())
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("fleettest: server %s not %s after %s; last heartbeat %+v\n%s", p.ID, what, timeout, f.Heartbeat(p.ID), p.Logs())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Status is the HTTP status of GET path on the server (0 when it does not answer).
+func (p *Proc) Status(path string) int {
+	resp, err := http.Get(p.URL() + path)
+	if err != nil {
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// Ready is GET /ready: its status and the weight version it reports (-1 when not ready).
+func (p *Proc) Ready() (int, int64) {
+	resp, err := http.Get(p.URL() + "/ready")
+	if err != nil {
+		return 0, -1
+	}
+	defer resp.Body.Close()
+	var body struct {
+		WeightVersion int64 `json:"weight_version"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&body) != nil {
+		return resp.StatusCode, -1
+	}
+	return resp.StatusCode, body.WeightVersion
+}
+
+// Metric sums the samples of the Prometheus metric name on the server's /metrics whose labels
+// include every pair of labels ("k", "v", ...).
+func (p *Proc) Metric(name string, labels ...string) (float64, error) {
+	resp, err := http.Get(p.URL() + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	return SumMetric(resp.Body, name, labels...)
+}
+
+// SumMetric sums the samples of metric name in Prometheus text whose labels include every
+// ("k", "v") pair given.
+func SumMetric(r io.Reader, name string, labels ...string) (float64, error) {
+	if len(labels)%2 != 0 {
+		return 0, errors.New("fleettest: labels come in pairs")
+	}
+	var want []string
+	for i := 0; i < len(labels); i += 2 {
+		want = append(want, labels[i]+"="+strconv.Quote(labels[i+1]))
+	}
+	var sum float64
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<16), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		var lbls string
+		if strings.HasPrefix(rest, "{") {
+			end := strings.LastIndex(rest, "}")
+			if end < 0 {
+				continue
+			}
+			lbls, rest = rest[1:end], rest[end+1:]
+		}
+		match := true
+		for _, w := range want {
+			if !containsLabel(lbls, w) {
+				match = false
+				break
+			}
+		}
+		if !match {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return 0, fmt.Errorf("fleettest: metric line %q: %w", line, err)
+		}
+		sum += v
+	}
+	return sum, sc.Err()
+}
+
+func containsLabel(lbls, pair string) bool {
+	for _, l := range strings.Split(lbls, ",") {
+		if strings.TrimSpace(l) == pair {
+			return true
+		}
+	}
+	return false
+}
+
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("fleettest: %v", err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return addr
+}
+
+// lockedBuffer is a bytes.Buffer the process's stdout and stderr share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,650 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/protocol"
+)
+
+// WeightsRef names one version of the weights: where servers fetch it and its SHA-256 digest.
+type WeightsRef = protocol.WeightsRef
+
+// Defaults of Options.
+const (
+	DefaultRefreshInterval = 500 * time.Millisecond
+	DefaultCommandTimeout  = 30 * time.Second
+	DefaultRouteTimeout    = 60 * time.Second
+)
+
+// tracerName names the SDK's tracer.
+const tracerName = "github.com/rolloutkit/rollout/sdk"
+
+// Options configure a Client. Fleet and one of RedisURL or Bus are required.
+type Options struct {
+	// RedisURL is the fleet's Redis (redis://[user:pass@]host:port[/db]); ignored when Bus is set.
+	RedisURL string
+	// Bus is an open bus to use instead of RedisURL (e.g. an embedded fleet's in-process
+	// bus). The client does not close it.
+	Bus bus.Bus
+	// Fleet is the fleet name every server was started with.
+	Fleet string
+	// Secret is the fleet secret (at least 32 bytes; empty for an unsigned fleet).
+	Secret []byte
+	// HTTPClient carries Generate's requests (default: a client with keep-alive pooling
+	// sized for many concurrent requests per server).
+	HTTPClient *http.Client
+	// APIKey is sent as a bearer token to the servers' generation routes, when set.
+	APIKey string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// TracerProvider makes the client's spans (default otel.GetTracerProvider()).
+	TracerProvider trace.TracerProvider
+	// Propagator injects the trace context into command envelopes and HTTP requests
+	// (default W3C trace context).
+	Propagator propagation.TextMapPropagator
+	// RefreshInterval is how often the routing cache rereads heartbeats (default 500ms).
+	RefreshInterval time.Duration
+	// CommandTimeout bounds a control call without a Timeout option (default 30s).
+	CommandTimeout time.Duration
+	// RouteTimeout bounds how long Generate waits for a server in rotation (during an
+	// update every server may be out of rotation for a moment; default 60s).
+	RouteTimeout time.Duration
+}
+
+// Client drives one fleet. It is safe for concurrent use; Close it when done.
+type Client struct {
+	opts   Options
+	bus    bus.Bus
+	ownBus bool
+	names  protocol.Names
+	log    *slog.Logger
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	http   *http.Client
+
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+
+	mu        sync.Mutex
+	closed    bool
+	view      map[string]*serverView // routing cache, by server id
+	desired   *protocol.DesiredState // last desired state read (nil: none)
+	refreshed chan struct{}          // closed and replaced after every refresh
+	kick      chan struct{}          // asks the refresher for an early refresh
+	aborts    abortLog               // aborts the caller asked for (Generate does not continue them)
+	garbage   chan string            // ack lists read, for the janitor to delete
+}
+
+// serverView is the client's routing knowledge of one server.
+type serverView struct {
+	hb       protocol.Heartbeat
+	live     bool      // hb's key had not expired at the last refresh
+	seen     time.Time // when the client read hb
+	inflight int       // sequences this client has in flight on the server
+	// committing is the version of this client's commit in flight to the server (0: none).
+	committing int64
+	suspect    time.Time // a request to it failed at this time; cleared by a newer heartbeat
+	// ack is what an ack newer than hb said about the server (nil: nothing newer): the agent
+	// heartbeats on its own schedule, so after a commit or a pause the ack is the fresher
+	// word until the next heartbeat.
+	ack *ackView
+}
+
+// ackView is the routing state an ack implies, from the server's clock at ack.At.
+type ackView struct {
+	at         int64 // Unix ms
+	inRotation bool
+	state      string
+	version    int64
+}
+
+// apply lays an ack's view over an older heartbeat, and drops it once a heartbeat is newer.
+func (v *serverView) apply() {
+	if v.ack == nil {
+		return
+	}
+	if v.hb.At > v.ack.at {
+		v.ack = nil
+		return
+	}
+	v.hb.InRotation, v.hb.State = v.ack.inRotation, v.ack.state
+	v.hb.WeightVersion = max(v.hb.WeightVersion, v.ack.version)
+}
+
+// Dial connects to the fleet and checks it before returning: the bus answers, the fleet's
+// desired state (created on a fresh fleet) and every heartbeat pass the signature check with
+// Secret. It fails fast on a bad URL, an unreachable Redis, an empty fleet name, a short
+// secret or a wrong one (ErrBadSecret).
+func Dial(ctx context.Context, o Options) (*Client, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := validFleetName(o.Fleet); err != nil {
+		return nil, err
+	}
+	if err := protocol.CheckSecret(o.Secret); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	o.defaults()
+	c := &Client{opts: o, names: protocol.Names{Fleet: o.Fleet}, log: o.Logger,
+		tracer: o.TracerProvider.Tracer(tracerName), prop: o.Propagator, http: o.HTTPClient,
+		stop: make(chan struct{}), view: map[string]*serverView{}, refreshed: make(chan struct{}),
+		kick: make(chan struct{}, 1), garbage: make(chan string, 1024)}
+	switch {
+	case o.Bus != nil:
+		c.bus = o.Bus
+	case o.RedisURL == "":
+		return nil, invalid("RedisURL or Bus is required")
+	default:
+		b, err := bus.DialRedis(ctx, o.RedisURL, bus.RedisOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("sdk: dial %s: %w", redactURL(o.RedisURL), err)
+		}
+		c.bus, c.ownBus = b, true
+	}
+	// Check the servers' heartbeats before writing anything: a client with a wrong secret, or
+	// none on a signed fleet, must not create a fresh fleet's desired state under its key
+	// (the servers would then ignore it and the right secret could no longer verify it).
+	if err := c.checkHeartbeatSecret(ctx); err != nil {
+		c.closeBus()
+		return nil, err
+	}
+	if err := c.ensureDesired(ctx); err != nil {
+		c.closeBus()
+		return nil, err
+	}
+	if err := c.refresh(ctx, true); err != nil {
+		c.closeBus()
+		return nil, err
+	}
+	c.wg.Add(2)
+	go c.refresher()
+	go c.janitor()
+	return c, nil
+}
+
+func (o *Options) defaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.TracerProvider == nil {
+		o.TracerProvider = otel.GetTracerProvider()
+	}
+	if o.Propagator == nil {
+		o.Propagator = propagation.TraceContext{}
+	}
+	if o.HTTPClient == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 256
+		t.MaxIdleConns = 1024
+		o.HTTPClient = &http.Client{Transport: t}
+	}
+	if o.RefreshInterval <= 0 {
+		o.RefreshInterval = DefaultRefreshInterval
+	}
+	if o.CommandTimeout <= 0 {
+		o.CommandTimeout = DefaultCommandTimeout
+	}
+	if o.RouteTimeout <= 0 {
+		o.RouteTimeout = DefaultRouteTimeout
+	}
+}
+
+// validFleetName refuses names that would break the key layout: the name sits inside a Redis
+// Cluster hash tag, so braces are not allowed.
+func validFleetName(f string) error {
+	if f == "" {
+		return invalid("fleet name is empty")
+	}
+	if len(f) > 128 || strings.ContainsAny(f, "{}: \t\r\n") {
+		return invalid("fleet name %q: want at most 128 characters without braces, colons or spaces", f)
+	}
+	return nil
+}
+
+// redactURL drops a password from a Redis URL for error messages.
+func redactURL(u string) string {
+	at := strings.LastIndex(u, "@")
+	scheme := strings.Index(u, "://")
+	if at < 0 || scheme < 0 || at < scheme {
+		return u
+	}
+	return u[:scheme+3] + "***" + u[at:]
+}
+
+// Fleet is the fleet's name.
+func (c *Client) Fleet() string { return c.opts.Fleet }
+
+// Close stops the client's background refresh and closes the bus if the client dialed it.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		close(c.stop)
+		c.wg.Wait()
+		c.closeBus()
+		c.http.CloseIdleConnections()
+	})
+	return nil
+}
+
+func (c *Client) closeBus() {
+	if c.ownBus {
+		_ = c.bus.Close()
+	}
+}
+
+func (c *Client) checkOpen(ctx context.Context) error {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	return ctx.Err()
+}
+
+// verifyErr maps a signature failure to ErrBadSecret.
+func verifyErr(what string, err error) error {
+	if errors.Is(err, protocol.ErrBadSignature) || errors.Is(err, protocol.ErrUnsigned) {
+		return fmt.Errorf("%w: %s: %w", ErrBadSecret, what, err)
+	}
+	return fmt.Errorf("sdk: %s: %w", what, err)
+}
+
+// readDesired returns the verified desired state and its raw bytes (nil, nil when the fleet
+// has none yet).
+func (c *Client) readDesired(ctx context.Context) (*protocol.DesiredState, []byte, error) {
+	raw, err := c.bus.Get(ctx, c.names.Desired())
+	if errors.Is(err, bus.ErrNotFound) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("sdk: read desired state: %w", err)
+	}
+	d, err := protocol.DecodeDesiredState(raw)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sdk: desired state of fleet %q: %w", c.opts.Fleet, err)
+	}
+	if err := d.Verify(c.opts.Secret, c.opts.Fleet); err != nil {
+		return nil, nil, verifyErr("desired state", err)
+	}
+	if d.Signed && len(c.opts.Secret) == 0 {
+		return nil, nil, fmt.Errorf("%w: fleet %q is signed and the client has no secret", ErrBadSecret, c.opts.Fleet)
+	}
+	c.mu.Lock()
+	c.desired = d
+	c.mu.Unlock()
+	return d, raw, nil
+}
+
+// DesiredState returns the fleet's verified desired state (nil when none was ever written).
+func (c *Client) DesiredState(ctx context.Context) (*protocol.DesiredState, error) {
+	if err := c.checkOpen(ctx); err != nil {
+		return nil, err
+	}
+	d, _, err := c.readDesired(ctx)
+	return d, err
+}
+
+// checkHeartbeatSecret fails with ErrBadSecret when a heartbeat does not verify with the
+// client's secret, or is signed while the client has none.
+func (c *Client) checkHeartbeatSecret(ctx context.Context) error {
+	hbs, err := c.readHeartbeats(ctx, true)
+	if err != nil {
+		return err
+	}
+	if len(c.opts.Secret) == 0 {
+		for id, hb := range hbs {
+			if hb.Sig != "" {
+				return fmt.Errorf("%w: server %s of fleet %q signs its heartbeat and the client has no secret", ErrBadSecret, id, c.opts.Fleet)
+			}
+		}
+	}
+	return nil
+}
+
+// ensureDesired creates the desired state of a fresh fleet.
+func (c *Client) ensureDesired(ctx context.Context) error {
+	d, _, err := c.readDesired(ctx)
+	if err != nil || d != nil {
+		return err
+	}
+	_, err = c.updateDesired(ctx, func(*protocol.DesiredState) error { return nil })
+	return err
+}
+
+// updateDesired applies change to the current desired state (a fresh one when none exists)
+// and writes it back with compare-and-swap, retrying when another writer got in between.
+// change returning an error stops the update.
+func (c *Client) updateDesired(ctx context.Context, change func(*protocol.DesiredState) error) (*protocol.DesiredState, error) {
+	for range 16 {
+		cur, raw, err := c.readDesired(ctx)
+		if err != nil {
+			return nil, err
+		}
+		next := protocol.DesiredState{V: protocol.Version, Fleet: c.opts.Fleet, Signed: len(c.opts.Secret) > 0}
+		if cur != nil {
+			next = *cur
+			if cur.Weights != nil {
+				w := *cur.Weights
+				next.Weights = &w
+			}
+			if cur.Plan != nil {
+				p := *cur.Plan
+				next.Plan = &p
+			}
+		}
+		if err := change(&next); err != nil {
+			return nil, err
+		}
+		next.Epoch++
+		next.UpdatedAt = time.Now().UnixMilli()
+		next.Sig = ""
+		if len(c.opts.Secret) > 0 {
+			next.Signed = true
+			next.Sign(c.opts.Secret)
+		}
+		b, err := next.Encode()
+		if err != nil {
+			return nil, err
+		}
+		ok, err := c.bus.CompareAndSwap(ctx, c.names.Desired(), raw, b)
+		if err != nil {
+			return nil, fmt.Errorf("sdk: write desired state: %w", err)
+		}
+		if ok {
+			c.mu.Lock()
+			c.desired = &next
+			c.mu.Unlock()
+			return &next, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: gave up after 16 attempts", ErrConflict)
+}
+
+// readHeartbeats returns every live server's verified heartbeat. With strict, a heartbeat
+// that fails verification fails the call (Dial uses it to detect a wrong secret); otherwise
+// it is skipped and logged.
+func (c *Client) readHeartbeats(ctx context.Context, strict bool) (map[string]protocol.Heartbeat, error) {
+	kv, err := c.bus.Scan(ctx, c.names.HeartbeatPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("sdk: read heartbeats: %w", err)
+	}
+	out := make(map[string]protocol.Heartbeat, len(kv))
+	for key, raw := range kv {
+		id := strings.TrimPrefix(key, c.names.HeartbeatPrefix())
+		hb, err := protocol.DecodeHeartbeat(raw)
+		if err == nil && hb.ServerID != id {
+			err = fmt.Errorf("%w: heartbeat key %q holds server %q", protocol.ErrMalformed, key, hb.ServerID)
+		}
+		if err == nil {
+			err = hb.Verify(c.opts.Secret, c.opts.Fleet)
+		}
+		if err != nil {
+			if strict {
+				return nil, verifyErr("heartbeat of "+id, err)
+			}
+			c.log.Warn("sdk: ignoring heartbeat", "server", id, "err", err)
+			continue
+		}
+		out[id] = *hb
+	}
+	return out, nil
+}
+
+// refresh rereads heartbeats (and the desired state) into the routing cache.
+func (c *Client) refresh(ctx context.Context, strict bool) error {
+	if _, _, err := c.readDesired(ctx); err != nil {
+		return err
+	}
+	hbs, err := c.readHeartbeats(ctx, strict)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, v := range c.view {
+		if _, ok := hbs[id]; !ok && v.inflight == 0 {
+			delete(c.view, id)
+		}
+	}
+	for id, hb := range hbs {
+		v := c.view[id]
+		if v == nil {
+			v = &serverView{}
+			c.view[id] = v
+		}
+		if hb.At > v.hb.At && !v.suspect.IsZero() && time.UnixMilli(hb.At).After(v.suspect) {
+			v.suspect = time.Time{} // the server heartbeated after the failure: trust it again
+		}
+		v.hb, v.seen, v.live = hb, now, true
+		v.apply()
+	}
+	// A server whose heartbeat expired while the client had requests on it stays only for
+	// the in-flight count; it is not routable.
+	for id, v := range c.view {
+		if _, ok := hbs[id]; !ok {
+			v.live = false
+		}
+	}
+	close(c.refreshed)
+	c.refreshed = make(chan struct{})
+	return nil
+}
+
+// refresher keeps the routing cache fresh until Close.
+func (c *Client) refresher() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.opts.RefreshInterval)
+	defer t.Stop()
+	// Kicks (after failures, or while Generate waits for a server) refresh early, but at
+	// most every minKick, so waiting callers do not spin on the bus.
+	const minKick = 25 * time.Millisecond
+	var last time.Time
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-c.stop
+		cancel()
+	}()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		case <-c.kick:
+			if d := minKick - time.Since(last); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-c.stop:
+					return
+				}
+			}
+		}
+		last = time.Now()
+		if err := c.refresh(ctx, false); err != nil && ctx.Err() == nil {
+			c.log.Warn("sdk: refreshing fleet view", "fleet", c.opts.Fleet, "err", err)
+		}
+	}
+}
+
+// kickRefresh asks for an early refresh (after a failure) without waiting for it.
+func (c *Client) kickRefresh() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// ServerStatus is one live server as its heartbeat reports it.
+type ServerStatus struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+	// InRotation is the server's own word that it takes traffic (at the desired version,
+	// neither paused nor asleep).
+	InRotation    bool  `json:"in_rotation"`
+	WeightVersion int64 `json:"weight_version"`
+	StagedVersion int64 `json:"staged_version,omitempty"`
+	// Stale is set when the server serves a version below the fleet's desired one.
+	Stale        bool          `json:"stale"`
+	Epoch        int64         `json:"epoch"`
+	Running      int           `json:"running"`
+	Waiting      int           `json:"waiting"`
+	KVUsage      float64       `json:"kv_usage"`
+	AdvertiseURL string        `json:"advertise_url"`
+	Build        string        `json:"build,omitempty"`
+	Error        string        `json:"error,omitempty"`
+	Age          time.Duration `json:"age"`
+}
+
+// Status reads every live server's heartbeat (verified with the fleet secret), sorted by id.
+func (c *Client) Status(ctx context.Context) ([]ServerStatus, error) {
+	if err := c.checkOpen(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.refresh(ctx, false); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var desired int64
+	if c.desired != nil && c.desired.Weights != nil {
+		desired = c.desired.Weights.Version
+	}
+	out := make([]ServerStatus, 0, len(c.view))
+	for id, v := range c.view {
+		if !v.live {
+			continue
+		}
+		hb := v.hb
+		out = append(out, ServerStatus{ID: id, State: hb.State, InRotation: hb.InRotation, WeightVersion: hb.WeightVersion,
+			StagedVersion: hb.StagedVersion, Stale: hb.WeightVersion < desired, Epoch: hb.Epoch, Running: hb.Running,
+			Waiting: hb.Waiting, KVUsage: hb.KVUsage, AdvertiseURL: hb.AdvertiseURL, Build: hb.Build, Error: hb.Error,
+			Age: max(0, now.Sub(time.UnixMilli(hb.At)))})
+	}
+	slices.SortFunc(out, func(a, b ServerStatus) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// liveIDs returns the ids of servers with a live heartbeat, sorted.
+func (c *Client) liveIDs(ctx context.Context) ([]string, error) {
+	hbs, err := c.readHeartbeats(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(hbs))
+	for id := range hbs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// noteAck updates the routing view from a successful ack: a paused or sleeping server leaves
+// rotation at once, a committed or resumed one comes back (when the fleet is not paused and
+// it serves the desired version) without waiting for its next heartbeat.
+func (c *Client) noteAck(a *protocol.Ack) {
+	if a == nil || a.Result != protocol.ResultOK {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v := c.view[a.ServerID]
+	if v == nil || !v.live {
+		return
+	}
+	var desired int64
+	paused := false
+	if c.desired != nil {
+		paused = c.desired.Paused
+		if c.desired.Weights != nil {
+			desired = c.desired.Weights.Version
+		}
+	}
+	av := &ackView{at: a.At, version: a.WeightVersion}
+	switch a.Kind {
+	case protocol.KindPause:
+		av.state = protocol.StatePaused
+	case protocol.KindSleep:
+		av.state = protocol.StateSleeping
+	case protocol.KindCommit, protocol.KindResume:
+		av.state = protocol.StateRunning
+		av.inRotation = !paused && a.WeightVersion >= desired
+	default:
+		return
+	}
+	v.ack = av
+	v.apply()
+	// Wake Generate calls waiting for a server to come back.
+	close(c.refreshed)
+	c.refreshed = make(chan struct{})
+}
+
+// cachedIDs returns the ids of the servers live at the last refresh, sorted.
+func (c *Client) cachedIDs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := make([]string, 0, len(c.view))
+	for id, v := range c.view {
+		if v.live {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// discard hands a read ack list to the janitor. The list expires by its TTL anyway; deleting
+// it keeps an in-process bus from holding every command's list until then.
+func (c *Client) discard(list string) {
+	select {
+	case c.garbage <- list:
+	default: // the janitor is behind: leave this one to the TTL
+	}
+}
+
+// janitor deletes read ack lists in batches, off the calls' path.
+func (c *Client) janitor() {
+	defer c.wg.Done()
+	for {
+		var batch []string
+		select {
+		case <-c.stop:
+			return
+		case l := <-c.garbage:
+			batch = append(batch, l)
+		}
+	more:
+		for len(batch) < 256 {
+			select {
+			case l := <-c.garbage:
+				batch = append(batch, l)
+			default:
+				break more
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := c.bus.Delete(ctx, batch...); err != nil && !errors.Is(err, bus.ErrClosed) {
+			c.log.Debug("sdk: deleting ack lists", "n", len(batch), "err", err)
+		}
+		cancel()
+	}
+}

@@ -1,0 +1,445 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/protocol"
+)
+
+// PauseMode says what a pause does with requests in flight.
+type PauseMode string
+
+// Pause modes.
+const (
+	// PauseAbort finishes in-flight requests with finish reason abort (Generate continues
+	// them once a server is back in rotation).
+	PauseAbort PauseMode = protocol.ModeAbort
+	// PauseWait lets in-flight requests finish, admitting nothing new.
+	PauseWait PauseMode = protocol.ModeWait
+	// PauseKeep freezes in-flight requests in place; they continue on resume.
+	PauseKeep PauseMode = protocol.ModeKeep
+)
+
+func (m PauseMode) orDefault() string {
+	if m == "" {
+		return string(PauseAbort)
+	}
+	return string(m)
+}
+
+// PauseOptions configure Pause.
+type PauseOptions struct {
+	// Mode defaults to PauseAbort.
+	Mode PauseMode
+	// ClearCache resets the prefix cache and the offloaded KV after pausing.
+	ClearCache bool
+}
+
+// SleepOptions configure Sleep.
+type SleepOptions struct {
+	// Level 1 releases the KV cache, 2 also the weights; 0 only pauses.
+	Level int
+	// Mode is the pause mode used when the server is not paused already (default abort).
+	Mode PauseMode
+}
+
+// WakeOptions configure WakeUp.
+type WakeOptions struct {
+	// Tags name what to restore ("weights", "kv_cache"); empty restores everything.
+	Tags []string
+}
+
+// ResetOptions configure ResetCache.
+type ResetOptions struct {
+	// ResetExternal also resets the offloaded (external) KV.
+	ResetExternal bool
+	// ResetRunning preempts running requests so that no block stays in use.
+	ResetRunning bool
+}
+
+// AbortOptions configure Abort.
+type AbortOptions struct {
+	// RequestIDs name the requests to finish with finish reason abort; empty aborts all.
+	RequestIDs []string
+}
+
+// CallOption tunes one control call.
+type CallOption func(*callConfig)
+
+type callConfig struct {
+	targets []string
+	timeout time.Duration
+	results *[]ServerResult
+}
+
+// Targets limits a call to the named servers (default: every live server). A call with
+// targets does not change the fleet's desired state.
+func Targets(ids ...string) CallOption {
+	return func(c *callConfig) { c.targets = append(c.targets, ids...) }
+}
+
+// Timeout bounds how long the call waits for every target's ack (default
+// Options.CommandTimeout). The command's deadline on the servers is the same.
+func Timeout(d time.Duration) CallOption { return func(c *callConfig) { c.timeout = d } }
+
+// Results stores every target's result in *dst, whether or not the call failed.
+func Results(dst *[]ServerResult) CallOption { return func(c *callConfig) { c.results = dst } }
+
+// ServerResult is how one command ended on one server.
+type ServerResult struct {
+	ServerID string `json:"server_id"`
+	// Result is the server's ("" when it never acked: Err wraps ErrTimeout).
+	Result protocol.Result `json:"result,omitempty"`
+	// Code is the server's short reason for a failure or rejection.
+	Code string `json:"code,omitempty"`
+	// Err is nil when the command succeeded on the server; otherwise it wraps ErrTimeout,
+	// ErrRejected or ErrFailed.
+	Err           error            `json:"-"`
+	Phases        []protocol.Phase `json:"phases,omitempty"`
+	WeightVersion int64            `json:"weight_version"`
+	StagedVersion int64            `json:"staged_version,omitempty"`
+	Duplicate     bool             `json:"duplicate,omitempty"`
+	// Latency is the time from publishing the command to reading the ack.
+	Latency time.Duration `json:"latency"`
+	// Ack is the server's ack as received (nil without one).
+	Ack *protocol.Ack `json:"-"`
+}
+
+// OK reports whether the command succeeded on the server.
+func (r ServerResult) OK() bool { return r.Err == nil }
+
+// MarshalJSON adds "error" (Err's message) to the JSON form, for `--json` output.
+func (r ServerResult) MarshalJSON() ([]byte, error) {
+	type plain ServerResult
+	return json.Marshal(struct {
+		plain
+		Error string `json:"error,omitempty"`
+	}{plain(r), errText(r.Err)})
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// Pause stops scheduling on the targets (the whole fleet by default, which also records the
+// pause in the desired state so that a server that missed the command pauses when it
+// converges).
+func (c *Client) Pause(ctx context.Context, o PauseOptions, opts ...CallOption) error {
+	cmd := protocol.Pause{Mode: o.Mode.orDefault(), ClearCache: o.ClearCache}
+	if err := cmd.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	cfg := callOpts(opts)
+	err := c.control(ctx, "pause", cmd, cfg)
+	if len(cfg.targets) == 0 && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNoServers) && ctx.Err() == nil {
+		if _, derr := c.setPaused(ctx, true); derr != nil {
+			return errors.Join(err, derr)
+		}
+	}
+	return err
+}
+
+// Resume lets the targets schedule again (the whole fleet by default, which first clears the
+// desired state's pause so that converging servers do not pause again).
+func (c *Client) Resume(ctx context.Context, opts ...CallOption) error {
+	cfg := callOpts(opts)
+	if len(cfg.targets) == 0 {
+		if err := c.checkOpen(ctx); err != nil {
+			return err
+		}
+		if _, err := c.setPaused(ctx, false); err != nil {
+			return err
+		}
+	}
+	return c.control(ctx, "resume", protocol.Resume{}, cfg)
+}
+
+// Sleep pauses the targets and releases memory (level 1: KV cache; 2: also the weights).
+func (c *Client) Sleep(ctx context.Context, o SleepOptions, opts ...CallOption) error {
+	cmd := protocol.Sleep{Level: o.Level, Mode: string(o.Mode)}
+	if err := cmd.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return c.control(ctx, "sleep", cmd, callOpts(opts))
+}
+
+// WakeUp restores what Sleep released (Tags: "weights", "kv_cache"; empty: everything).
+func (c *Client) WakeUp(ctx context.Context, o WakeOptions, opts ...CallOption) error {
+	cmd := protocol.Wake{Tags: slices.Clone(o.Tags)}
+	if err := cmd.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return c.control(ctx, "wake", cmd, callOpts(opts))
+}
+
+// ResetCache resets the targets' prefix cache (and with ResetExternal the offloaded KV). A
+// server acks ok only when everything was cleared.
+func (c *Client) ResetCache(ctx context.Context, o ResetOptions, opts ...CallOption) error {
+	return c.control(ctx, "reset", protocol.Reset{ResetExternal: o.ResetExternal, ResetRunning: o.ResetRunning}, callOpts(opts))
+}
+
+// Abort finishes the named requests (empty: all) with finish reason abort. Generate does not
+// continue a sample the caller aborted.
+func (c *Client) Abort(ctx context.Context, o AbortOptions, opts ...CallOption) error {
+	for _, id := range o.RequestIDs {
+		if id == "" {
+			return invalid("empty request id")
+		}
+	}
+	ids := c.aborts.record(o.RequestIDs)
+	return c.control(ctx, "abort", protocol.Abort{RequestIDs: ids}, callOpts(opts))
+}
+
+func callOpts(opts []CallOption) callConfig {
+	var cfg callConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	return cfg
+}
+
+// setPaused records a fleet pause in the desired state.
+func (c *Client) setPaused(ctx context.Context, paused bool) (*protocol.DesiredState, error) {
+	return c.updateDesired(ctx, func(d *protocol.DesiredState) error {
+		d.Paused = paused
+		return nil
+	})
+}
+
+// control runs one command on the configured targets and waits for their acks.
+func (c *Client) control(ctx context.Context, op string, cmd any, cfg callConfig) (err error) {
+	ctx, span := c.tracer.Start(ctx, "sdk."+op, trace.WithSpanKind(trace.SpanKindClient))
+	defer func() { endSpan(span, err) }()
+	if err := c.checkOpen(ctx); err != nil {
+		return err
+	}
+	timeout := cfg.timeout
+	if timeout == 0 {
+		timeout = c.opts.CommandTimeout
+	}
+	if timeout < 0 {
+		return invalid("timeout %s must be > 0", timeout)
+	}
+	targets, err := c.resolveTargets(ctx, cfg.targets, false)
+	if err != nil {
+		return err
+	}
+	span.SetAttributes(attribute.StringSlice("rollout.targets", targets))
+	results, err := c.roundTrip(ctx, targets, cmd, timeout)
+	if cfg.results != nil {
+		*cfg.results = results
+	}
+	if err != nil {
+		return err
+	}
+	return fleetErr(op, ErrPartial, results)
+}
+
+// fleetErr is nil when every result is ok, else a *FleetError.
+func fleetErr(op string, kind error, results []ServerResult) error {
+	for _, r := range results {
+		if r.Err != nil {
+			return &FleetError{Op: op, Err: kind, Results: results}
+		}
+	}
+	return nil
+}
+
+// resolveTargets checks explicit targets against the live servers, or returns every live
+// server. With fresh it rereads the heartbeats; otherwise it uses the routing cache (at most
+// RefreshInterval old, well inside a heartbeat's TTL), which keeps a control call to one
+// publish and the ack reads.
+func (c *Client) resolveTargets(ctx context.Context, want []string, fresh bool) ([]string, error) {
+	var live []string
+	if fresh {
+		var err error
+		if live, err = c.liveIDs(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		live = c.cachedIDs()
+	}
+	if len(want) == 0 {
+		if len(live) == 0 {
+			return nil, fmt.Errorf("%w: fleet %q has no live server", ErrNoServers, c.opts.Fleet)
+		}
+		return live, nil
+	}
+	out := slices.Clone(want)
+	slices.Sort(out)
+	out = slices.Compact(out)
+	var missing []string
+	for _, id := range out {
+		if id == "" {
+			return nil, invalid("empty target id")
+		}
+		if _, ok := slices.BinarySearch(live, id); !ok {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: no live server %q in fleet %q", ErrNoServers, missing, c.opts.Fleet)
+	}
+	return out, nil
+}
+
+// roundTrip publishes cmd to targets and collects every ack until the timeout.
+func (c *Client) roundTrip(ctx context.Context, targets []string, cmd any, timeout time.Duration) ([]ServerResult, error) {
+	s, err := c.publish(ctx, targets, cmd, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return c.collect(ctx, s, nil)
+}
+
+// sent is a published command awaiting acks.
+type sent struct {
+	env      *protocol.Envelope
+	targets  []string
+	start    time.Time
+	deadline time.Time
+	// listeners is how many subscribers the bus delivered the command to; with none, no
+	// ack can come.
+	listeners int
+}
+
+// publish signs and publishes cmd to targets.
+func (c *Client) publish(ctx context.Context, targets []string, cmd any, timeout time.Duration) (s *sent, err error) {
+	ctx, span := c.tracer.Start(ctx, "sdk.publish", trace.WithSpanKind(trace.SpanKindProducer))
+	defer func() { endSpan(span, err) }()
+	now := time.Now()
+	env, err := protocol.NewEnvelope(c.opts.Fleet, targets, cmd, now, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	carrier := propagation.MapCarrier{}
+	c.prop.Inject(ctx, carrier)
+	if len(carrier) > 0 {
+		env.Trace = map[string]string(carrier)
+	}
+	if len(c.opts.Secret) > 0 {
+		env.Sign(c.opts.Secret)
+	}
+	b, err := env.Encode()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	span.SetAttributes(attribute.String("rollout.command_id", env.ID), attribute.String("rollout.kind", string(env.Kind)),
+		attribute.Int("rollout.targets", len(targets)))
+	n, err := c.bus.Publish(ctx, c.names.Control(), b)
+	if err != nil {
+		return nil, fmt.Errorf("sdk: publish %s: %w", env.Kind, err)
+	}
+	span.SetAttributes(attribute.Int("rollout.subscribers", n))
+	return &sent{env: env, targets: targets, start: now, deadline: time.UnixMilli(env.Deadline), listeners: n}, nil
+}
+
+// collect reads acks of s until every target acked, the deadline passes or onAck returns
+// true (stop early); targets without an ack get an ErrTimeout result. Results follow the
+// order of s.targets. A context error ends the wait and is returned with the results so far.
+func (c *Client) collect(ctx context.Context, s *sent, onAck func(ServerResult) bool) ([]ServerResult, error) {
+	list := c.names.Acks(s.env.ID)
+	defer c.discard(list)
+	want := make(map[string]bool, len(s.targets))
+	for _, id := range s.targets {
+		want[id] = true
+	}
+	got := make(map[string]ServerResult, len(s.targets))
+	var ctxErr error
+	stopped := false
+	for len(got) < len(s.targets) && !stopped && s.listeners > 0 {
+		wait := time.Until(s.deadline)
+		if wait <= 0 {
+			break
+		}
+		vals, err := c.bus.Pop(ctx, list, 64, wait)
+		if err != nil {
+			if ctx.Err() != nil {
+				ctxErr = ctx.Err()
+				break
+			}
+			if errors.Is(err, bus.ErrUnavailable) {
+				// Redis is reconnecting; the acks wait in the list.
+				select {
+				case <-time.After(50 * time.Millisecond):
+				case <-ctx.Done():
+				}
+				continue
+			}
+			return nil, fmt.Errorf("sdk: read acks of %s: %w", s.env.Kind, err)
+		}
+		for _, v := range vals {
+			a, err := protocol.DecodeAck(v)
+			if err != nil {
+				c.log.Warn("sdk: malformed ack", "command", s.env.ID, "err", err)
+				continue
+			}
+			if a.CommandID != s.env.ID || !want[a.ServerID] {
+				continue
+			}
+			if _, dup := got[a.ServerID]; dup {
+				continue
+			}
+			r := resultOf(a, time.Since(s.start))
+			got[a.ServerID] = r
+			c.noteAck(a)
+			if onAck != nil && onAck(r) {
+				stopped = true
+			}
+		}
+	}
+	out := make([]ServerResult, 0, len(s.targets))
+	for _, id := range s.targets {
+		r, ok := got[id]
+		if !ok {
+			cause := fmt.Errorf("%w: no ack for %s within %s", ErrTimeout, s.env.Kind, s.deadline.Sub(s.start).Round(time.Millisecond))
+			switch {
+			case ctxErr != nil:
+				cause = fmt.Errorf("no ack for %s: %w", s.env.Kind, ctxErr)
+			case s.listeners == 0:
+				cause = fmt.Errorf("%w: nobody is subscribed to the control channel of fleet %q", ErrNoServers, c.opts.Fleet)
+			}
+			r = ServerResult{ServerID: id, Err: cause, Latency: time.Since(s.start)}
+		}
+		out = append(out, r)
+	}
+	return out, ctxErr
+}
+
+// resultOf turns an ack into a result.
+func resultOf(a *protocol.Ack, latency time.Duration) ServerResult {
+	r := ServerResult{ServerID: a.ServerID, Result: a.Result, Code: a.Code, Phases: a.Phases, WeightVersion: a.WeightVersion,
+		StagedVersion: a.StagedVersion, Duplicate: a.Duplicate, Latency: latency, Ack: a}
+	switch a.Result {
+	case protocol.ResultOK:
+	case protocol.ResultRejected:
+		r.Err = fmt.Errorf("%w: %s %s: %s", ErrRejected, a.Kind, a.Code, a.Error)
+	default:
+		r.Err = fmt.Errorf("%w: %s %s: %s", ErrFailed, a.Kind, a.Code, a.Error)
+	}
+	return r
+}
+
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}

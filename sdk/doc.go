@@ -1,0 +1,38 @@
+// Package sdk is the trainer-facing client of a Rollout fleet: a Go training loop dials the
+// fleet, generates rollouts on it and moves every server to new weights each step.
+//
+//	c, err := sdk.Dial(ctx, sdk.Options{RedisURL: "redis://127.0.0.1:6379", Fleet: "demo", Secret: secret})
+//	...
+//	for step := int64(1); ; step++ {
+//		out, err := c.Generate(ctx, sdk.GenerateRequest{PromptTokenIDs: prompt, N: 8,
+//			Sampling: sdk.SamplingParams{MaxTokens: 256, Temperature: 1}, MinVersion: step - 1})
+//		... train on out.Samples (every token carries its weight version and logprob) ...
+//		res, err := c.UpdateWeights(ctx, sdk.WeightsRef{Version: step, URI: uri, SHA256: digest},
+//			sdk.Plan{Policy: sdk.Quorum(3)})
+//	}
+//
+// The control plane is the one docs/fleet.md describes: commands are signed envelopes
+// published on the fleet's channel, acks come back on durable per-command lists, each server
+// heartbeats its state under a key with a TTL, and the desired-state key (written with
+// compare-and-swap) is what every server converges to, so a server that missed a command
+// catches up by itself.
+//
+// The control calls (Pause, Resume, Sleep, WakeUp, ResetCache, Abort) publish one command to
+// every target (all live servers unless Targets is given) and wait for every ack; a failure
+// on any target returns a *FleetError holding each server's result (errors.Is(err,
+// ErrPartial)). Results, Targets and Timeout tune one call.
+//
+// UpdateWeights is one transaction: stage on every target while it keeps serving, decide by
+// the policy (AllOrNothing, Quorum(K), Rolling(K)), move the desired state (the commit point),
+// then commit on the servers that staged (pause → sleep → swap → wake → resume, as one command
+// per server). The result gives, per server and phase, what happened and how long it took,
+// and each server's generation bubble.
+//
+// Generate routes to the servers' native /generate by load and prompt affinity (all N samples
+// of a group go to one server), only to in-rotation servers at MinVersion or above; it moves
+// to another server when one fails and continues a sample that a pause aborted, so the caller
+// always gets whole samples.
+//
+// The same code runs against an in-process fleet (server/embedded), which hands Dial an open
+// bus in Options.Bus. The package never imports the engine or the server.
+package sdk

@@ -1,0 +1,52 @@
+package sdk
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/internal/redistest"
+	"github.com/rolloutkit/rollout/sdk/bus"
+)
+
+func TestDialRedisFailsFast(t *testing.T) {
+	_, err := Dial(t.Context(), Options{RedisURL: "http://nope", Fleet: "f"})
+	require.Error(t, err)
+	// A port with nothing listening.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	_, err = Dial(t.Context(), Options{RedisURL: "redis://" + addr, Fleet: "f"})
+	require.ErrorIs(t, err, bus.ErrUnavailable)
+	_, err = Dial(t.Context(), Options{RedisURL: "redis://:hunter2@" + addr, Fleet: "f"})
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "hunter2")
+}
+
+func TestOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rb, err := bus.DialRedis(t.Context(), srv.URL(), bus.RedisOptions{})
+	require.NoError(t, err)
+	defer rb.Close()
+	agents := []*fakeAgent{startFake(t, rb, "f", secret, "a", 0), startFake(t, rb, "f", secret, "b", 0)}
+	c, err := Dial(t.Context(), Options{RedisURL: srv.URL(), Fleet: "f", Secret: secret})
+	require.NoError(t, err)
+	defer c.Close()
+	st, err := c.Status(t.Context())
+	require.NoError(t, err)
+	require.Len(t, st, 2)
+	require.NoError(t, c.Pause(t.Context(), PauseOptions{}))
+	require.NoError(t, c.Resume(t.Context()))
+	agents[1].set(func(a *fakeAgent) { a.fail["stage"] = "digest_mismatch" })
+	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{Policy: Quorum(1), StageTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"b"}, res.Stale)
+
+	// A client with the wrong secret is refused at Dial.
+	_, err = Dial(t.Context(), Options{RedisURL: srv.URL(), Fleet: "f", Secret: []byte("0123456789abcdef0123456789abcdef")})
+	require.ErrorIs(t, err, ErrBadSecret)
+}

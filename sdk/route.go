@@ -1,0 +1,72 @@
+package sdk
+
+import (
+	"encoding/binary"
+	"hash/fnv"
+	"strings"
+)
+
+// affinityTokens is how much of a prompt decides its server: one KV block at the servers'
+// default block size, so prompts that share a first block share a prefix-cache entry.
+const affinityTokens = 16
+
+// candidate is a routable server with its load (running + waiting sequences as the server
+// last reported, plus what this client has sent it since).
+type candidate struct {
+	id   string
+	url  string
+	load int
+}
+
+// affinityKey hashes the cache salt and the first block of a prompt.
+func affinityKey(prompt []int, salt string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(salt))
+	var b [8]byte
+	for _, t := range prompt[:min(len(prompt), affinityTokens)] {
+		binary.LittleEndian.PutUint64(b[:], uint64(t))
+		_, _ = h.Write(b[:])
+	}
+	return h.Sum64()
+}
+
+// rendezvous scores server id for key; the highest score is the key's home server, and
+// removing a server moves only the keys that lived on it.
+func rendezvous(key uint64, id string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(id))
+	x := h.Sum64() ^ key
+	// splitmix64 finalizer: FNV's low bits mix poorly for short inputs.
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// choose picks the server for a request of n sequences: the key's highest-ranked server whose
+// load is within slack of the least loaded one (bounded-load rendezvous hashing). It keeps a
+// prompt group on its home server while the fleet is balanced and spills over when that
+// server runs ahead. It returns -1 for no candidates.
+func choose(cands []candidate, key uint64, n int) int {
+	if len(cands) == 0 {
+		return -1
+	}
+	minLoad := cands[0].load
+	for _, c := range cands[1:] {
+		minLoad = min(minLoad, c.load)
+	}
+	slack := 8 + n
+	best, bestScore := -1, uint64(0)
+	for i, c := range cands {
+		if c.load > minLoad+slack {
+			continue
+		}
+		s := rendezvous(key, c.id)
+		if best < 0 || s > bestScore || s == bestScore && strings.Compare(c.id, cands[best].id) < 0 {
+			best, bestScore = i, s
+		}
+	}
+	return best
+}

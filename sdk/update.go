@@ -1,0 +1,593 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/rolloutkit/rollout/sdk/protocol"
+)
+
+// Defaults of Plan.
+const (
+	DefaultStageTimeout  = 2 * time.Minute
+	DefaultCommitTimeout = time.Minute
+	DefaultSleepLevel    = 1
+)
+
+// Policy decides how an update proceeds when servers fail: AllOrNothing, Quorum(K) or
+// Rolling(K). Its text form is what ParsePolicy reads ("all", "quorum:K", "rolling:K"); the
+// zero value is AllOrNothing.
+type Policy string
+
+// AllOrNothing commits only when every target staged; otherwise nobody swaps and the fleet
+// keeps serving the old version.
+const AllOrNothing Policy = "all"
+
+// Quorum commits on the servers that staged when at least k did; the others are stale (out of
+// rotation) until they converge by themselves.
+func Quorum(k int) Policy { return Policy("quorum:" + strconv.Itoa(k)) }
+
+// Rolling needs every target staged, then commits k servers at a time while the others keep
+// generating, so part of the fleet always serves.
+func Rolling(k int) Policy { return Policy("rolling:" + strconv.Itoa(k)) }
+
+type policyKind int
+
+const (
+	policyAll policyKind = iota + 1
+	policyQuorum
+	policyRolling
+)
+
+// ParsePolicy reads "all", "quorum:K" or "rolling:K" (K >= 1).
+func ParsePolicy(s string) (Policy, error) {
+	p := Policy(s)
+	if _, _, err := p.parse(); err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
+// String returns the policy's text form.
+func (p Policy) String() string {
+	if p == "" {
+		return string(AllOrNothing)
+	}
+	return string(p)
+}
+
+func (p Policy) parse() (policyKind, int, error) {
+	s := strings.TrimSpace(string(p))
+	if s == "" || s == "all" || s == "all-or-nothing" {
+		return policyAll, 0, nil
+	}
+	name, arg, ok := strings.Cut(s, ":")
+	var kind policyKind
+	switch name {
+	case "quorum":
+		kind = policyQuorum
+	case "rolling":
+		kind = policyRolling
+	default:
+		return 0, 0, invalid("unknown policy %q: want all, quorum:K or rolling:K", s)
+	}
+	if !ok {
+		return 0, 0, invalid("policy %q needs K, as in %s:2", s, name)
+	}
+	k, err := strconv.Atoi(arg)
+	if err != nil || k < 1 {
+		return 0, 0, invalid("policy %q: K must be an integer >= 1", s)
+	}
+	return kind, k, nil
+}
+
+// Plan configures UpdateWeights. The zero value is all-or-nothing with pause mode abort, the
+// cache cleared and sleep level 1 on every live server.
+type Plan struct {
+	Policy Policy
+	// Mode is the pause mode of the cut (default PauseAbort: Generate continues the aborted
+	// samples on the new weights).
+	Mode PauseMode
+	// ClearCache resets the prefix cache and offloaded KV at the pause (nil: true).
+	ClearCache *bool
+	// SleepLevel is the sleep level of the cut (nil: 1; 0 skips sleeping).
+	SleepLevel *int
+	// StageTimeout bounds fetching and staging (default 2m); CommitTimeout each commit
+	// command (per batch when rolling; default 1m).
+	StageTimeout, CommitTimeout time.Duration
+	// Targets limits the update to these servers (default: every live server).
+	Targets []string
+}
+
+// Outcome says how an update ended.
+type Outcome string
+
+// Outcomes.
+const (
+	// OutcomeCommitted: every target serves the new version.
+	OutcomeCommitted Outcome = "committed"
+	// OutcomeDegraded: the policy was met (a quorum committed); the rest are stale.
+	OutcomeDegraded Outcome = "degraded"
+	// OutcomePartial: the commit point passed but the policy was not met; servers that did
+	// not commit are stale until they converge.
+	OutcomePartial Outcome = "partial"
+	// OutcomeAborted: stopped before the commit point; nobody swapped.
+	OutcomeAborted Outcome = "aborted"
+)
+
+// PhaseResult is one phase of the update on one server.
+type PhaseResult struct {
+	Name    string  `json:"name"`
+	OK      bool    `json:"ok"`
+	Error   string  `json:"error,omitempty"`
+	Seconds float64 `json:"seconds"`
+}
+
+// ServerUpdate is what the update did on one server.
+type ServerUpdate struct {
+	ServerID  string `json:"server_id"`
+	Staged    bool   `json:"staged"`
+	Committed bool   `json:"committed"`
+	// Stale: the desired state moved to the new version and this server did not commit; it
+	// is out of rotation until it converges by itself.
+	Stale bool `json:"stale"`
+	// Phases are stage, then the commit's pause, sleep, swap, wake and resume, as the server
+	// reported them.
+	Phases []PhaseResult `json:"phases"`
+	// Bubble is the server's generation gap: the last token before the pause to the first
+	// after the resume when the server measured both (BubbleMeasured), else the commit's
+	// duration on the server.
+	Bubble         time.Duration `json:"bubble"`
+	BubbleMeasured bool          `json:"bubble_measured"`
+	WeightVersion  int64         `json:"weight_version"`
+	// Stage and Commit are the raw command results (Commit is nil when not sent).
+	Stage  *ServerResult `json:"stage,omitempty"`
+	Commit *ServerResult `json:"commit,omitempty"`
+	// Err is the server's failure, if any.
+	Err error `json:"-"`
+}
+
+// MarshalJSON adds "error" (Err's message) to the JSON form.
+func (u ServerUpdate) MarshalJSON() ([]byte, error) {
+	type plain ServerUpdate
+	return json.Marshal(struct {
+		plain
+		Error string `json:"error,omitempty"`
+	}{plain(u), errText(u.Err)})
+}
+
+// UpdateResult reports an UpdateWeights transaction.
+type UpdateResult struct {
+	Version int64   `json:"version"`
+	Policy  Policy  `json:"policy"`
+	Outcome Outcome `json:"outcome"`
+	Reason  string  `json:"reason"`
+	// Epoch is the desired-state epoch the update wrote (0 when it did not get there).
+	Epoch   int64          `json:"epoch"`
+	Servers []ServerUpdate `json:"servers"`
+	// Stale lists the servers left behind (out of rotation until they converge).
+	Stale []string `json:"stale,omitempty"`
+	// StageTime is publishing stage to the decision; CommitTime the commit point to the last
+	// commit ack; Duration the whole call.
+	StageTime  time.Duration `json:"stage_time"`
+	CommitTime time.Duration `json:"commit_time"`
+	Duration   time.Duration `json:"duration"`
+	// MaxBubble is the largest per-server bubble.
+	MaxBubble time.Duration `json:"max_bubble"`
+}
+
+// Server returns the named server's entry (nil when it was not a target).
+func (r *UpdateResult) Server(id string) *ServerUpdate {
+	for i := range r.Servers {
+		if r.Servers[i].ServerID == id {
+			return &r.Servers[i]
+		}
+	}
+	return nil
+}
+
+// resolvedPlan is a Plan with defaults filled and the policy parsed.
+type resolvedPlan struct {
+	kind          policyKind
+	k             int
+	mode          string
+	clearCache    bool
+	sleepLevel    int
+	stageTimeout  time.Duration
+	commitTimeout time.Duration
+}
+
+func resolvePlan(p Plan) (resolvedPlan, error) {
+	kind, k, err := p.Policy.parse()
+	if err != nil {
+		return resolvedPlan{}, err
+	}
+	r := resolvedPlan{kind: kind, k: k, mode: p.Mode.orDefault(), clearCache: true, sleepLevel: DefaultSleepLevel,
+		stageTimeout: p.StageTimeout, commitTimeout: p.CommitTimeout}
+	if p.ClearCache != nil {
+		r.clearCache = *p.ClearCache
+	}
+	if p.SleepLevel != nil {
+		r.sleepLevel = *p.SleepLevel
+	}
+	if r.stageTimeout == 0 {
+		r.stageTimeout = DefaultStageTimeout
+	}
+	if r.commitTimeout == 0 {
+		r.commitTimeout = DefaultCommitTimeout
+	}
+	if r.stageTimeout < 0 || r.commitTimeout < 0 {
+		return resolvedPlan{}, invalid("timeouts must be > 0")
+	}
+	if err := (protocol.Commit{Version: 1, Mode: r.mode, SleepLevel: r.sleepLevel}).Validate(); err != nil {
+		return resolvedPlan{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return r, nil
+}
+
+// UpdateWeights moves the fleet to ref as one transaction:
+//  1. stage: every target fetches and verifies ref while it keeps serving;
+//  2. decide by the plan's policy; with too few staged servers it stops here (ErrAborted)
+//     and nothing changed;
+//  3. commit point: the desired state moves to ref (compare-and-swap), so a server that
+//     misses what follows converges by itself;
+//  4. commit: each staged server runs pause → sleep → swap → wake → resume as one command
+//     (K at a time when rolling).
+//
+// Bad arguments (unknown policy, K out of range, a version not above the serving one, no
+// servers, a cancelled context) are refused before anything is sent. The result is returned
+// whenever the fleet was touched, with an error (a *FleetError) when the policy was not met.
+func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (res *UpdateResult, err error) {
+	ctx, span := c.tracer.Start(ctx, "sdk.update_weights", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.Int64("rollout.weight_version", ref.Version), attribute.String("rollout.policy", plan.Policy.String())))
+	defer func() { endSpan(span, err) }()
+	began := time.Now()
+	if err := c.checkOpen(ctx); err != nil {
+		return nil, err
+	}
+	if err := ref.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	rp, err := resolvePlan(plan)
+	if err != nil {
+		return nil, err
+	}
+	targets, err := c.resolveTargets(ctx, plan.Targets, true)
+	if err != nil {
+		return nil, err
+	}
+	if rp.kind != policyAll && rp.k > len(targets) {
+		return nil, invalid("policy %s: K=%d is more than the %d target servers", plan.Policy, rp.k, len(targets))
+	}
+	serving, err := c.servingVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ref.Version <= serving {
+		return nil, invalid("weights version %d is not above the fleet's version %d", ref.Version, serving)
+	}
+
+	res = &UpdateResult{Version: ref.Version, Policy: Policy(plan.Policy.String()), Servers: make([]ServerUpdate, len(targets))}
+	for i, id := range targets {
+		res.Servers[i].ServerID = id
+	}
+	t := newTracker(rp.kind, rp.k, targets)
+	d := &updateDriver{c: c, t: t, ref: ref, rp: rp, res: res}
+	act := t.start()
+	var stageEnd, commitStart time.Time
+	for act.kind != actDone {
+		if ctx.Err() != nil {
+			act = t.cancel()
+			break
+		}
+		switch act.kind {
+		case actStage:
+			act = d.stage(ctx, act.targets)
+			stageEnd = time.Now()
+		case actSetDesired:
+			act = d.setDesired(ctx)
+			if commitStart.IsZero() {
+				commitStart = time.Now()
+			}
+		case actCommit:
+			if commitStart.IsZero() {
+				commitStart = time.Now()
+			}
+			act = d.commit(ctx, act.targets)
+		default:
+			return nil, fmt.Errorf("sdk: tracker returned %v", act.kind)
+		}
+	}
+	res.Outcome, res.Reason = act.outcome, act.reason
+	if !stageEnd.IsZero() {
+		res.StageTime = stageEnd.Sub(began)
+	}
+	if !commitStart.IsZero() {
+		res.CommitTime = time.Since(commitStart)
+	}
+	res.Duration = time.Since(began)
+	d.finish()
+	span.SetAttributes(attribute.String("rollout.outcome", string(res.Outcome)), attribute.StringSlice("rollout.stale", res.Stale),
+		attribute.Float64("rollout.max_bubble_seconds", res.MaxBubble.Seconds()))
+	switch {
+	case ctx.Err() != nil:
+		return res, fmt.Errorf("sdk: update_weights %s: %w", res.Outcome, ctxError(ctx))
+	case res.Outcome == OutcomeAborted:
+		return res, d.fleetError(ErrAborted)
+	case res.Outcome == OutcomePartial:
+		return res, d.fleetError(ErrPartial)
+	}
+	return res, nil
+}
+
+// servingVersion is the fleet's current version: the desired one, or the newest a live
+// server reports when the desired state names none (or an older one).
+func (c *Client) servingVersion(ctx context.Context) (int64, error) {
+	d, _, err := c.readDesired(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var v int64
+	if d != nil && d.Weights != nil {
+		v = d.Weights.Version
+	}
+	hbs, err := c.readHeartbeats(ctx, false)
+	if err != nil {
+		return 0, err
+	}
+	for _, hb := range hbs {
+		v = max(v, hb.WeightVersion)
+	}
+	return v, nil
+}
+
+// updateDriver does the I/O the tracker asks for and fills the result.
+type updateDriver struct {
+	c      *Client
+	t      *tracker
+	ref    WeightsRef
+	rp     resolvedPlan
+	res    *UpdateResult
+	desErr error
+	errs   map[string]error
+}
+
+func (d *updateDriver) server(id string) *ServerUpdate { return d.res.Server(id) }
+
+func (d *updateDriver) stage(ctx context.Context, targets []string) action {
+	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.stage")
+	defer span.End()
+	s, err := d.c.publish(ctx, targets, protocol.Stage{Weights: d.ref}, d.rp.stageTimeout)
+	if err != nil {
+		d.desErr = err
+		span.RecordError(err)
+		return d.t.stageTimeout() // nothing was sent: every target counts as failed
+	}
+	var next action
+	var decided bool
+	results, _ := d.c.collect(ctx, s, func(r ServerResult) bool {
+		ok := r.Err == nil && r.StagedVersion >= d.ref.Version || r.Err == nil && r.WeightVersion >= d.ref.Version
+		if r.Err == nil && !ok {
+			r.Err = fmt.Errorf("%w: stage acked ok but the server reports staged version %d", ErrFailed, r.StagedVersion)
+		}
+		d.recordStage(r)
+		next, decided = d.t.stageAck(r.ServerID, ok)
+		return decided
+	})
+	for _, r := range results {
+		if su := d.server(r.ServerID); su != nil && su.Stage == nil {
+			if decided {
+				r.Err = fmt.Errorf("%w: not waited for (the update was decided without it)", ErrAborted)
+			}
+			d.recordStage(r)
+		}
+	}
+	if decided {
+		return next
+	}
+	return d.t.stageTimeout()
+}
+
+func (d *updateDriver) recordStage(r ServerResult) {
+	su := d.server(r.ServerID)
+	if su == nil {
+		return
+	}
+	rr := r
+	su.Stage = &rr
+	ph := PhaseResult{Name: "stage", OK: r.Err == nil, Seconds: r.Latency.Seconds()}
+	if len(r.Phases) > 0 {
+		ph.Seconds = 0
+		for _, p := range r.Phases {
+			ph.Seconds += p.Seconds
+		}
+	}
+	if r.Err != nil {
+		ph.Error = r.Err.Error()
+		d.setErr(r.ServerID, r.Err)
+	}
+	su.Phases = append(su.Phases, ph)
+	su.Staged = r.Err == nil
+	su.WeightVersion = r.WeightVersion
+}
+
+func (d *updateDriver) setDesired(ctx context.Context) action {
+	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.commit_point")
+	defer span.End()
+	ref := d.ref
+	ds, err := d.c.updateDesired(ctx, func(s *protocol.DesiredState) error {
+		if s.Weights != nil && s.Weights.Version >= ref.Version {
+			return fmt.Errorf("%w: the desired state already names version %d", ErrConflict, s.Weights.Version)
+		}
+		s.Weights = &ref
+		s.Plan = &protocol.Commit{Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel}
+		return nil
+	})
+	if err != nil {
+		d.desErr = err
+		span.RecordError(err)
+		return d.t.desiredWritten(false)
+	}
+	d.res.Epoch = ds.Epoch
+	span.SetAttributes(attribute.Int64("rollout.epoch", ds.Epoch))
+	return d.t.desiredWritten(true)
+}
+
+func (d *updateDriver) commit(ctx context.Context, targets []string) action {
+	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.commit", trace.WithAttributes(attribute.StringSlice("rollout.targets", targets)))
+	defer span.End()
+	cmd := protocol.Commit{Version: d.ref.Version, Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel}
+	d.c.committing(targets, d.ref.Version)
+	defer d.c.committing(targets, 0)
+	s, err := d.c.publish(ctx, targets, cmd, d.rp.commitTimeout)
+	if err != nil {
+		span.RecordError(err)
+		for _, id := range targets {
+			d.recordCommit(ctx, ServerResult{ServerID: id, Err: err}, time.Now())
+		}
+		return d.t.commitTimeout()
+	}
+	var next action
+	var decided bool
+	results, _ := d.c.collect(ctx, s, func(r ServerResult) bool {
+		ok := r.Err == nil && r.WeightVersion >= d.ref.Version
+		if r.Err == nil && !ok {
+			r.Err = fmt.Errorf("%w: commit acked ok but the server serves version %d", ErrFailed, r.WeightVersion)
+		}
+		d.recordCommit(ctx, r, s.start)
+		next, decided = d.t.commitAck(r.ServerID, ok)
+		return decided
+	})
+	for _, r := range results {
+		if su := d.server(r.ServerID); su != nil && su.Commit == nil {
+			d.recordCommit(ctx, r, s.start)
+		}
+	}
+	if decided {
+		return next
+	}
+	return d.t.commitTimeout()
+}
+
+func (d *updateDriver) recordCommit(ctx context.Context, r ServerResult, published time.Time) {
+	su := d.server(r.ServerID)
+	if su == nil {
+		return
+	}
+	rr := r
+	su.Commit = &rr
+	var total float64
+	for _, p := range r.Phases {
+		su.Phases = append(su.Phases, PhaseResult{Name: phaseName(p.Name), OK: p.OK, Error: p.Error, Seconds: p.Seconds})
+		total += p.Seconds
+	}
+	if r.Err != nil {
+		d.setErr(r.ServerID, r.Err)
+		if len(r.Phases) == 0 {
+			su.Phases = append(su.Phases, PhaseResult{Name: "commit", Error: r.Err.Error(), Seconds: r.Latency.Seconds()})
+		}
+		return
+	}
+	su.Committed = true
+	su.WeightVersion = r.WeightVersion
+	// The bubble cannot begin before the command was sent: an idle server's last token may
+	// be long before.
+	if a := r.Ack; a != nil && a.FirstTokenAfter > 0 && a.LastTokenBefore > 0 && a.FirstTokenAfter > a.LastTokenBefore {
+		start := max(a.LastTokenBefore, published.UnixNano())
+		su.Bubble, su.BubbleMeasured = time.Duration(a.FirstTokenAfter-start), true
+	} else if total > 0 {
+		su.Bubble = time.Duration(total * float64(time.Second))
+	} else {
+		su.Bubble = r.Latency
+	}
+	d.phaseSpans(ctx, r)
+}
+
+// phaseSpans records the server's commit phases as child spans, placed back to back ending
+// at the ack's time.
+func (d *updateDriver) phaseSpans(ctx context.Context, r ServerResult) {
+	if r.Ack == nil || r.Ack.At == 0 || len(r.Phases) == 0 {
+		return
+	}
+	var total float64
+	for _, p := range r.Phases {
+		total += p.Seconds
+	}
+	at := time.UnixMilli(r.Ack.At).Add(-time.Duration(total * float64(time.Second)))
+	for _, p := range r.Phases {
+		end := at.Add(time.Duration(p.Seconds * float64(time.Second)))
+		_, s := d.c.tracer.Start(ctx, "sdk.update_weights."+phaseName(p.Name), trace.WithTimestamp(at),
+			trace.WithAttributes(attribute.String("rollout.server_id", r.ServerID), attribute.Bool("rollout.ok", p.OK)))
+		if p.Error != "" {
+			s.RecordError(errors.New(p.Error))
+		}
+		s.End(trace.WithTimestamp(end))
+		at = end
+	}
+}
+
+func (d *updateDriver) setErr(id string, err error) {
+	if d.errs == nil {
+		d.errs = map[string]error{}
+	}
+	if d.errs[id] == nil {
+		d.errs[id] = err
+	}
+}
+
+// finish fills the per-server verdicts once the tracker is done.
+func (d *updateDriver) finish() {
+	for i := range d.res.Servers {
+		su := &d.res.Servers[i]
+		su.Staged = d.t.stagedOK(su.ServerID)
+		su.Committed = d.t.committed(su.ServerID)
+		su.Stale = d.t.desired && !su.Committed
+		if su.Stale {
+			d.res.Stale = append(d.res.Stale, su.ServerID)
+			if d.errs[su.ServerID] == nil {
+				d.setErr(su.ServerID, fmt.Errorf("%w: did not commit", ErrFailed))
+			}
+		}
+		su.Err = d.errs[su.ServerID]
+		d.res.MaxBubble = max(d.res.MaxBubble, su.Bubble)
+	}
+	slices.Sort(d.res.Stale)
+}
+
+func (d *updateDriver) fleetError(kind error) error {
+	results := make([]ServerResult, 0, len(d.res.Servers))
+	for _, su := range d.res.Servers {
+		r := ServerResult{ServerID: su.ServerID, Err: su.Err, WeightVersion: su.WeightVersion}
+		if su.Commit != nil {
+			r = *su.Commit
+			r.Err = su.Err
+		} else if su.Stage != nil {
+			r = *su.Stage
+			r.Err = su.Err
+		}
+		results = append(results, r)
+	}
+	fe := &FleetError{Op: "update_weights", Err: kind, Results: results}
+	if d.desErr != nil {
+		return errors.Join(fe, d.desErr)
+	}
+	return fe
+}
+
+// phaseName names a commit phase as the result reports it: the agent names the swap step
+// after its command.
+func phaseName(n string) string {
+	if n == "commit" {
+		return "swap"
+	}
+	return n
+}

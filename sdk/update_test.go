@@ -1,0 +1,192 @@
+package sdk
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/sdk/protocol"
+)
+
+func ref(v int64) WeightsRef {
+	return WeightsRef{Version: v, URI: "file:///ckpt/v", SHA256: strings.Repeat("ab", 32)}
+}
+
+func TestUpdateWeightsAllOrNothing(t *testing.T) {
+	_, agents, c := newMemFleet(t, secret, 3, 0)
+	now := time.Now().UnixNano()
+	agents[0].set(func(a *fakeAgent) { a.bubble = [2]int64{now, now + int64(30*time.Millisecond)} })
+	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{})
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeCommitted, res.Outcome)
+	assert.Empty(t, res.Stale)
+	require.Len(t, res.Servers, 3)
+	for _, su := range res.Servers {
+		assert.True(t, su.Staged && su.Committed, su.ServerID)
+		assert.Equal(t, int64(1), su.WeightVersion)
+		var names []string
+		for _, p := range su.Phases {
+			names = append(names, p.Name)
+			assert.True(t, p.OK)
+		}
+		assert.Equal(t, []string{"stage", "pause", "sleep", "swap", "wake", "resume"}, names)
+		assert.Positive(t, su.Bubble)
+	}
+	a := res.Server("a")
+	assert.True(t, a.BubbleMeasured)
+	assert.LessOrEqual(t, a.Bubble, 30*time.Millisecond)
+	assert.False(t, res.Server("b").BubbleMeasured, "no token times: the bubble is the commit's span")
+	assert.Equal(t, 5*time.Millisecond, res.Server("b").Bubble)
+
+	d, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	require.NotNil(t, d.Weights)
+	assert.Equal(t, int64(1), d.Weights.Version)
+	assert.Equal(t, res.Epoch, d.Epoch)
+	assert.Equal(t, &protocol.Commit{Mode: "abort", ClearCache: true, SleepLevel: 1}, d.Plan)
+	cmds := agents[2].got()
+	require.Len(t, cmds, 2)
+	cmd, err := cmds[1].Command()
+	require.NoError(t, err)
+	assert.Equal(t, protocol.Commit{Version: 1, Mode: "abort", ClearCache: true, SleepLevel: 1}, cmd)
+
+	// One failing stage: nobody commits, the desired state stays.
+	agents[1].set(func(a *fakeAgent) { a.fail[protocol.KindStage] = "digest_mismatch" })
+	res, err = c.UpdateWeights(t.Context(), ref(2), Plan{Policy: AllOrNothing, ClearCache: new(false), SleepLevel: new(0)})
+	require.ErrorIs(t, err, ErrAborted)
+	require.ErrorIs(t, err, ErrFailed)
+	assert.Equal(t, OutcomeAborted, res.Outcome)
+	assert.Zero(t, res.Epoch)
+	d2, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, d.Epoch, d2.Epoch)
+	assert.Equal(t, int64(1), d2.Weights.Version)
+	for _, a := range agents {
+		for _, e := range a.got() {
+			if e.Kind == protocol.KindCommit {
+				assert.Equal(t, int64(1), mustCommit(t, e).Version, "no commit of version 2 was sent to %s", a.id)
+			}
+		}
+	}
+	assert.False(t, res.Server("b").Staged)
+	assert.Contains(t, res.Server("b").Err.Error(), "digest_mismatch")
+}
+
+func mustCommit(t *testing.T, e protocol.Envelope) protocol.Commit {
+	cmd, err := e.Command()
+	require.NoError(t, err)
+	return cmd.(protocol.Commit)
+}
+
+func TestUpdateWeightsQuorum(t *testing.T) {
+	_, agents, c := newMemFleet(t, secret, 3, 0)
+	agents[2].set(func(a *fakeAgent) { a.fail[protocol.KindStage] = "fetch_failed" })
+	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{Policy: Quorum(2)})
+	require.NoError(t, err, "the quorum was met")
+	assert.Equal(t, OutcomeDegraded, res.Outcome)
+	assert.Equal(t, []string{"c"}, res.Stale)
+	assert.True(t, res.Server("c").Stale)
+	assert.Nil(t, res.Server("c").Commit, "no commit is sent to a server that did not stage")
+	d, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), d.Weights.Version, "the desired state moved: c converges by itself")
+
+	// Quorum not reached.
+	agents[1].set(func(a *fakeAgent) { a.fail[protocol.KindStage] = "fetch_failed" })
+	res, err = c.UpdateWeights(t.Context(), ref(2), Plan{Policy: Quorum(2)})
+	require.ErrorIs(t, err, ErrAborted)
+	assert.Equal(t, OutcomeAborted, res.Outcome)
+}
+
+func TestUpdateWeightsRolling(t *testing.T) {
+	_, agents, c := newMemFleet(t, secret, 3, 0)
+	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{Policy: Rolling(1), StageTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeCommitted, res.Outcome)
+	// Each commit went to one server alone, a before b before c.
+	var commits []string
+	for _, a := range agents {
+		for _, e := range a.got() {
+			if e.Kind == protocol.KindCommit {
+				require.Equal(t, []string{a.id}, e.Targets)
+				commits = append(commits, a.id)
+			}
+		}
+	}
+	assert.Equal(t, []string{"a", "b", "c"}, commits)
+}
+
+func TestUpdateWeightsCommitTimeout(t *testing.T) {
+	_, agents, c := newMemFleet(t, secret, 2, 0)
+	agents[1].set(func(a *fakeAgent) { a.silent[protocol.KindCommit] = true })
+	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{CommitTimeout: 200 * time.Millisecond})
+	require.ErrorIs(t, err, ErrPartial)
+	require.ErrorIs(t, err, ErrTimeout)
+	assert.Equal(t, OutcomePartial, res.Outcome)
+	assert.Equal(t, []string{"b"}, res.Stale)
+}
+
+func TestUpdateWeightsBadInput(t *testing.T) {
+	b, agents, c := newMemFleet(t, secret, 2, 3)
+	_ = agents
+	s := newSpy(t, b, "f")
+	before, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
+	for _, tc := range []struct {
+		name string
+		dead bool // a cancelled context
+		ref  WeightsRef
+		plan Plan
+		want error
+		msg  string
+	}{
+		{"unknown policy", false, ref(4), Plan{Policy: "majority"}, ErrInvalid, "unknown policy"},
+		{"quorum K above fleet", false, ref(4), Plan{Policy: Quorum(3)}, ErrInvalid, "K=3 is more than the 2"},
+		{"rolling K zero", false, ref(4), Plan{Policy: "rolling:0"}, ErrInvalid, "K must be"},
+		{"version not above serving", false, ref(3), Plan{}, ErrInvalid, "not above the fleet's version 3"},
+		{"version zero", false, WeightsRef{URI: "file:///x"}, Plan{}, ErrInvalid, "version must be > 0"},
+		{"empty uri", false, WeightsRef{Version: 9}, Plan{}, ErrInvalid, "uri is empty"},
+		{"bad digest", false, WeightsRef{Version: 9, URI: "file:///x", SHA256: "zz"}, Plan{}, ErrInvalid, "sha256"},
+		{"bad mode", false, ref(4), Plan{Mode: "sideways"}, ErrInvalid, "mode"},
+		{"bad sleep level", false, ref(4), Plan{SleepLevel: new(5)}, ErrInvalid, "sleep level"},
+		{"unknown target", false, ref(4), Plan{Targets: []string{"zz"}}, ErrNoServers, "zz"},
+		{"cancelled context", true, ref(4), Plan{}, context.Canceled, "canceled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			if tc.dead {
+				ctx = cancelled
+			}
+			res, err := c.UpdateWeights(ctx, tc.ref, tc.plan)
+			require.ErrorIs(t, err, tc.want)
+			assert.Contains(t, err.Error(), tc.msg)
+			assert.Nil(t, res)
+		})
+	}
+	s.nothingPublished()
+	after, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "the desired state is unchanged")
+
+	// An empty fleet.
+	for _, a := range agents {
+		a.stop()
+		require.NoError(t, b.Delete(t.Context(), protocol.Names{Fleet: "f"}.Heartbeat(a.id)))
+	}
+	_, err = c.UpdateWeights(t.Context(), ref(4), Plan{})
+	require.ErrorIs(t, err, ErrNoServers)
+	s.nothingPublished()
+	require.NoError(t, s.sub.Close())
+	// Control calls target the servers of the last refresh: the agents are gone, so nobody
+	// hears the command.
+	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}, Targets("a")), ErrNoServers)
+	_, err = c.Status(t.Context())
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}), ErrNoServers)
+}
