@@ -354,7 +354,14 @@ func (r *Redis) Pop(ctx context.Context, list string, limit int, wait time.Durat
 	for {
 		block := min(time.Until(end), r.slice)
 		if dl, ok := ctx.Deadline(); ok {
-			block = min(block, time.Until(dl))
+			if until := time.Until(dl); until <= 0 {
+				// The deadline has passed but ctx's timer may not have fired yet: wait for it,
+				// so the caller sees the deadline's error rather than an empty pop.
+				<-ctx.Done()
+				return nil, ctx.Err()
+			} else if until < block {
+				block = until
+			}
 		}
 		if block <= 0 {
 			return nil, r.check(ctx)
