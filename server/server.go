@@ -303,7 +303,7 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		adv = advertiseURL(s.ln.Addr())
 	}
 	acfg := agent.Config{Bus: cfg.Bus, Fleet: cfg.Fleet, ServerID: id, AdvertiseURL: adv, Build: cfg.Version,
-		Secret: []byte(cfg.FleetSecret), Engine: observedEngine{Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps}, m: metrics},
+		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps},
 		Stage: func(ctx context.Context, ref protocol.WeightsRef) (int64, error) {
 			return s.api.StageWeights(ctx, weights.Ref{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256})
 		},
@@ -318,22 +318,6 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return a, nil
-}
-
-// observedEngine times the agent's weight swaps into rollout_update_weights_seconds{phase="commit"},
-// as /update_weights does its own.
-type observedEngine struct {
-	agent.Engine
-	m *api.Metrics
-}
-
-func (o observedEngine) Commit(ctx context.Context, version int64) (int64, error) {
-	t := time.Now()
-	v, err := o.Engine.Commit(ctx, version)
-	if err == nil {
-		o.m.ObserveCommit(ctx, time.Since(t))
-	}
-	return v, err
 }
 
 // defaultServerID is hostname-port, or a random id when the hostname is unknown.

@@ -492,11 +492,11 @@ func TestCommandSpanJoinsTheSendersTrace(t *testing.T) {
 
 	var got sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
-		if s.Name() == "agent.pause" {
+		if s.Name() == agent.SpanProcess {
 			got = s
 		}
 	}
-	require.NotNil(t, got, "no agent.pause span")
+	require.NotNil(t, got, "no control.process span")
 	sc := sender.SpanContext()
 	assert.Equal(t, sc.TraceID(), got.SpanContext().TraceID())
 	assert.Equal(t, sc.SpanID(), got.Parent().SpanID())

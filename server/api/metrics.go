@@ -115,10 +115,6 @@ func (m *Metrics) CommandDone(kind, result string) { m.commands.WithLabelValues(
 // Rejected counts one fleet control message this server refused, by reason.
 func (m *Metrics) Rejected(reason string) { m.rejected.WithLabelValues(reason).Inc() }
 
-// ObserveCommit records the swap of a weight update made outside /update_weights (the fleet
-// agent's commit), as phase "commit".
-func (m *Metrics) ObserveCommit(ctx context.Context, d time.Duration) { m.ObserveUpdate(ctx, "commit", d) }
-
 // handler serves the registry; a scraper that asks for OpenMetrics (Prometheus does when
 // exemplar storage is on) gets the exemplars too, anyone else the classic text format.
 func (m *Metrics) handler() http.Handler {
