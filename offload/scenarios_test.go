@@ -19,10 +19,10 @@ import (
 // ResetCache runs twice with no step between, and the flush must still be delivered exactly
 // once by one more step before the engine goes idle.
 func TestExactRegression(t *testing.T) {
-	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 32, delay: 40 * time.Millisecond})
+	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 32, hold: true})
 	h.add("r", seq(8, 1), 2)
 	h.step() // prefill: store job for chunks 0 and 1 is built
-	h.step() // decode: the store is submitted (in flight for 40 ms); the request finishes
+	h.step() // decode: the store is submitted (and held in flight); the request finishes
 	require.Equal(t, []int{0, 1}, h.stored("r"))
 	require.Contains(t, h.reasons, "r")
 	require.EqualValues(t, 1, h.stat("offload_jobs_inflight"), "the final store is still in flight")
@@ -42,6 +42,7 @@ func TestExactRegression(t *testing.T) {
 	require.True(t, h.sched.HasRequests(), "the engine still reports work")
 
 	before := len(h.metas)
+	h.release() // the flushing step waits on the store, so it may copy now
 	h.step()
 	meta := h.metas[before]
 	assert.Equal(t, []int64{0}, meta.FlushJobIDs, "exactly the flushed job ids, once")
@@ -145,12 +146,19 @@ func TestRequestPreemptionFlushesItsStores(t *testing.T) {
 // §7.2 17: two requests with the same CPU-resident prefix: one load; the other defers and then
 // hits the engine's prefix cache.
 func TestConcurrentLookupsOfTheSamePrefix(t *testing.T) {
-	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, delay: 20 * time.Millisecond})
+	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, hold: true})
 	h.add("a", seq(13, 1), 1)
+	h.step() // a's store is held
+	h.release()
 	h.runIdle()
+	h.hold() // b's load stays in flight
 	h.gpuReset()
 	h.add("b", append(seq(12, 1), 7, 8), 2)
 	h.add("c", append(seq(12, 1), 9, 10), 2)
+	h.step() // b's load is submitted; c defers
+	h.step() // still in flight: c defers again
+	require.Equal(t, []int{0}, h.loaded("b"))
+	h.release()
 	h.runIdle()
 	assert.Equal(t, []int{0}, h.loaded("b"))
 	assert.Empty(t, h.loaded("c"), "no second load of keys being loaded")
@@ -160,16 +168,23 @@ func TestConcurrentLookupsOfTheSamePrefix(t *testing.T) {
 
 // §7.2 18: a request aborted during its load keeps its blocks until the load completed.
 func TestAbortLoadingRequest(t *testing.T) {
-	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, delay: 30 * time.Millisecond})
+	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, hold: true})
 	h.add("a", seq(13, 1), 1)
+	h.step()
+	h.release()
 	h.runIdle()
+	h.hold()
 	h.gpuReset()
 	h.add("b", seq(14, 1), 2)
-	h.step() // b's load is submitted
+	h.step() // b's load is submitted, and held
 	require.Equal(t, []int{0}, h.loaded("b"))
 	h.sched.Abort("b")
 	_, held := h.sched.Get("b")
 	assert.True(t, held, "blocks held while the load writes them")
+	h.step()
+	_, held = h.sched.Get("b")
+	assert.True(t, held, "still held: the load has not landed")
+	h.release()
 	h.runIdle()
 	_, held = h.sched.Get("b")
 	assert.False(t, held)
@@ -179,9 +194,12 @@ func TestAbortLoadingRequest(t *testing.T) {
 // §7.2 29: reset with a load in flight: the load joins the flush set, every tracking structure
 // empties, the stale threshold ignores its completion.
 func TestResetCacheWithLoadInFlight(t *testing.T) {
-	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, delay: 30 * time.Millisecond})
+	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, hold: true})
 	h.add("a", seq(13, 1), 1)
+	h.step()
+	h.release()
 	h.runIdle()
+	h.hold()
 	h.gpuReset()
 	h.add("b", seq(14, 1), 2)
 	h.step()
@@ -192,6 +210,7 @@ func TestResetCacheWithLoadInFlight(t *testing.T) {
 	assert.EqualValues(t, 1, h.stat("offload_flush_pending"))
 	assert.EqualValues(t, 0, h.stat("offload_jobs_inflight"))
 	i := len(h.metas)
+	h.release() // the flushing step waits on the load
 	h.runIdle()
 	assert.Len(t, h.metas[i].FlushJobIDs, 1)
 	assert.Equal(t, []int64{h.metas[i-1].Payload.(*offload.Payload).Loads[0].ID}, h.metas[i].FlushJobIDs)

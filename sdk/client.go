@@ -97,7 +97,7 @@ type serverView struct {
 	inflight int       // sequences this client has in flight on the server
 	// committing is the version of this client's commit in flight to the server (0: none).
 	committing int64
-	suspect  time.Time // a request to it failed at this time; cleared by a newer heartbeat
+	suspect    time.Time // a request to it failed at this time; cleared by a newer heartbeat
 	// ack is what an ack newer than hb said about the server (nil: nothing newer): the agent
 	// heartbeats on its own schedule, so after a commit or a pause the ack is the fresher
 	// word until the next heartbeat.

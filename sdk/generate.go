@@ -534,6 +534,7 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 	if c.desired != nil && c.desired.Weights != nil {
 		desired = c.desired.Weights.Version
 	}
+	fleetPaused := c.desired != nil && c.desired.Paused
 	for id, v := range c.view {
 		if !v.live {
 			continue
@@ -544,23 +545,16 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 		}
 		// Below the desired version a server is stale whatever its last heartbeat said (it
 		// may predate the update this client just committed).
-		if !v.hb.InRotation || !servingState(v.hb.State) || v.hb.WeightVersion < max(minVersion, desired) ||
-			!v.suspect.IsZero() || exclude[id] || v.hb.AdvertiseURL == "" {
+		inRotation := v.hb.InRotation && servingState(v.hb.State) && v.hb.WeightVersion >= max(minVersion, desired)
+		// A server this client is committing new weights to takes requests too: its engine
+		// queues them while paused or asleep and runs them first after the resume, on the new
+		// weights. So a sample a pause aborted goes back home and waits out the cut there, and
+		// the server's bubble is the cut itself, not the cut plus the wait for a heartbeat.
+		committing := v.committing > 0 && max(v.hb.WeightVersion, v.committing) >= max(minVersion, desired) && !fleetPaused
+		if !inRotation && !committing || !v.suspect.IsZero() || exclude[id] || v.hb.AdvertiseURL == "" {
 			continue
 		}
 		cands = append(cands, candidate{id: id, url: v.hb.AdvertiseURL, load: v.hb.Running + v.hb.Waiting + v.inflight})
-	}
-	if len(cands) == 0 && (c.desired == nil || !c.desired.Paused) {
-		// Nobody is in rotation, but this client is committing new weights to some servers
-		// (an update's cut): their engines queue requests while paused or asleep and run them
-		// first after the resume, on the new weights. Sending there now makes the bubble the
-		// cut itself instead of the cut plus the wait for a heartbeat.
-		for id, v := range c.view {
-			if v.live && v.committing > 0 && max(v.hb.WeightVersion, v.committing) >= max(minVersion, desired) &&
-				v.suspect.IsZero() && !exclude[id] && v.hb.AdvertiseURL != "" {
-				cands = append(cands, candidate{id: id, url: v.hb.AdvertiseURL, load: v.hb.Running + v.hb.Waiting + v.inflight})
-			}
-		}
 	}
 	if len(cands) > 0 {
 		slices.SortFunc(cands, func(a, b candidate) int { return compareStrings(a.id, b.id) })

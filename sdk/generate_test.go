@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -261,4 +262,24 @@ func TestGenerateGivesUpOnAServerThatAlwaysAborts(t *testing.T) {
 	_, err := c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}, Sampling: SamplingParams{MaxTokens: 4}})
 	require.ErrorIs(t, err, ErrFailed)
 	assert.Contains(t, err.Error(), "without a new token")
+}
+
+func TestGenerateRoutesToACommittingServer(t *testing.T) {
+	agents, gens, c := genFleet(t, 1, 0)
+	agents[0].set(func(a *fakeAgent) { a.paused = true })
+	_, err := c.Status(t.Context())
+	require.NoError(t, err)
+	c.opts.RouteTimeout = 100 * time.Millisecond
+	_, err = c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}})
+	require.ErrorIs(t, err, ErrTimeout, "a paused server takes nothing")
+
+	// While this client commits to it, it does (its engine queues until the resume).
+	c.committing([]string{"a"}, 1)
+	res, err := c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}, MinVersion: 1})
+	require.NoError(t, err, "the committing server is routable at the version it commits")
+	assert.Equal(t, []string{"a"}, res.Servers)
+	assert.Len(t, gens[0].got(), 1)
+	c.committing([]string{"a"}, 0)
+	_, err = c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}})
+	require.ErrorIs(t, err, ErrTimeout)
 }

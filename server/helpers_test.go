@@ -148,6 +148,7 @@ type stateResp struct {
 	RequestsWaiting int     `json:"requests_waiting"`
 	HTTPInflight    int     `json:"http_inflight"`
 	HTTPQueued      int     `json:"http_queued"`
+	HTTPReading     int     `json:"http_reading_body"`
 	KVBlocksUsed    int     `json:"kv_blocks_used"`
 	KVReleased      bool    `json:"kv_released"`
 	Violations      float64 `json:"safety_violations"`

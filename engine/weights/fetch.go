@@ -131,7 +131,8 @@ func (t *stallTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	timer := time.AfterFunc(t.stall, func() { cancel(errStalled) })
-	resp.Body = &stallBody{ReadCloser: resp.Body, timer: timer, stall: t.stall, cancel: cancel, ctx: ctx}
+	stalled := func() bool { return errors.Is(context.Cause(ctx), errStalled) }
+	resp.Body = &stallBody{ReadCloser: resp.Body, timer: timer, stall: t.stall, cancel: cancel, stalled: stalled}
 	return resp, nil
 }
 
@@ -139,10 +140,10 @@ var errStalled = errors.New("the source stopped sending")
 
 type stallBody struct {
 	io.ReadCloser
-	timer  *time.Timer
-	stall  time.Duration
-	cancel context.CancelCauseFunc
-	ctx    context.Context
+	timer   *time.Timer
+	stall   time.Duration
+	cancel  context.CancelCauseFunc
+	stalled func() bool
 }
 
 func (b *stallBody) Read(p []byte) (int, error) {
@@ -150,7 +151,7 @@ func (b *stallBody) Read(p []byte) (int, error) {
 	if n > 0 {
 		b.timer.Reset(b.stall)
 	}
-	if err != nil && errors.Is(context.Cause(b.ctx), errStalled) {
+	if err != nil && b.stalled() {
 		err = errStalled
 	}
 	return n, err
@@ -199,13 +200,14 @@ func DownloadLimit(c model.Config) int64 {
 // publicFetchError replaces the detail of an http(s) failure by a generic message that keeps
 // its sentinel: dial errors, status lines and the bytes a server sent say whether an address
 // is open and what it serves, and the caller of /update_weights need not learn that.
-func publicFetchError(uri string, err error) error {
+func publicFetchError(ctx context.Context, uri string, err error) error {
 	r := RedactURI(uri)
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrFetch):
-		return err
+	case ctx.Err() != nil:
+		// The caller gave up: that, not the fetch, is the error.
+		return fmt.Errorf("%s: %w", r, ctx.Err())
 	case errors.Is(err, ErrAddressRefused):
 		return fmt.Errorf("%w: %s: the address is not allowed by the fetch policy", ErrAddressRefused, r)
 	case errors.Is(err, ErrFetch):

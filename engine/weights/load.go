@@ -106,7 +106,7 @@ func LoadWithInfo(ctx context.Context, ref Ref, opts Options) (*model.Weights, I
 	switch s := strings.ToLower(scheme); {
 	case hasScheme && (s == "http" || s == "https"):
 		w, info, err = loadHTTP(ctx, ref.URI, opts)
-		err = publicFetchError(ref.URI, err)
+		err = publicFetchError(ctx, ref.URI, err)
 	case hasScheme && s == "file":
 		var u *url.URL
 		if u, err = url.Parse(ref.URI); err != nil {

@@ -58,14 +58,17 @@ func (a *API) readBody(c *gin.Context) {
 	rc := http.NewResponseController(c.Writer)
 	_ = rc.SetReadDeadline(time.Now().Add(a.cfg.BodyReadTimeout))
 	body, err := a.readLimited(c)
-	// Clear the deadline: net/http keeps reading the connection in the background to notice
-	// a client that leaves, and a deadline passing there would cancel the request.
-	_ = rc.SetReadDeadline(time.Time{})
 	a.reading.Add(-1)
 	if err != nil {
+		// Keep the deadline: net/http discards an unread body before it answers, and that
+		// must not wait for a client that stopped sending. The connection then closes.
+		c.Header("Connection", "close")
 		writeError(c, err)
 		return
 	}
+	// Clear the deadline: net/http keeps reading the connection in the background to notice
+	// a client that leaves, and a deadline passing there would cancel the request.
+	_ = rc.SetReadDeadline(time.Time{})
 	c.Set(ctxBody, body)
 	c.Next()
 }
