@@ -845,3 +845,20 @@ func TestResumeDuringPauseWaitDrain(t *testing.T) {
 	assert.Equal(t, referenceGreedy(t, w, pb, 3), resB.TokenIDs())
 	assert.False(t, resB.Timings.FirstToken.Before(resA.Timings.Finish), "b started after a finished")
 }
+
+// TestQueueCappedWhileRunning: the waiting queue is capped while the engine runs too, not
+// only while it is paused or asleep. One sequence runs (MaxNumSeqs 1) for the whole test: it
+// needs about 2000 steps, and the adds below are channel round trips.
+func TestQueueCappedWhileRunning(t *testing.T) {
+	e, w := testEngine(t, func(c *Config) { c.MaxNumSeqs, c.MaxQueued = 1, 1 })
+	ctx := ctxT(t)
+	long, err := e.Add(ctx, Request{ID: "long", PromptTokenIDs: prompt(4, 1), Sampling: greedy(w.Config.MaxPositionEmbeddings - 8)})
+	require.NoError(t, err)
+	_, err = long.Recv(ctx) // it runs: the waiting queue is empty again
+	require.NoError(t, err)
+	_, err = e.Add(ctx, Request{ID: "waits", PromptTokenIDs: prompt(4, 2), Sampling: greedy(1)})
+	require.NoError(t, err)
+	_, err = e.Add(ctx, Request{ID: "refused", PromptTokenIDs: prompt(4, 3), Sampling: greedy(1)})
+	require.ErrorIs(t, err, ErrQueueFull)
+	e.Abort("long", "waits")
+}

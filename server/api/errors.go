@@ -84,6 +84,8 @@ func classify(err error) *Error {
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "digest_mismatch", Param: "sha256", Message: err.Error()}
 	case errors.Is(err, weights.ErrInvalidRef), errors.Is(err, weights.ErrUnsupportedSource):
 		return badRequest("invalid_source", "source", "%s", err.Error())
+	case errors.Is(err, weights.ErrAddressRefused):
+		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "source_refused", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrFetch) && errors.Is(err, fs.ErrNotExist):
 		return &Error{Status: http.StatusNotFound, Type: typeNotFound, Code: "source_not_found", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrFetch), errors.Is(err, weights.ErrBadCheckpoint), errors.Is(err, weights.ErrUnsupportedFormat):
