@@ -256,6 +256,7 @@ func (l *loop) run(ctx context.Context) (err error) {
 	var events <-chan bus.Event
 
 	defer func() { l.stop(ctx, err) }()
+	beat := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -314,8 +315,15 @@ func (l *loop) run(ctx context.Context) (err error) {
 		case d := <-l.done:
 			l.working = false
 			l.core.Done(d.res, a.cfg.Engine.State(), a.cfg.Now())
+			beat = true
 		}
 		l.flush(ctx)
+		if beat && l.b != nil && ctx.Err() == nil {
+			// The work changed the server (paused it, swapped its weights): say so now, after
+			// its ack, rather than up to an interval later, so the fleet's view follows.
+			l.heartbeat(ctx)
+		}
+		beat = false
 	}
 }
 

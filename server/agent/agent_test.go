@@ -45,6 +45,11 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.Equal(t, "paused", n.stats().State)
 	ok, body := n.ready()
 	assert.False(t, ok, body)
+	// The heartbeat follows at once (its interval here is an hour).
+	waitFor(t, "a paused heartbeat", func() bool {
+		hb, ok := f.heartbeat(serverID)
+		return ok && hb.State == protocol.StatePaused && !hb.InRotation
+	})
 
 	a = f.do(protocol.Resume{})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
