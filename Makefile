@@ -55,7 +55,7 @@ lint-golangci: ## golangci-lint (the go.mod tool) with and without GOEXPERIMENT=
 	$(GO) tool golangci-lint run ./...
 	GOEXPERIMENT= $(GO) tool golangci-lint run ./...
 
-lint-arch: ## The DESIGN.md dependency rules (internal/archtest)
+lint-arch: ## The dependency rules of docs/architecture.md (internal/archtest)
 	$(GO) test -count=1 ./internal/archtest/
 
 JAEGER := bin/jaeger

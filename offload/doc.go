@@ -1,6 +1,6 @@
 // Package offload is the KV offloading connector: it copies KV blocks from the engine's pool to
 // CPU slots and loads them back for prefix hits the pool no longer holds (vLLM's
-// OffloadingConnector, reference/vllm-semantics.md §4), with the reset bug fixed and with
+// v1 OffloadingConnector; docs/reset.md explains the bug), with the reset bug fixed and with
 // memory-safety checks that stay on in production.
 //
 // The scheduler side (Connector.Scheduler) is a deterministic state machine called from the

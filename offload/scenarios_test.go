@@ -60,7 +60,7 @@ func TestExactRegression(t *testing.T) {
 	assert.True(t, ok, "nothing is held any more: %s", d.Reason)
 }
 
-// Port of test_offloading_connector's core flow (§7.2 13): stores per complete chunk, a load
+// Port of test_offloading_connector's core flow: stores per complete chunk, a load
 // after the engine's prefix cache was reset, and the outputs of the same run without the
 // connector.
 func TestStorePerChunkThenLoadAfterGPUReset(t *testing.T) {
@@ -84,7 +84,7 @@ func TestStorePerChunkThenLoadAfterGPUReset(t *testing.T) {
 	assert.Empty(t, h.loaded("a"))
 }
 
-// §7.2 5, with the §9 decision: the block completed by the final sampled token (EOS) holds no
+// vLLM's final-block case, with Rollout's decision: the block completed by the final sampled token (EOS) holds no
 // computed KV for it, so it is not stored; a block whose tokens were all computed is.
 func TestLastBlockOffloadedAtFinish(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 16})
@@ -98,7 +98,7 @@ func TestLastBlockOffloadedAtFinish(t *testing.T) {
 	assert.EqualValues(t, 0, h.stat("offload_jobs_inflight"))
 }
 
-// §7.2 6: an aborted queued request has keys but no blocks, so no store job.
+// A vLLM test case: an aborted queued request has keys but no blocks, so no store job.
 func TestAbortQueuedRequestBuildsNoStore(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 16, maxSeqs: 1})
 	h.add("a", seq(16, 1), 3)
@@ -110,7 +110,7 @@ func TestAbortQueuedRequestBuildsNoStore(t *testing.T) {
 	assert.Equal(t, []int{0, 1, 2, 3}, h.stored("a"))
 }
 
-// §7.2 14: a preempted request's in-flight stores are flushed by the next step; its blocks
+// A vLLM test case: a preempted request's in-flight stores are flushed by the next step; its blocks
 // were freed, so the stores are discarded rather than committed, and nothing is a violation.
 func TestRequestPreemptionFlushesItsStores(t *testing.T) {
 	run := func(noConn bool) *harness {
@@ -143,7 +143,7 @@ func TestRequestPreemptionFlushesItsStores(t *testing.T) {
 	assert.Zero(t, h.conn.Violations())
 }
 
-// §7.2 17: two requests with the same CPU-resident prefix: one load; the other defers and then
+// A vLLM test case: two requests with the same CPU-resident prefix: one load; the other defers and then
 // hits the engine's prefix cache.
 func TestConcurrentLookupsOfTheSamePrefix(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, hold: true})
@@ -166,7 +166,7 @@ func TestConcurrentLookupsOfTheSamePrefix(t *testing.T) {
 	assert.Equal(t, 12, h.cached["c"], "c hit the engine's prefix cache once b's load landed")
 }
 
-// §7.2 18: a request aborted during its load keeps its blocks until the load completed.
+// A vLLM test case: a request aborted during its load keeps its blocks until the load completed.
 func TestAbortLoadingRequest(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, hold: true})
 	h.add("a", seq(13, 1), 1)
@@ -191,7 +191,7 @@ func TestAbortLoadingRequest(t *testing.T) {
 	assert.Zero(t, h.pool.NumBlocks()-1-h.pool.NumFreeBlocks())
 }
 
-// §7.2 29: reset with a load in flight: the load joins the flush set, every tracking structure
+// A vLLM test case: reset with a load in flight: the load joins the flush set, every tracking structure
 // empties, the stale threshold ignores its completion.
 func TestResetCacheWithLoadInFlight(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, hold: true})
@@ -220,7 +220,7 @@ func TestResetCacheWithLoadInFlight(t *testing.T) {
 	assert.EqualValues(t, 1, h.stat("offload_cpu_slots_used"))
 }
 
-// §7.2 25: complete_store is per job with only that job's keys.
+// A vLLM test case: complete_store is per job with only that job's keys.
 func TestOneStoreJobPerNewlyCompleteChunkRun(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3})
 	h.add("a", seq(12, 1), 13)
@@ -240,7 +240,7 @@ func TestOneStoreJobPerNewlyCompleteChunkRun(t *testing.T) {
 	assert.Equal(t, [][]int{{0}, {1}}, jobs)
 }
 
-// §7.2 4: a store that does not fit the CPU tier is counted and retried, never advanced.
+// A vLLM test case: a store that does not fit the CPU tier is counted and retried, never advanced.
 func TestAllocationFailureIsCountedAndRetried(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 32, cpuChunks: 1, delay: 20 * time.Millisecond})
 	h.add("a", seq(4, 1), 3)
@@ -251,7 +251,7 @@ func TestAllocationFailureIsCountedAndRetried(t *testing.T) {
 	assert.Len(t, h.outs["b"], 3)
 }
 
-// §7.3 handle_preemptions: a store of this very step listed in the flush set is submitted and
+// vLLM's handle_preemptions: a store of this very step listed in the flush set is submitted and
 // waited on before the step proceeds.
 func TestHandlePreemptionsSubmitsAndWaitsOnFlushedStoreOfThisStep(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 8, delay: 10 * time.Millisecond})
@@ -361,7 +361,7 @@ func (r *fakeReq) NumComputedTokens() int           { return 0 }
 func (r *fakeReq) BlockHashes() []kvcache.BlockHash { return r.hashes }
 func (r *fakeReq) Aborted() bool                    { return false }
 
-// §7.2 31: a request with a tracked transfer defers its lookup instead of issuing a load.
+// A vLLM test case: a request with a tracked transfer defers its lookup instead of issuing a load.
 func TestPendingTransferDefersPrefixLookup(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 16})
 	s := h.conn.Scheduler()
@@ -390,7 +390,7 @@ func TestPendingTransferDefersPrefixLookup(t *testing.T) {
 	h.pool.Free("x")
 }
 
-// §7.2 13 (tail): with less than one chunk beyond the engine's own prefix hit the CPU tier is
+// vLLM's case, continued: with less than one chunk beyond the engine's own prefix hit the CPU tier is
 // not even looked up; otherwise it is, once per chunk until the first miss.
 func TestNoLookupWithLessThanOneChunkBeyondLocalHit(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 100, bpc: 3})

@@ -27,6 +27,7 @@ const (
 	DefaultRefreshInterval = 500 * time.Millisecond
 	DefaultCommandTimeout  = 30 * time.Second
 	DefaultRouteTimeout    = 60 * time.Second
+	DefaultHeartbeatTTL    = 5 * time.Second
 )
 
 // tracerName names the SDK's tracer.
@@ -62,6 +63,10 @@ type Options struct {
 	// RouteTimeout bounds how long Generate waits for a server in rotation (during an
 	// update every server may be out of rotation for a moment; default 60s).
 	RouteTimeout time.Duration
+	// HeartbeatTTL is how long after its last heartbeat a server whose heartbeat key is
+	// missing still counts as live (default 5s, the agents' TTL): keys lost early, as when
+	// Redis restarts empty, do not take serving servers out of routing.
+	HeartbeatTTL time.Duration
 }
 
 // Client drives one fleet. It is safe for concurrent use; Close it when done.
@@ -202,6 +207,9 @@ func (o *Options) defaults() {
 	if o.RouteTimeout <= 0 {
 		o.RouteTimeout = DefaultRouteTimeout
 	}
+	if o.HeartbeatTTL <= 0 {
+		o.HeartbeatTTL = DefaultHeartbeatTTL
+	}
 }
 
 // validFleetName refuses names that would break the key layout: the name sits inside a Redis
@@ -339,6 +347,13 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 			return nil, err
 		}
 		next := protocol.DesiredState{V: protocol.Version, Fleet: c.opts.Fleet, Signed: len(c.opts.Secret) > 0}
+		if cur == nil {
+			// The key is gone but this client saw it (Redis restarted empty): rebuild from
+			// what it last read, so the epoch keeps growing past what the servers have seen.
+			c.mu.Lock()
+			cur = c.desired
+			c.mu.Unlock()
+		}
 		if cur != nil {
 			next = *cur
 			if cur.Weights != nil {
@@ -420,8 +435,12 @@ func (c *Client) refresh(ctx context.Context, strict bool) error {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+
+	// A server whose key is missing stays live until its last heartbeat is HeartbeatTTL old,
+	// as its key would have expired: a key lost early (Redis restarted empty) does not take a
+	// serving server out of routing before it heartbeats again.
 	for id, v := range c.view {
-		if _, ok := hbs[id]; !ok && v.inflight == 0 {
+		if _, ok := hbs[id]; !ok && now.Sub(time.UnixMilli(v.hb.At)) >= c.opts.HeartbeatTTL && v.inflight == 0 {
 			delete(c.view, id)
 		}
 	}
@@ -441,7 +460,7 @@ func (c *Client) refresh(ctx context.Context, strict bool) error {
 	// the in-flight count; it is not routable.
 	for id, v := range c.view {
 		if _, ok := hbs[id]; !ok {
-			v.live = false
+			v.live = now.Sub(time.UnixMilli(v.hb.At)) < c.opts.HeartbeatTTL
 		}
 	}
 	close(c.refreshed)
@@ -479,7 +498,10 @@ func (c *Client) refresher() {
 			}
 		}
 		last = time.Now()
-		if err := c.refresh(ctx, false); err != nil && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := c.refresh(rctx, false)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			c.log.Warn("sdk: refreshing fleet view", "fleet", c.opts.Fleet, "err", err)
 		}
 	}

@@ -272,8 +272,13 @@ func (c *Client) resolveTargets(ctx context.Context, want []string, fresh bool) 
 		if live, err = c.liveIDs(ctx); err != nil {
 			return nil, err
 		}
-	} else {
-		live = c.cachedIDs()
+	} else if live = c.cachedIDs(); len(live) == 0 {
+		// An empty view may only be out of date (servers heartbeating again after a Redis
+		// restart): look before refusing.
+		var err error
+		if live, err = c.liveIDs(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if len(want) == 0 {
 		if len(live) == 0 {

@@ -496,6 +496,7 @@ func (c *Client) post(ctx context.Context, base string, body []byte) (*wireRespo
 func (c *Client) pick(ctx context.Context, key uint64, minVersion int64, n int, exclude map[string]bool) (candidate, error) {
 	deadline := time.NewTimer(c.opts.RouteTimeout)
 	defer deadline.Stop()
+	reread := false
 	for {
 		c.mu.Lock()
 		cands, wait, why := c.candidates(minVersion, exclude)
@@ -509,6 +510,13 @@ func (c *Client) pick(ctx context.Context, key uint64, minVersion int64, n int, 
 			return cands[i], nil
 		}
 		c.mu.Unlock()
+		if errors.Is(why, ErrNoServers) && !reread {
+			// The view may be out of date (after a Redis restart): reread before refusing.
+			reread = true
+			if err := c.refresh(ctx, false); err == nil {
+				continue
+			}
+		}
 		if why != nil {
 			return candidate{}, why
 		}

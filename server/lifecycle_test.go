@@ -263,7 +263,7 @@ func TestNewErrorsLeakNothing(t *testing.T) {
 	assert.ErrorIs(t, err, server.ErrInvalidConfig)
 }
 
-// TestMetricsListedInAPIExist: a fresh server with offloading exports every metric API.md
+// TestMetricsListedInAPIExist: a fresh server with offloading exports every metric docs/metrics.md
 // lists (names copied from it), before any traffic, the control plane's at zero.
 func TestMetricsListedInAPIExist(t *testing.T) {
 	ts := start(t, func(c *server.Config) { c.OffloadCPUBytes = 64 << 20 })

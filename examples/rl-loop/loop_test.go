@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,10 +10,22 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/internal/fleettest"
 	"github.com/rolloutkit/rollout/trainer"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks for leaked goroutines after the tests, and removes the rollout binary the
+// multi-process test builds.
+func TestMain(m *testing.M) {
+	code := fleettest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 func testConfig(t *testing.T) config {
 	cfg, err := parseFlags([]string{"--steps", "3", "--prompts", "2", "--group", "4", "--max-tokens", "6",

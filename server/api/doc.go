@@ -2,7 +2,7 @@
 // (/v1/completions, /v1/chat/completions, /v1/models), the native token-level routes for RL
 // (/generate, /tokenize, /detokenize), the admin plane (/pause, /resume, /sleep, /wake_up,
 // /reset_prefix_cache, /update_weights, /abort_requests, /state, ...), the probes (/health,
-// /ready, /version) and /metrics. The contract is API.md; this comment records the choices
+// /ready, /version) and /metrics. The contract is docs/http-api.md; this comment records the choices
 // it leaves open.
 //
 // Usage:

@@ -43,7 +43,7 @@ func badRequest(code, param, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: code, Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
-// errorBody is the JSON error shape of API.md.
+// errorBody is the JSON error shape of docs/http-api.md.
 type errorBody struct {
 	Error errorDetail `json:"error"`
 }
@@ -56,7 +56,7 @@ type errorDetail struct {
 }
 
 // classify maps any error to an *Error: the engine's and the loaders' sentinels to the status
-// API.md documents, anything unknown to a 500 (a bug, never bad input).
+// docs/http-api.md documents, anything unknown to a 500 (a bug, never bad input).
 func classify(err error) *Error {
 	var ae *Error
 	if errors.As(err, &ae) {
