@@ -71,8 +71,8 @@ type Config struct {
 	// headers, a Host naming the listener, or the admin unix socket), and New refuses a
 	// non-loopback listener for them unless InsecureAdmin is set.
 	AdminToken, APIKey string
-	// InsecureAdmin allows tokenless admin routes on a non-loopback listener (behind a
-	// network boundary you trust).
+	// InsecureAdmin lets a server with tokenless admin routes listen on a non-loopback
+	// address; the routes still answer direct loopback clients only.
 	InsecureAdmin bool
 	// AdminAddr puts the admin routes on a listener of their own: host:port, or unix:PATH
 	// for a unix socket (created 0600, replacing a stale socket file). AdminListener, when

@@ -106,7 +106,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&cfg.APIKey, "api-key", "", "bearer token of the generation routes (unset: open); prefer --api-key-file, flags show in ps")
 	f.StringVar(&apiKeyFile, "api-key-file", "", "file holding the API key (trailing newline ignored), so it stays out of ps")
 	f.StringVar(&cfg.AdminAddr, "admin-addr", "", "serve the admin routes on their own listener: ADDR or unix:PATH (unset: on --addr)")
-	f.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow tokenless admin routes on a non-loopback listener (anyone who reaches it is an admin)")
+	f.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "start with a non-loopback listener and no admin token (admin routes still answer direct loopback clients only)")
 	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil, "extra Host names tokenless admin requests may use (default: loopback and localhost only)")
 	f.StringVar(&cfg.WeightsRoot, "weights-root", "", "directory file:// weight sources must lie in (unset: anywhere)")
 	f.BoolVar(&cfg.AllowUnverifiedWeights, "allow-unverified-weights", false, "accept http(s) weight sources without a sha256")
