@@ -117,7 +117,9 @@ func (m *Metrics) Rejected(reason string) { m.rejected.WithLabelValues(reason).I
 
 // ObserveCommit records the swap of a weight update made outside /update_weights (the fleet
 // agent's commit), as phase "commit".
-func (m *Metrics) ObserveCommit(ctx context.Context, d time.Duration) { m.ObserveUpdate(ctx, "commit", d) }
+func (m *Metrics) ObserveCommit(ctx context.Context, d time.Duration) {
+	m.ObserveUpdate(ctx, "commit", d)
+}
 
 // handler serves the registry; a scraper that asks for OpenMetrics (Prometheus does when
 // exemplar storage is on) gets the exemplars too, anyone else the classic text format.
