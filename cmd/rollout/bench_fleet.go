@@ -27,6 +27,7 @@ func newBenchFleetCmd() *cobra.Command {
 		concurrency int
 		requests    int
 		maxTokens   int
+		figures     []string
 	)
 	cmd := &cobra.Command{
 		Use:   "fleet",
@@ -57,12 +58,22 @@ func newBenchFleetCmd() *cobra.Command {
 					rep.RedisURL, rep.RedisNote = rs.URL, "redis-server started by the benchmark"
 				}
 			}
+			want := map[string]bool{}
+			for _, f := range figures {
+				if f != "control" && f != "bubble" && f != "generate" {
+					return fmt.Errorf("--figures %q: want control, bubble and/or generate", f)
+				}
+				want[f] = true
+			}
 			if quick {
 				rounds = min(rounds, 50)
 				updates = min(updates, 2)
 				requests = min(requests, 128)
 			}
 			for _, n := range servers {
+				if !want["control"] {
+					break
+				}
 				log.Info("bench fleet: control round trip", "transport", "mem", "servers", n)
 				r, err := bench.ControlRoundTrip(ctx, "mem", nil, n, rounds)
 				if err != nil {
@@ -99,6 +110,9 @@ func newBenchFleetCmd() *cobra.Command {
 			}
 			defer os.RemoveAll(dir)
 			for _, p := range presets {
+				if !want["bubble"] {
+					break
+				}
 				log.Info("bench fleet: update bubble", "preset", p)
 				b, err := bench.UpdateBubble(ctx, p, 2, updates, dir)
 				if err != nil {
@@ -106,17 +120,18 @@ func newBenchFleetCmd() *cobra.Command {
 				}
 				rep.Bubbles = append(rep.Bubbles, b)
 			}
-			log.Info("bench fleet: generate via SDK vs direct", "concurrency", concurrency)
-			repeats := 2
-			if quick {
-				repeats = 1
+			if want["generate"] {
+				log.Info("bench fleet: generate via SDK vs direct", "concurrency", concurrency)
+				repeats := 2
+				if quick {
+					repeats = 1
+				}
+				g, err := bench.GenerateVsDirect(ctx, "stories15m", concurrency, requests, maxTokens, repeats)
+				if err != nil {
+					return fmt.Errorf("generate: %w", err)
+				}
+				rep.Generate = &g
 			}
-			g, err := bench.GenerateVsDirect(ctx, "stories15m", concurrency, requests, maxTokens, repeats)
-			if err != nil {
-				return fmt.Errorf("generate: %w", err)
-			}
-			rep.Generate = &g
-
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
@@ -136,6 +151,7 @@ func newBenchFleetCmd() *cobra.Command {
 	f.IntVar(&concurrency, "concurrency", 64, "concurrent requests of the Generate figure")
 	f.IntVar(&requests, "requests", 256, "requests per Generate run")
 	f.IntVar(&maxTokens, "max-tokens", 32, "tokens per request of the Generate figure")
+	f.StringSliceVar(&figures, "figures", []string{"control", "bubble", "generate"}, "which figures to measure: control, bubble, generate")
 	return cmd
 }
 
