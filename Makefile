@@ -21,6 +21,7 @@ COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 TESTFLAGS ?=
 FUZZTIME ?= 100000x
+DEMO_STEPS ?= 40
 
 .PHONY: help build test race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e fuzz clean
 
@@ -54,7 +55,7 @@ lint-golangci: ## golangci-lint (the go.mod tool) with and without GOEXPERIMENT=
 	$(GO) tool golangci-lint run ./...
 	GOEXPERIMENT= $(GO) tool golangci-lint run ./...
 
-lint-arch: ## The DESIGN.md dependency rules (internal/archtest)
+lint-arch: ## The dependency rules of docs/architecture.md (internal/archtest)
 	$(GO) test -count=1 ./internal/archtest/
 
 JAEGER := bin/jaeger
@@ -67,8 +68,9 @@ e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --o
 bench: build ## Run the engine benchmark (bin/rollout bench engine)
 	$(BIN) bench engine
 
-demo: build ## Generate text in-process on builtin:tiny and print tokens/s
-	$(BIN) generate --model builtin:tiny --max-tokens 64 "Once upon a time"
+demo: ## GRPO on an embedded 2-server fleet (examples/rl-loop): the reward rises within a minute
+	$(GO) build -o bin/rl-loop ./examples/rl-loop
+	bin/rl-loop --steps $(DEMO_STEPS) --out rl-loop-out
 
 fuzz: ## Run every Fuzz target briefly: FUZZTIME executions each (a count: a duration hits golang/go#75804, a spurious "context deadline exceeded" in go1.26)
 	@found=0; \

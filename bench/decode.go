@@ -25,7 +25,7 @@ type DecodeResult struct {
 	PrefillTokens       int     `json:"prefill_tokens"`
 	PrefillTokensPerSec float64 `json:"prefill_tokens_per_s"`
 	// Llama2CTokensPerSec is the published range for llama2.c's run.c on this machine kind
-	// (perf-baselines.md), the baseline for DecodeTokensPerSec when none is measured.
+	// (docs/perf.md), the baseline for DecodeTokensPerSec when none is measured.
 	Llama2CTokensPerSec [2]float64 `json:"llama2c_tokens_per_s"`
 	// Runs and Llama2CRuns are every repeat's decode rate, Rollout's and (with a llama2.c
 	// binary) llama2.c's, measured alternately in this run; DecodeTokensPerSec and
@@ -61,7 +61,7 @@ func Median(v []float64) float64 {
 }
 
 // Llama2C holds llama2.c run.c's batch-1 greedy decode rates on this machine kind
-// (-Ofast -march=native -fopenmp, 2 threads; ../shared/reference/perf-baselines.md).
+// (-Ofast -march=native -fopenmp, 2 threads; docs/perf.md).
 var llama2c = map[string][2]float64{"stories15m": {690, 800}, "stories110m": {47, 55}}
 
 // Decode measures batch-1 greedy decode of tokens tokens from BOS on a random preset, and a

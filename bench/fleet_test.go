@@ -42,3 +42,29 @@ func TestRedisFloor(t *testing.T) {
 		t.Logf("floor n=%d: %+v", n, l)
 	}
 }
+
+// The fleet figures are checked for shape on tiny fleets; `rollout bench fleet` measures.
+func TestFleetFigures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts fleets")
+	}
+	ctx := context.Background()
+	c, err := ControlRoundTrip(ctx, "mem", nil, 2, 10)
+	require.NoError(t, err)
+	assert.Equal(t, 10, c.SDK.N)
+	assert.Equal(t, 10, c.Floor.N)
+	assert.Positive(t, c.Ratio)
+
+	b, err := UpdateBubble(ctx, "tiny", 1, 1, t.TempDir())
+	require.NoError(t, err)
+	require.Len(t, b.BubblesMs, 1)
+	assert.Positive(t, b.StageP50Ms)
+	assert.Positive(t, b.CheckpointBytes)
+
+	g, err := GenerateVsDirect(ctx, "tiny", 4, 8, 8, 1)
+	require.NoError(t, err)
+	assert.Zero(t, g.SDKErrors+g.DirectErrors)
+	assert.Positive(t, g.SDKTokS)
+	assert.Positive(t, g.DirectTokS)
+	t.Logf("control %+v\nbubble %+v\ngenerate %+v", c, b, g)
+}

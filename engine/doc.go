@@ -19,8 +19,8 @@
 // nothing the step was to compute is cached or offloaded; the connector fails the step's
 // stores. A connector load that fails its checks makes its request recompute. Before a sleep
 // releases the KV pool every request gives its blocks up and later recomputes; releasing with
-// a block owned is counted in Metrics().InvariantViolations. Requests that arrive while the engine is paused or asleep are queued
-// up to Config.MaxQueued, then refused with ErrQueueFull.
+// a block owned is counted in Metrics().InvariantViolations. Requests wait to be scheduled (running, paused or asleep) up to
+// Config.MaxQueued; beyond that Add refuses them with ErrQueueFull.
 //
 // Usage:
 //

@@ -52,7 +52,9 @@ type Config struct {
 	// (default 2048).
 	MaxNumSeqs       int
 	MaxBatchedTokens int
-	// MaxQueued bounds the requests waiting while the engine is paused or asleep (default 4096).
+	// MaxQueued bounds the requests waiting to be scheduled, in every state (default 4096):
+	// a running engine that is behind must refuse work too, or one burst of requests grows
+	// the queue without bound.
 	MaxQueued int
 	// Workers is the number of kernel workers (default GOMAXPROCS).
 	Workers int
@@ -498,8 +500,8 @@ func (e *Engine) admit(m *addMsg) error {
 	if _, dup := e.reqs[m.req.ID]; dup {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, m.req.ID)
 	}
-	if (e.paused != "" || e.sleepLevel > 0) && e.sched.NumWaiting() >= e.cfg.MaxQueued {
-		return fmt.Errorf("%w: %d requests already wait while the engine is paused or asleep", ErrQueueFull, e.cfg.MaxQueued)
+	if e.sched.NumWaiting() >= e.cfg.MaxQueued {
+		return fmt.Errorf("%w: %d requests already wait to be scheduled", ErrQueueFull, e.cfg.MaxQueued)
 	}
 	p := m.req.Sampling
 	e.seedCounter++

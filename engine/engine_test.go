@@ -822,10 +822,16 @@ func TestResumeDuringPauseWaitDrain(t *testing.T) {
 	waitQueued(t, e, 1)
 	go func() { defer wg.Done(); assert.NoError(t, e.Resume(ctx)) }()
 	waitQueued(t, e, 2)
-	go func() { b, err = e.Add(ctx, Request{ID: "b", PromptTokenIDs: pb, Sampling: greedy(3)}) }()
+	added := make(chan *Stream, 1)
+	go func() {
+		s, err := e.Add(ctx, Request{ID: "b", PromptTokenIDs: pb, Sampling: greedy(3)})
+		assert.NoError(t, err)
+		added <- s
+	}()
 	waitQueued(t, e, 3)
 	release()
 	wg.Wait()
+	b = <-added
 	paused, err := e.IsPaused(ctx)
 	require.NoError(t, err)
 	assert.False(t, paused)
@@ -838,4 +844,21 @@ func TestResumeDuringPauseWaitDrain(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, referenceGreedy(t, w, pb, 3), resB.TokenIDs())
 	assert.False(t, resB.Timings.FirstToken.Before(resA.Timings.Finish), "b started after a finished")
+}
+
+// TestQueueCappedWhileRunning: the waiting queue is capped while the engine runs too, not
+// only while it is paused or asleep. One sequence runs (MaxNumSeqs 1) for the whole test: it
+// needs about 2000 steps, and the adds below are channel round trips.
+func TestQueueCappedWhileRunning(t *testing.T) {
+	e, w := testEngine(t, func(c *Config) { c.MaxNumSeqs, c.MaxQueued = 1, 1 })
+	ctx := ctxT(t)
+	long, err := e.Add(ctx, Request{ID: "long", PromptTokenIDs: prompt(4, 1), Sampling: greedy(w.Config.MaxPositionEmbeddings - 8)})
+	require.NoError(t, err)
+	_, err = long.Recv(ctx) // it runs: the waiting queue is empty again
+	require.NoError(t, err)
+	_, err = e.Add(ctx, Request{ID: "waits", PromptTokenIDs: prompt(4, 2), Sampling: greedy(1)})
+	require.NoError(t, err)
+	_, err = e.Add(ctx, Request{ID: "refused", PromptTokenIDs: prompt(4, 3), Sampling: greedy(1)})
+	require.ErrorIs(t, err, ErrQueueFull)
+	e.Abort("long", "waits")
 }

@@ -33,6 +33,10 @@ type Config struct {
 	// rate, so copies stay in flight: for tests and benchmarks only.
 	Delay                time.Duration
 	BandwidthBytesPerSec float64
+	// TransferGate, if set, is called on a transfer's goroutine before it copies anything and
+	// may block: tests hold transfers in flight with it deterministically, where a Delay only
+	// makes that likely.
+	TransferGate func(t *Transfer)
 	// BlockBytes is the size of one pool block in bytes (all layers, K and V). Optional: when
 	// set, New checks CPUBytes against it; otherwise the check happens at BindKVStorage.
 	BlockBytes int64

@@ -1,6 +1,6 @@
 // Package offload is the KV offloading connector: it copies KV blocks from the engine's pool to
 // CPU slots and loads them back for prefix hits the pool no longer holds (vLLM's
-// OffloadingConnector, reference/vllm-semantics.md §4), with the reset bug fixed and with
+// v1 OffloadingConnector; docs/reset.md explains the bug), with the reset bug fixed and with
 // memory-safety checks that stay on in production.
 //
 // The scheduler side (Connector.Scheduler) is a deterministic state machine called from the
@@ -26,7 +26,9 @@
 // each copy; stored chunks get a CRC-32C that loads verify. A mismatch on anything a transfer
 // writes (a load's destination blocks, a store's destination slot), on a slot a load reads, or on
 // a checksum is a violation: counted in safety_violations_total, logged with the job id, and
-// fatal to tests. A store whose source block was freed before or during the copy (its request was
+// fatal to tests; a load that fails a check is also reported to the scheduler as failed (its
+// request frees the blocks and recomputes) and its keys leave the CPU tier. A store whose source
+// block was freed before or during the copy (its request was
 // preempted) is not a violation, because nothing it wrote is ever used: its result is discarded
 // (offload_stores_discarded_total) and the key never becomes readable.
 //

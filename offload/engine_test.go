@@ -53,9 +53,19 @@ type engineSetup struct {
 
 func startEngine(t *testing.T, delay time.Duration, hooks engine.Hooks) *engineSetup {
 	t.Helper()
+	return startEngineGated(t, delay, nil, hooks)
+}
+
+// startEngineGated is startEngine with a transfer gate (nil: none) holding copies in flight.
+func startEngineGated(t *testing.T, delay time.Duration, xg *xferGate, hooks engine.Hooks) *engineSetup {
+	t.Helper()
 	w, err := model.Preset("tiny", 1)
 	require.NoError(t, err)
-	conn, err := offload.New(offload.Config{CPUBytes: 8 << 20, BlockSize: 16, Delay: delay})
+	cfg := offload.Config{CPUBytes: 8 << 20, BlockSize: 16, Delay: delay}
+	if xg != nil {
+		cfg.TransferGate = xg.wait
+	}
+	conn, err := offload.New(cfg)
 	require.NoError(t, err)
 	e, err := engine.New(engine.Config{Weights: w, WeightVersion: 1, NumBlocks: 160, Workers: 2,
 		Connector: conn.Scheduler(), ConnectorWorker: conn.Worker(), Hooks: hooks})
@@ -67,6 +77,9 @@ func startEngine(t *testing.T, delay time.Duration, hooks engine.Hooks) *engineS
 	var once sync.Once
 	s.stop = func() { once.Do(func() { cancel(); require.NoError(t, <-done) }) }
 	t.Cleanup(s.stop)
+	if xg != nil {
+		t.Cleanup(xg.release) // before the stop (last in, first out), which waits for copies
+	}
 	return s
 }
 
@@ -113,7 +126,8 @@ func waitIdle(t *testing.T, c *offload.Connector) {
 func TestEngineDoubleResetWhileFinalStoreInFlight(t *testing.T) {
 	g := newGate()
 	var finished atomic.Bool
-	s := startEngine(t, 150*time.Millisecond, engine.Hooks{
+	xg := &xferGate{ch: make(chan struct{})} // every copy stays in flight until released
+	s := startEngineGated(t, 0, xg, engine.Hooks{
 		OnStep:   g.onStep,
 		OnFinish: func(string, engine.FinishReason, int, int, engine.Timings) { finished.Store(true) },
 	})
@@ -138,6 +152,7 @@ func TestEngineDoubleResetWhileFinalStoreInFlight(t *testing.T) {
 		}()
 		waitQueuedCalls(t, s.e, i+1) // both calls queued behind the parked loop
 	}
+	xg.release() // the flush that the resets queue waits on the store: let it copy
 	close(g.release)
 	r1, r2 := <-results, <-results
 	// The finished request's blocks are held until its store lands, so neither reset may

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,6 +44,7 @@ type harness struct {
 	eosAt map[string]int
 	// checked counts fresh requests whose cached prefix (engine hit or load) was verified.
 	checked int
+	gate    *xferGate
 }
 
 type harnessCfg struct {
@@ -55,6 +57,42 @@ type harnessCfg struct {
 	maxSeqs                   int
 	quiet                     bool // discard the connector's logs (tests that provoke violations)
 	recordEvents              bool
+	// hold keeps every transfer in flight until harness.release (instead of a delay).
+	hold bool
+}
+
+// xferGate holds transfers before they copy until it is opened.
+type xferGate struct {
+	mu   sync.Mutex
+	open bool
+	ch   chan struct{}
+}
+
+func (g *xferGate) wait(*offload.Transfer) {
+	g.mu.Lock()
+	ch, open := g.ch, g.open
+	g.mu.Unlock()
+	if !open {
+		<-ch
+	}
+}
+
+// hold makes transfers that start from now on wait again.
+func (g *xferGate) hold() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.open {
+		g.open, g.ch = false, make(chan struct{})
+	}
+}
+
+func (g *xferGate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.open {
+		g.open = true
+		close(g.ch)
+	}
 }
 
 func newHarness(t *testing.T, c harnessCfg) *harness {
@@ -72,6 +110,11 @@ func newHarness(t *testing.T, c harnessCfg) *harness {
 		c.maxSeqs = 16
 	}
 	h := &harness{t: t, outs: map[string][]int{}, reasons: map[string]sched.FinishReason{}, cached: map[string]int{}, eosAt: map[string]int{}}
+	var gate func(*offload.Transfer)
+	if c.hold {
+		h.gate = &xferGate{ch: make(chan struct{})}
+		gate = h.gate.wait
+	}
 	h.layout = kvcache.Layout{NumLayers: 2, NumBlocks: c.numBlocks, BlockSize: c.blockSize, KVDim: 4}
 	var err error
 	h.pool, err = kvcache.New(kvcache.Config{NumBlocks: c.numBlocks, BlockSize: c.blockSize, PrefixCaching: true})
@@ -87,7 +130,7 @@ func newHarness(t *testing.T, c harnessCfg) *harness {
 	if !c.noConnector {
 		h.conn, err = offload.New(offload.Config{
 			CPUBytes: int64(c.cpuChunks * c.bpc * h.layout.BlockBytes()), BlockSize: c.blockSize, BlocksPerChunk: c.bpc,
-			Policy: c.policy, Delay: c.delay, Logger: logger, RecordEvents: c.recordEvents,
+			Policy: c.policy, Delay: c.delay, Logger: logger, RecordEvents: c.recordEvents, TransferGate: gate,
 		})
 		require.NoError(t, err)
 		sc, h.worker = h.conn.Scheduler(), h.conn.Worker()
@@ -99,8 +142,17 @@ func newHarness(t *testing.T, c harnessCfg) *harness {
 		require.NoError(t, b.BindKVStorage(h.storage))
 	}
 	t.Cleanup(func() { _ = h.worker.WaitIdle(context.Background()) })
+	if h.gate != nil {
+		t.Cleanup(h.gate.release) // runs first: nothing may stay held
+	}
 	return h
 }
+
+// release lets the held transfers (harnessCfg.hold) copy, and all later ones until hold.
+func (h *harness) release() { h.gate.release() }
+
+// hold makes transfers submitted from now on wait for the next release.
+func (h *harness) hold() { h.gate.hold() }
 
 func (h *harness) add(id string, prompt []int, maxTokens int) {
 	h.t.Helper()

@@ -19,10 +19,10 @@ import (
 // ResetCache runs twice with no step between, and the flush must still be delivered exactly
 // once by one more step before the engine goes idle.
 func TestExactRegression(t *testing.T) {
-	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 32, delay: 40 * time.Millisecond})
+	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 32, hold: true})
 	h.add("r", seq(8, 1), 2)
 	h.step() // prefill: store job for chunks 0 and 1 is built
-	h.step() // decode: the store is submitted (in flight for 40 ms); the request finishes
+	h.step() // decode: the store is submitted (and held in flight); the request finishes
 	require.Equal(t, []int{0, 1}, h.stored("r"))
 	require.Contains(t, h.reasons, "r")
 	require.EqualValues(t, 1, h.stat("offload_jobs_inflight"), "the final store is still in flight")
@@ -42,6 +42,7 @@ func TestExactRegression(t *testing.T) {
 	require.True(t, h.sched.HasRequests(), "the engine still reports work")
 
 	before := len(h.metas)
+	h.release() // the flushing step waits on the store, so it may copy now
 	h.step()
 	meta := h.metas[before]
 	assert.Equal(t, []int64{0}, meta.FlushJobIDs, "exactly the flushed job ids, once")
@@ -59,7 +60,7 @@ func TestExactRegression(t *testing.T) {
 	assert.True(t, ok, "nothing is held any more: %s", d.Reason)
 }
 
-// Port of test_offloading_connector's core flow (§7.2 13): stores per complete chunk, a load
+// Port of test_offloading_connector's core flow: stores per complete chunk, a load
 // after the engine's prefix cache was reset, and the outputs of the same run without the
 // connector.
 func TestStorePerChunkThenLoadAfterGPUReset(t *testing.T) {
@@ -83,7 +84,7 @@ func TestStorePerChunkThenLoadAfterGPUReset(t *testing.T) {
 	assert.Empty(t, h.loaded("a"))
 }
 
-// §7.2 5, with the §9 decision: the block completed by the final sampled token (EOS) holds no
+// vLLM's final-block case, with Rollout's decision: the block completed by the final sampled token (EOS) holds no
 // computed KV for it, so it is not stored; a block whose tokens were all computed is.
 func TestLastBlockOffloadedAtFinish(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 16})
@@ -97,7 +98,7 @@ func TestLastBlockOffloadedAtFinish(t *testing.T) {
 	assert.EqualValues(t, 0, h.stat("offload_jobs_inflight"))
 }
 
-// §7.2 6: an aborted queued request has keys but no blocks, so no store job.
+// A vLLM test case: an aborted queued request has keys but no blocks, so no store job.
 func TestAbortQueuedRequestBuildsNoStore(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 16, maxSeqs: 1})
 	h.add("a", seq(16, 1), 3)
@@ -109,7 +110,7 @@ func TestAbortQueuedRequestBuildsNoStore(t *testing.T) {
 	assert.Equal(t, []int{0, 1, 2, 3}, h.stored("a"))
 }
 
-// §7.2 14: a preempted request's in-flight stores are flushed by the next step; its blocks
+// A vLLM test case: a preempted request's in-flight stores are flushed by the next step; its blocks
 // were freed, so the stores are discarded rather than committed, and nothing is a violation.
 func TestRequestPreemptionFlushesItsStores(t *testing.T) {
 	run := func(noConn bool) *harness {
@@ -142,15 +143,22 @@ func TestRequestPreemptionFlushesItsStores(t *testing.T) {
 	assert.Zero(t, h.conn.Violations())
 }
 
-// §7.2 17: two requests with the same CPU-resident prefix: one load; the other defers and then
+// A vLLM test case: two requests with the same CPU-resident prefix: one load; the other defers and then
 // hits the engine's prefix cache.
 func TestConcurrentLookupsOfTheSamePrefix(t *testing.T) {
-	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, delay: 20 * time.Millisecond})
+	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, hold: true})
 	h.add("a", seq(13, 1), 1)
+	h.step() // a's store is held
+	h.release()
 	h.runIdle()
+	h.hold() // b's load stays in flight
 	h.gpuReset()
 	h.add("b", append(seq(12, 1), 7, 8), 2)
 	h.add("c", append(seq(12, 1), 9, 10), 2)
+	h.step() // b's load is submitted; c defers
+	h.step() // still in flight: c defers again
+	require.Equal(t, []int{0}, h.loaded("b"))
+	h.release()
 	h.runIdle()
 	assert.Equal(t, []int{0}, h.loaded("b"))
 	assert.Empty(t, h.loaded("c"), "no second load of keys being loaded")
@@ -158,30 +166,40 @@ func TestConcurrentLookupsOfTheSamePrefix(t *testing.T) {
 	assert.Equal(t, 12, h.cached["c"], "c hit the engine's prefix cache once b's load landed")
 }
 
-// §7.2 18: a request aborted during its load keeps its blocks until the load completed.
+// A vLLM test case: a request aborted during its load keeps its blocks until the load completed.
 func TestAbortLoadingRequest(t *testing.T) {
-	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, delay: 30 * time.Millisecond})
+	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, hold: true})
 	h.add("a", seq(13, 1), 1)
+	h.step()
+	h.release()
 	h.runIdle()
+	h.hold()
 	h.gpuReset()
 	h.add("b", seq(14, 1), 2)
-	h.step() // b's load is submitted
+	h.step() // b's load is submitted, and held
 	require.Equal(t, []int{0}, h.loaded("b"))
 	h.sched.Abort("b")
 	_, held := h.sched.Get("b")
 	assert.True(t, held, "blocks held while the load writes them")
+	h.step()
+	_, held = h.sched.Get("b")
+	assert.True(t, held, "still held: the load has not landed")
+	h.release()
 	h.runIdle()
 	_, held = h.sched.Get("b")
 	assert.False(t, held)
 	assert.Zero(t, h.pool.NumBlocks()-1-h.pool.NumFreeBlocks())
 }
 
-// §7.2 29: reset with a load in flight: the load joins the flush set, every tracking structure
+// A vLLM test case: reset with a load in flight: the load joins the flush set, every tracking structure
 // empties, the stale threshold ignores its completion.
 func TestResetCacheWithLoadInFlight(t *testing.T) {
-	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, delay: 30 * time.Millisecond})
+	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3, hold: true})
 	h.add("a", seq(13, 1), 1)
+	h.step()
+	h.release()
 	h.runIdle()
+	h.hold()
 	h.gpuReset()
 	h.add("b", seq(14, 1), 2)
 	h.step()
@@ -192,6 +210,7 @@ func TestResetCacheWithLoadInFlight(t *testing.T) {
 	assert.EqualValues(t, 1, h.stat("offload_flush_pending"))
 	assert.EqualValues(t, 0, h.stat("offload_jobs_inflight"))
 	i := len(h.metas)
+	h.release() // the flushing step waits on the load
 	h.runIdle()
 	assert.Len(t, h.metas[i].FlushJobIDs, 1)
 	assert.Equal(t, []int64{h.metas[i-1].Payload.(*offload.Payload).Loads[0].ID}, h.metas[i].FlushJobIDs)
@@ -201,7 +220,7 @@ func TestResetCacheWithLoadInFlight(t *testing.T) {
 	assert.EqualValues(t, 1, h.stat("offload_cpu_slots_used"))
 }
 
-// §7.2 25: complete_store is per job with only that job's keys.
+// A vLLM test case: complete_store is per job with only that job's keys.
 func TestOneStoreJobPerNewlyCompleteChunkRun(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 64, bpc: 3})
 	h.add("a", seq(12, 1), 13)
@@ -221,7 +240,7 @@ func TestOneStoreJobPerNewlyCompleteChunkRun(t *testing.T) {
 	assert.Equal(t, [][]int{{0}, {1}}, jobs)
 }
 
-// §7.2 4: a store that does not fit the CPU tier is counted and retried, never advanced.
+// A vLLM test case: a store that does not fit the CPU tier is counted and retried, never advanced.
 func TestAllocationFailureIsCountedAndRetried(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 32, cpuChunks: 1, delay: 20 * time.Millisecond})
 	h.add("a", seq(4, 1), 3)
@@ -232,7 +251,7 @@ func TestAllocationFailureIsCountedAndRetried(t *testing.T) {
 	assert.Len(t, h.outs["b"], 3)
 }
 
-// §7.3 handle_preemptions: a store of this very step listed in the flush set is submitted and
+// vLLM's handle_preemptions: a store of this very step listed in the flush set is submitted and
 // waited on before the step proceeds.
 func TestHandlePreemptionsSubmitsAndWaitsOnFlushedStoreOfThisStep(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 8, delay: 10 * time.Millisecond})
@@ -342,7 +361,7 @@ func (r *fakeReq) NumComputedTokens() int           { return 0 }
 func (r *fakeReq) BlockHashes() []kvcache.BlockHash { return r.hashes }
 func (r *fakeReq) Aborted() bool                    { return false }
 
-// §7.2 31: a request with a tracked transfer defers its lookup instead of issuing a load.
+// A vLLM test case: a request with a tracked transfer defers its lookup instead of issuing a load.
 func TestPendingTransferDefersPrefixLookup(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 16})
 	s := h.conn.Scheduler()
@@ -371,7 +390,7 @@ func TestPendingTransferDefersPrefixLookup(t *testing.T) {
 	h.pool.Free("x")
 }
 
-// §7.2 13 (tail): with less than one chunk beyond the engine's own prefix hit the CPU tier is
+// vLLM's case, continued: with less than one chunk beyond the engine's own prefix hit the CPU tier is
 // not even looked up; otherwise it is, once per chunk until the first miss.
 func TestNoLookupWithLessThanOneChunkBeyondLocalHit(t *testing.T) {
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 100, bpc: 3})

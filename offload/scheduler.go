@@ -241,7 +241,7 @@ func (s *schedSide) BuildConnectorMeta(step kvconnector.StepInfo) kvconnector.Me
 			continue
 		}
 		// Only KV actually computed is stored: the token sampled last (EOS) was never run
-		// through the model, so the block it completes holds no valid KV for it (§9).
+		// through the model, so the block it completes holds no valid KV for it.
 		if t := s.buildStore(st, st.req.NumComputedTokens()); t != nil {
 			stores = append(stores, t)
 		}

@@ -338,6 +338,9 @@ func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) 
 		w.c.violation(x.t.ID, "transfer submitted without bound KV storage")
 		ok = false
 	default:
+		if g := w.c.cfg.TransferGate; g != nil {
+			g(x.t)
+		}
 		w.throttle(x.t, storage.BlockFloats())
 		for i := range x.t.Chunks {
 			var cok bool

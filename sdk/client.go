@@ -27,6 +27,7 @@ const (
 	DefaultRefreshInterval = 500 * time.Millisecond
 	DefaultCommandTimeout  = 30 * time.Second
 	DefaultRouteTimeout    = 60 * time.Second
+	DefaultHeartbeatTTL    = 5 * time.Second
 )
 
 // tracerName names the SDK's tracer.
@@ -62,6 +63,10 @@ type Options struct {
 	// RouteTimeout bounds how long Generate waits for a server in rotation (during an
 	// update every server may be out of rotation for a moment; default 60s).
 	RouteTimeout time.Duration
+	// HeartbeatTTL is how long after its last heartbeat a server whose heartbeat key is
+	// missing still counts as live (default 5s, the agents' TTL): keys lost early, as when
+	// Redis restarts empty, do not take serving servers out of routing.
+	HeartbeatTTL time.Duration
 }
 
 // Client drives one fleet. It is safe for concurrent use; Close it when done.
@@ -86,6 +91,7 @@ type Client struct {
 	refreshed chan struct{}          // closed and replaced after every refresh
 	kick      chan struct{}          // asks the refresher for an early refresh
 	aborts    abortLog               // aborts the caller asked for (Generate does not continue them)
+	garbage   chan string            // ack lists read, for the janitor to delete
 }
 
 // serverView is the client's routing knowledge of one server.
@@ -94,7 +100,9 @@ type serverView struct {
 	live     bool      // hb's key had not expired at the last refresh
 	seen     time.Time // when the client read hb
 	inflight int       // sequences this client has in flight on the server
-	suspect  time.Time // a request to it failed at this time; cleared by a newer heartbeat
+	// committing is the version of this client's commit in flight to the server (0: none).
+	committing int64
+	suspect    time.Time // a request to it failed at this time; cleared by a newer heartbeat
 	// ack is what an ack newer than hb said about the server (nil: nothing newer): the agent
 	// heartbeats on its own schedule, so after a commit or a pause the ack is the fresher
 	// word until the next heartbeat.
@@ -140,7 +148,7 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 	c := &Client{opts: o, names: protocol.Names{Fleet: o.Fleet}, log: o.Logger,
 		tracer: o.TracerProvider.Tracer(tracerName), prop: o.Propagator, http: o.HTTPClient,
 		stop: make(chan struct{}), view: map[string]*serverView{}, refreshed: make(chan struct{}),
-		kick: make(chan struct{}, 1)}
+		kick: make(chan struct{}, 1), garbage: make(chan string, 1024)}
 	switch {
 	case o.Bus != nil:
 		c.bus = o.Bus
@@ -168,8 +176,9 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 		c.closeBus()
 		return nil, err
 	}
-	c.wg.Add(1)
+	c.wg.Add(2)
 	go c.refresher()
+	go c.janitor()
 	return c, nil
 }
 
@@ -197,6 +206,9 @@ func (o *Options) defaults() {
 	}
 	if o.RouteTimeout <= 0 {
 		o.RouteTimeout = DefaultRouteTimeout
+	}
+	if o.HeartbeatTTL <= 0 {
+		o.HeartbeatTTL = DefaultHeartbeatTTL
 	}
 }
 
@@ -335,6 +347,13 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 			return nil, err
 		}
 		next := protocol.DesiredState{V: protocol.Version, Fleet: c.opts.Fleet, Signed: len(c.opts.Secret) > 0}
+		if cur == nil {
+			// The key is gone but this client saw it (Redis restarted empty): rebuild from
+			// what it last read, so the epoch keeps growing past what the servers have seen.
+			c.mu.Lock()
+			cur = c.desired
+			c.mu.Unlock()
+		}
 		if cur != nil {
 			next = *cur
 			if cur.Weights != nil {
@@ -416,8 +435,12 @@ func (c *Client) refresh(ctx context.Context, strict bool) error {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+
+	// A server whose key is missing stays live until its last heartbeat is HeartbeatTTL old,
+	// as its key would have expired: a key lost early (Redis restarted empty) does not take a
+	// serving server out of routing before it heartbeats again.
 	for id, v := range c.view {
-		if _, ok := hbs[id]; !ok && v.inflight == 0 {
+		if _, ok := hbs[id]; !ok && now.Sub(time.UnixMilli(v.hb.At)) >= c.opts.HeartbeatTTL && v.inflight == 0 {
 			delete(c.view, id)
 		}
 	}
@@ -437,7 +460,7 @@ func (c *Client) refresh(ctx context.Context, strict bool) error {
 	// the in-flight count; it is not routable.
 	for id, v := range c.view {
 		if _, ok := hbs[id]; !ok {
-			v.live = false
+			v.live = now.Sub(time.UnixMilli(v.hb.At)) < c.opts.HeartbeatTTL
 		}
 	}
 	close(c.refreshed)
@@ -475,7 +498,10 @@ func (c *Client) refresher() {
 			}
 		}
 		last = time.Now()
-		if err := c.refresh(ctx, false); err != nil && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := c.refresh(rctx, false)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			c.log.Warn("sdk: refreshing fleet view", "fleet", c.opts.Fleet, "err", err)
 		}
 	}
@@ -592,4 +618,55 @@ func (c *Client) noteAck(a *protocol.Ack) {
 	// Wake Generate calls waiting for a server to come back.
 	close(c.refreshed)
 	c.refreshed = make(chan struct{})
+}
+
+// cachedIDs returns the ids of the servers live at the last refresh, sorted.
+func (c *Client) cachedIDs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := make([]string, 0, len(c.view))
+	for id, v := range c.view {
+		if v.live {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// discard hands a read ack list to the janitor. The list expires by its TTL anyway; deleting
+// it keeps an in-process bus from holding every command's list until then.
+func (c *Client) discard(list string) {
+	select {
+	case c.garbage <- list:
+	default: // the janitor is behind: leave this one to the TTL
+	}
+}
+
+// janitor deletes read ack lists in batches, off the calls' path.
+func (c *Client) janitor() {
+	defer c.wg.Done()
+	for {
+		var batch []string
+		select {
+		case <-c.stop:
+			return
+		case l := <-c.garbage:
+			batch = append(batch, l)
+		}
+	more:
+		for len(batch) < 256 {
+			select {
+			case l := <-c.garbage:
+				batch = append(batch, l)
+			default:
+				break more
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := c.bus.Delete(ctx, batch...); err != nil && !errors.Is(err, bus.ErrClosed) {
+			c.log.Debug("sdk: deleting ack lists", "n", len(batch), "err", err)
+		}
+		cancel()
+	}
 }

@@ -234,3 +234,19 @@ func TestClosedClient(t *testing.T) {
 	_, err = c.UpdateWeights(t.Context(), WeightsRef{Version: 1, URI: "file:///x"}, Plan{})
 	require.True(t, errors.Is(err, ErrClosed))
 }
+
+func TestLostHeartbeatKeysKeepServersLive(t *testing.T) {
+	b := bus.NewMem(bus.MemOptions{})
+	defer b.Close()
+	startFake(t, b, "f", secret, "a", 0)
+	c, err := Dial(t.Context(), Options{Bus: b, Fleet: "f", Secret: secret})
+	require.NoError(t, err)
+	defer c.Close()
+	// Redis restarted empty: the heartbeat was written moments ago, so the server still
+	// counts as live until it would have expired.
+	require.NoError(t, b.Delete(t.Context(), protocol.Names{Fleet: "f"}.Heartbeat("a")))
+	st, err := c.Status(t.Context())
+	require.NoError(t, err)
+	require.Len(t, st, 1)
+	assert.Equal(t, "a", st[0].ID)
+}

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -118,6 +119,22 @@ type ServerResult struct {
 // OK reports whether the command succeeded on the server.
 func (r ServerResult) OK() bool { return r.Err == nil }
 
+// MarshalJSON adds "error" (Err's message) to the JSON form, for `--json` output.
+func (r ServerResult) MarshalJSON() ([]byte, error) {
+	type plain ServerResult
+	return json.Marshal(struct {
+		plain
+		Error string `json:"error,omitempty"`
+	}{plain(r), errText(r.Err)})
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
 // Pause stops scheduling on the targets (the whole fleet by default, which also records the
 // pause in the desired state so that a server that missed the command pauses when it
 // converges).
@@ -219,7 +236,7 @@ func (c *Client) control(ctx context.Context, op string, cmd any, cfg callConfig
 	if timeout < 0 {
 		return invalid("timeout %s must be > 0", timeout)
 	}
-	targets, err := c.resolveTargets(ctx, cfg.targets)
+	targets, err := c.resolveTargets(ctx, cfg.targets, false)
 	if err != nil {
 		return err
 	}
@@ -245,11 +262,23 @@ func fleetErr(op string, kind error, results []ServerResult) error {
 }
 
 // resolveTargets checks explicit targets against the live servers, or returns every live
-// server.
-func (c *Client) resolveTargets(ctx context.Context, want []string) ([]string, error) {
-	live, err := c.liveIDs(ctx)
-	if err != nil {
-		return nil, err
+// server. With fresh it rereads the heartbeats; otherwise it uses the routing cache (at most
+// RefreshInterval old, well inside a heartbeat's TTL), which keeps a control call to one
+// publish and the ack reads.
+func (c *Client) resolveTargets(ctx context.Context, want []string, fresh bool) ([]string, error) {
+	var live []string
+	if fresh {
+		var err error
+		if live, err = c.liveIDs(ctx); err != nil {
+			return nil, err
+		}
+	} else if live = c.cachedIDs(); len(live) == 0 {
+		// An empty view may only be out of date (servers heartbeating again after a Redis
+		// restart): look before refusing.
+		var err error
+		if live, err = c.liveIDs(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if len(want) == 0 {
 		if len(live) == 0 {
@@ -290,6 +319,9 @@ type sent struct {
 	targets  []string
 	start    time.Time
 	deadline time.Time
+	// listeners is how many subscribers the bus delivered the command to; with none, no
+	// ack can come.
+	listeners int
 }
 
 // publish signs and publishes cmd to targets.
@@ -320,7 +352,7 @@ func (c *Client) publish(ctx context.Context, targets []string, cmd any, timeout
 		return nil, fmt.Errorf("sdk: publish %s: %w", env.Kind, err)
 	}
 	span.SetAttributes(attribute.Int("rollout.subscribers", n))
-	return &sent{env: env, targets: targets, start: now, deadline: time.UnixMilli(env.Deadline)}, nil
+	return &sent{env: env, targets: targets, start: now, deadline: time.UnixMilli(env.Deadline), listeners: n}, nil
 }
 
 // collect reads acks of s until every target acked, the deadline passes or onAck returns
@@ -328,12 +360,7 @@ func (c *Client) publish(ctx context.Context, targets []string, cmd any, timeout
 // order of s.targets. A context error ends the wait and is returned with the results so far.
 func (c *Client) collect(ctx context.Context, s *sent, onAck func(ServerResult) bool) ([]ServerResult, error) {
 	list := c.names.Acks(s.env.ID)
-	defer func() {
-		// The acks are read; late ones expire with the list's TTL. Best effort.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		_ = c.bus.Delete(dctx, list)
-		cancel()
-	}()
+	defer c.discard(list)
 	want := make(map[string]bool, len(s.targets))
 	for _, id := range s.targets {
 		want[id] = true
@@ -341,7 +368,7 @@ func (c *Client) collect(ctx context.Context, s *sent, onAck func(ServerResult) 
 	got := make(map[string]ServerResult, len(s.targets))
 	var ctxErr error
 	stopped := false
-	for len(got) < len(s.targets) && !stopped {
+	for len(got) < len(s.targets) && !stopped && s.listeners > 0 {
 		wait := time.Until(s.deadline)
 		if wait <= 0 {
 			break
@@ -387,8 +414,11 @@ func (c *Client) collect(ctx context.Context, s *sent, onAck func(ServerResult) 
 		r, ok := got[id]
 		if !ok {
 			cause := fmt.Errorf("%w: no ack for %s within %s", ErrTimeout, s.env.Kind, s.deadline.Sub(s.start).Round(time.Millisecond))
-			if ctxErr != nil {
+			switch {
+			case ctxErr != nil:
 				cause = fmt.Errorf("no ack for %s: %w", s.env.Kind, ctxErr)
+			case s.listeners == 0:
+				cause = fmt.Errorf("%w: nobody is subscribed to the control channel of fleet %q", ErrNoServers, c.opts.Fleet)
 			}
 			r = ServerResult{ServerID: id, Err: cause, Latency: time.Since(s.start)}
 		}

@@ -205,7 +205,8 @@ func newMemFleet(t *testing.T, secret []byte, n int, version int64) (*bus.Mem, [
 	for i := range n {
 		agents = append(agents, startFake(t, b, "f", secret, string(rune('a'+i)), version))
 	}
-	c, err := Dial(t.Context(), Options{Bus: b, Fleet: "f", Secret: secret, CommandTimeout: 10 * time.Second})
+	// HeartbeatTTL 1ns: a deleted heartbeat key means a gone server at once.
+	c, err := Dial(t.Context(), Options{Bus: b, Fleet: "f", Secret: secret, CommandTimeout: 10 * time.Second, HeartbeatTTL: time.Nanosecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	return b, agents, c

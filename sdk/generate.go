@@ -145,6 +145,15 @@ type GenerateResult struct {
 	// a server failed.
 	Continuations int `json:"continuations"`
 	Retries       int `json:"retries"`
+	// Failures are the server failures the call moved away from, in order.
+	Failures []ServerFailure `json:"failures,omitempty"`
+}
+
+// ServerFailure is one request of a Generate call that failed on a server before the call
+// moved on.
+type ServerFailure struct {
+	ServerID string `json:"server_id"`
+	Error    string `json:"error"`
 }
 
 // Generate generates req.N samples of the prompt on the fleet. It routes to an in-rotation,
@@ -174,7 +183,6 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (res *Genera
 		return nil, fmt.Errorf("sdk: server %s returned %d outputs for n=%d", server, len(out.Outputs), req.N)
 	}
 	var wg sync.WaitGroup
-	var mu sync.Mutex
 	var firstErr error
 	for i, o := range out.Outputs {
 		s := &res.Samples[i]
@@ -184,12 +192,12 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (res *Genera
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := g.continueSample(ctx, i, s, res, &mu); err != nil {
-					mu.Lock()
+				if err := g.continueSample(ctx, i, s, res); err != nil {
+					g.mu.Lock()
 					if firstErr == nil {
 						firstErr = err
 					}
-					mu.Unlock()
+					g.mu.Unlock()
 				}
 			}()
 		}
@@ -258,7 +266,8 @@ type genCall struct {
 	c    *Client
 	req  GenerateRequest
 	key  uint64
-	snap uint64 // the client's abort-all count when the call began
+	snap uint64     // the client's abort-all count when the call began
+	mu   sync.Mutex // guards the result's Retries and the first error, across samples' continuations
 }
 
 // needsContinuation reports whether a pause (not the caller) cut s short.
@@ -267,8 +276,12 @@ func (g *genCall) needsContinuation(s *Sample) bool {
 }
 
 // continueSample resubmits sample i (prompt + its tokens) until it finishes.
-func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *GenerateResult, mu *sync.Mutex) error {
+func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *GenerateResult) error {
+	stuck := 0 // continuations in a row that returned no token
 	for g.needsContinuation(s) {
+		if stuck > maxRetries {
+			return fmt.Errorf("%w: sample %d of %s was aborted %d times in a row without a new token", ErrFailed, i, g.req.RequestID, stuck)
+		}
 		s.Continuations++
 		prompt := make([]int, 0, len(g.req.PromptTokenIDs)+len(s.Tokens))
 		prompt = append(prompt, g.req.PromptTokenIDs...)
@@ -282,12 +295,17 @@ func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *Gen
 			p.Seed = &sd
 		}
 		id := g.req.RequestID + "-s" + strconv.Itoa(i) + "-c" + strconv.Itoa(s.Continuations)
-		out, server, err := g.segment(ctx, id, prompt, 1, p, res, mu)
+		out, server, err := g.segment(ctx, id, prompt, 1, p, res)
 		if err != nil {
 			return err
 		}
 		if len(out.Outputs) != 1 {
 			return fmt.Errorf("sdk: server %s returned %d outputs for a continuation", server, len(out.Outputs))
+		}
+		if o := out.Outputs[0]; len(o.TokenIDs) == 0 && o.FinishReason == "abort" {
+			stuck++
+		} else {
+			stuck = 0
 		}
 		appendOutput(s, out.Outputs[0], server)
 	}
@@ -363,7 +381,7 @@ type wireError struct {
 }
 
 // segment sends one /generate request, moving to another server when one fails.
-func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p SamplingParams, res *GenerateResult, mu ...*sync.Mutex) (*wireResponse, string, error) {
+func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p SamplingParams, res *GenerateResult) (*wireResponse, string, error) {
 	body, err := json.Marshal(wireRequest{PromptTokenIDs: prompt, N: n, Sampling: p, RequestID: id, CacheSalt: g.req.CacheSalt, MinVersion: g.req.MinVersion})
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -399,13 +417,10 @@ func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p
 		} else {
 			g.c.suspect(cand.id)
 		}
-		if len(mu) > 0 {
-			mu[0].Lock()
-		}
+		g.mu.Lock()
 		res.Retries++
-		if len(mu) > 0 {
-			mu[0].Unlock()
-		}
+		res.Failures = append(res.Failures, ServerFailure{ServerID: cand.id, Error: err.Error()})
+		g.mu.Unlock()
 		if attempt >= maxRetries {
 			return nil, "", fmt.Errorf("sdk: generate gave up after %d attempts: %w", attempt+1, lastErr)
 		}
@@ -481,6 +496,7 @@ func (c *Client) post(ctx context.Context, base string, body []byte) (*wireRespo
 func (c *Client) pick(ctx context.Context, key uint64, minVersion int64, n int, exclude map[string]bool) (candidate, error) {
 	deadline := time.NewTimer(c.opts.RouteTimeout)
 	defer deadline.Stop()
+	reread := false
 	for {
 		c.mu.Lock()
 		cands, wait, why := c.candidates(minVersion, exclude)
@@ -494,6 +510,13 @@ func (c *Client) pick(ctx context.Context, key uint64, minVersion int64, n int, 
 			return cands[i], nil
 		}
 		c.mu.Unlock()
+		if errors.Is(why, ErrNoServers) && !reread {
+			// The view may be out of date (after a Redis restart): reread before refusing.
+			reread = true
+			if err := c.refresh(ctx, false); err == nil {
+				continue
+			}
+		}
 		if why != nil {
 			return candidate{}, why
 		}
@@ -519,6 +542,7 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 	if c.desired != nil && c.desired.Weights != nil {
 		desired = c.desired.Weights.Version
 	}
+	fleetPaused := c.desired != nil && c.desired.Paused
 	for id, v := range c.view {
 		if !v.live {
 			continue
@@ -529,8 +553,13 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 		}
 		// Below the desired version a server is stale whatever its last heartbeat said (it
 		// may predate the update this client just committed).
-		if !v.hb.InRotation || v.hb.State != protocol.StateRunning || v.hb.WeightVersion < max(minVersion, desired) ||
-			!v.suspect.IsZero() || exclude[id] || v.hb.AdvertiseURL == "" {
+		inRotation := v.hb.InRotation && servingState(v.hb.State) && v.hb.WeightVersion >= max(minVersion, desired)
+		// A server this client is committing new weights to takes requests too: its engine
+		// queues them while paused or asleep and runs them first after the resume, on the new
+		// weights. So a sample a pause aborted goes back home and waits out the cut there, and
+		// the server's bubble is the cut itself, not the cut plus the wait for a heartbeat.
+		committing := v.committing > 0 && max(v.hb.WeightVersion, v.committing) >= max(minVersion, desired) && !fleetPaused
+		if !inRotation && !committing || !v.suspect.IsZero() || exclude[id] || v.hb.AdvertiseURL == "" {
 			continue
 		}
 		cands = append(cands, candidate{id: id, url: v.hb.AdvertiseURL, load: v.hb.Running + v.hb.Waiting + v.inflight})
@@ -667,4 +696,21 @@ func (l *abortLog) record(ids []string) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// servingState: the states a server in rotation may report (updating: a commit's last step,
+// after the resume, while the agent waits for the first token).
+func servingState(s string) bool {
+	return s == protocol.StateRunning || s == protocol.StateUpdating
+}
+
+// committing marks (version > 0) or clears (0) a commit of this client in flight to ids.
+func (c *Client) committing(ids []string, version int64) {
+	c.mu.Lock()
+	for _, id := range ids {
+		if v := c.view[id]; v != nil {
+			v.committing = version
+		}
+	}
+	c.mu.Unlock()
 }

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -43,12 +44,17 @@ func (g *fakeGen) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	g.mu.Lock()
 	g.requests = append(g.requests, req)
-	status, abortAt, hook := g.status, g.abortAt, g.hook
-	g.abortAt = 0
+	hook := g.hook
 	g.mu.Unlock()
 	if hook != nil {
 		hook()
 	}
+	g.mu.Lock()
+	status, abortAt := g.status, g.abortAt
+	if abortAt > 0 {
+		g.abortAt = 0
+	}
+	g.mu.Unlock()
 	if status != 0 {
 		w.WriteHeader(status)
 		_, _ = w.Write([]byte(`{"error":{"message":"injected","type":"server_error","code":"injected"}}`))
@@ -58,7 +64,10 @@ func (g *fakeGen) serve(w http.ResponseWriter, r *http.Request) {
 	for range req.N {
 		o := wireOutput{FinishReason: "length"}
 		n := req.Sampling.MaxTokens
-		if abortAt > 0 && abortAt < n {
+		switch {
+		case abortAt < 0:
+			n, o.FinishReason = 0, "abort"
+		case abortAt > 0 && abortAt < n:
 			n, o.FinishReason = abortAt, "abort"
 		}
 		for j := range n {
@@ -134,6 +143,9 @@ func TestGenerateRetriesOnAnotherServer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{agents[other].id}, res.Servers)
 	assert.Equal(t, 1, res.Retries)
+	require.Len(t, res.Failures, 1)
+	assert.Equal(t, agents[1-other].id, res.Failures[0].ServerID)
+	assert.Contains(t, res.Failures[0].Error, "503")
 
 	// A dead server (connection refused) too.
 	gens[1-other].srv.Close()
@@ -236,4 +248,38 @@ func TestChooseBoundedLoad(t *testing.T) {
 	long2 := make([]int, 40)
 	long2[39] = 1
 	assert.Equal(t, affinityKey(long, ""), affinityKey(long2, ""))
+}
+
+func TestGenerateGivesUpOnAServerThatAlwaysAborts(t *testing.T) {
+	_, gens, c := genFleet(t, 1, 0)
+	gens[0].mu.Lock()
+	gens[0].hook = func() {
+		gens[0].mu.Lock()
+		gens[0].abortAt = -1 // every request: abort with no token
+		gens[0].mu.Unlock()
+	}
+	gens[0].mu.Unlock()
+	_, err := c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}, Sampling: SamplingParams{MaxTokens: 4}})
+	require.ErrorIs(t, err, ErrFailed)
+	assert.Contains(t, err.Error(), "without a new token")
+}
+
+func TestGenerateRoutesToACommittingServer(t *testing.T) {
+	agents, gens, c := genFleet(t, 1, 0)
+	agents[0].set(func(a *fakeAgent) { a.paused = true })
+	_, err := c.Status(t.Context())
+	require.NoError(t, err)
+	c.opts.RouteTimeout = 100 * time.Millisecond
+	_, err = c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}})
+	require.ErrorIs(t, err, ErrTimeout, "a paused server takes nothing")
+
+	// While this client commits to it, it does (its engine queues until the resume).
+	c.committing([]string{"a"}, 1)
+	res, err := c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}, MinVersion: 1})
+	require.NoError(t, err, "the committing server is routable at the version it commits")
+	assert.Equal(t, []string{"a"}, res.Servers)
+	assert.Len(t, gens[0].got(), 1)
+	c.committing([]string{"a"}, 0)
+	_, err = c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}})
+	require.ErrorIs(t, err, ErrTimeout)
 }

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -155,6 +156,15 @@ type ServerUpdate struct {
 	Err error `json:"-"`
 }
 
+// MarshalJSON adds "error" (Err's message) to the JSON form.
+func (u ServerUpdate) MarshalJSON() ([]byte, error) {
+	type plain ServerUpdate
+	return json.Marshal(struct {
+		plain
+		Error string `json:"error,omitempty"`
+	}{plain(u), errText(u.Err)})
+}
+
 // UpdateResult reports an UpdateWeights transaction.
 type UpdateResult struct {
 	Version int64   `json:"version"`
@@ -251,7 +261,7 @@ func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (
 	if err != nil {
 		return nil, err
 	}
-	targets, err := c.resolveTargets(ctx, plan.Targets)
+	targets, err := c.resolveTargets(ctx, plan.Targets, true)
 	if err != nil {
 		return nil, err
 	}
@@ -436,6 +446,8 @@ func (d *updateDriver) commit(ctx context.Context, targets []string) action {
 	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.commit", trace.WithAttributes(attribute.StringSlice("rollout.targets", targets)))
 	defer span.End()
 	cmd := protocol.Commit{Version: d.ref.Version, Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel}
+	d.c.committing(targets, d.ref.Version)
+	defer d.c.committing(targets, 0)
 	s, err := d.c.publish(ctx, targets, cmd, d.rp.commitTimeout)
 	if err != nil {
 		span.RecordError(err)
@@ -475,11 +487,7 @@ func (d *updateDriver) recordCommit(ctx context.Context, r ServerResult, publish
 	su.Commit = &rr
 	var total float64
 	for _, p := range r.Phases {
-		name := p.Name
-		if name == "commit" {
-			name = "swap" // the agent names the swap step after its command
-		}
-		su.Phases = append(su.Phases, PhaseResult{Name: name, OK: p.OK, Error: p.Error, Seconds: p.Seconds})
+		su.Phases = append(su.Phases, PhaseResult{Name: phaseName(p.Name), OK: p.OK, Error: p.Error, Seconds: p.Seconds})
 		total += p.Seconds
 	}
 	if r.Err != nil {
@@ -517,7 +525,7 @@ func (d *updateDriver) phaseSpans(ctx context.Context, r ServerResult) {
 	at := time.UnixMilli(r.Ack.At).Add(-time.Duration(total * float64(time.Second)))
 	for _, p := range r.Phases {
 		end := at.Add(time.Duration(p.Seconds * float64(time.Second)))
-		_, s := d.c.tracer.Start(ctx, "sdk.update_weights."+p.Name, trace.WithTimestamp(at),
+		_, s := d.c.tracer.Start(ctx, "sdk.update_weights."+phaseName(p.Name), trace.WithTimestamp(at),
 			trace.WithAttributes(attribute.String("rollout.server_id", r.ServerID), attribute.Bool("rollout.ok", p.OK)))
 		if p.Error != "" {
 			s.RecordError(errors.New(p.Error))
@@ -573,4 +581,13 @@ func (d *updateDriver) fleetError(kind error) error {
 		return errors.Join(fe, d.desErr)
 	}
 	return fe
+}
+
+// phaseName names a commit phase as the result reports it: the agent names the swap step
+// after its command.
+func phaseName(n string) string {
+	if n == "commit" {
+		return "swap"
+	}
+	return n
 }

@@ -181,6 +181,28 @@ func TestUpdateWeightsBadInput(t *testing.T) {
 	}
 	_, err = c.UpdateWeights(t.Context(), ref(4), Plan{})
 	require.ErrorIs(t, err, ErrNoServers)
-	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}), ErrNoServers)
 	s.nothingPublished()
+	require.NoError(t, s.sub.Close())
+	// Control calls target the servers of the last refresh: the agents are gone, so nobody
+	// hears the command.
+	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}, Targets("a")), ErrNoServers)
+	_, err = c.Status(t.Context())
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}), ErrNoServers)
+}
+
+func TestDesiredStateRebuiltAfterLoss(t *testing.T) {
+	b, _, c := newMemFleet(t, secret, 2, 0)
+	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{})
+	require.NoError(t, err)
+	// Redis restarted empty: the desired state is gone, the servers remember its epoch.
+	require.NoError(t, b.Delete(t.Context(), protocol.Names{Fleet: "f"}.Desired()))
+	require.NoError(t, c.Pause(t.Context(), PauseOptions{}))
+	d, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	require.NotNil(t, d)
+	assert.Greater(t, d.Epoch, res.Epoch, "the epoch keeps growing")
+	require.NotNil(t, d.Weights)
+	assert.Equal(t, int64(1), d.Weights.Version, "the weights the client last saw are kept")
+	assert.True(t, d.Paused)
 }

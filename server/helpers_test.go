@@ -62,6 +62,13 @@ func start(t testing.TB, mut func(*server.Config)) *testServer {
 // do sends a request and returns the status and body.
 func (ts *testServer) do(t testing.TB, method, path, token string, body any) (int, []byte) {
 	t.Helper()
+	return ts.send(t, method, path, token, body, nil)
+}
+
+// send is do with extra headers: "Host" sets the Host header, "Content-Type" (empty: none)
+// replaces application/json.
+func (ts *testServer) send(t testing.TB, method, path, token string, body any, hdr map[string]string) (int, []byte) {
+	t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -80,6 +87,16 @@ func (ts *testServer) do(t testing.TB, method, path, token string, body any) (in
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		switch {
+		case k == "Host":
+			req.Host = v
+		case v == "":
+			req.Header.Del(k)
+		default:
+			req.Header.Set(k, v)
+		}
+	}
 	resp, err := ts.client.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -101,6 +118,7 @@ func (ts *testServer) tryDo(method, path string, body any) (int, []byte, error) 
 	if err != nil {
 		return 0, nil, err
 	}
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := ts.client.Do(req)
 	if err != nil {
 		return 0, nil, err
@@ -130,6 +148,7 @@ type stateResp struct {
 	RequestsWaiting int     `json:"requests_waiting"`
 	HTTPInflight    int     `json:"http_inflight"`
 	HTTPQueued      int     `json:"http_queued"`
+	HTTPReading     int     `json:"http_reading_body"`
 	KVBlocksUsed    int     `json:"kv_blocks_used"`
 	KVReleased      bool    `json:"kv_released"`
 	Violations      float64 `json:"safety_violations"`

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -132,11 +133,23 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 	r := ts.generateAsync(t, greedyGen([]int{256, 1}, 8))
 	ts.waitState(t, "admitted", func(s stateResp) bool { return s.HTTPInflight == 1 })
 	cancel()
-	time.Sleep(50 * time.Millisecond)
-	// The listener is closed: no new connections...
-	_, err := http.Get(ts.url + "/health")
-	assert.Error(t, err)
-	// ...so resume in-process, and the held request completes normally within the grace.
+	// The listener stays open while in-flight requests finish: a new client gets a 503
+	// with Retry-After, not a refused connection.
+	require.Eventually(t, func() bool {
+		code, _, err := ts.tryDo(http.MethodGet, "/ready", nil)
+		return err == nil && code == http.StatusServiceUnavailable
+	}, 10*time.Second, 5*time.Millisecond)
+	req, err := http.NewRequest(http.MethodPost, ts.url+"/generate", strings.NewReader(`{"prompt_token_ids":[256,2]}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := ts.client.Do(req)
+	require.NoError(t, err)
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", out)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.Contains(t, string(out), "service_unavailable_error")
+	// Resume in-process, and the held request completes normally within the grace.
 	require.NoError(t, ts.Engine().Resume(t.Context()))
 	res := r.wait(t)
 	require.Len(t, res.Outputs, 1)
@@ -250,7 +263,7 @@ func TestNewErrorsLeakNothing(t *testing.T) {
 	assert.ErrorIs(t, err, server.ErrInvalidConfig)
 }
 
-// TestMetricsListedInAPIExist: a fresh server with offloading exports every metric API.md
+// TestMetricsListedInAPIExist: a fresh server with offloading exports every metric docs/metrics.md
 // lists (names copied from it), before any traffic, the control plane's at zero.
 func TestMetricsListedInAPIExist(t *testing.T) {
 	ts := start(t, func(c *server.Config) { c.OffloadCPUBytes = 64 << 20 })

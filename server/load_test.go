@@ -49,6 +49,7 @@ func TestLoadWithAdminChurn(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
+		req.Header.Set("Content-Type", "application/json")
 		return ts.client.Do(req)
 	}
 	okFinish := func(f string) bool { return f == "stop" || f == "length" || f == "abort" }

@@ -66,10 +66,33 @@ type Config struct {
 	Bus                                               bus.Bus
 	// FleetHeartbeat and FleetHeartbeatTTL pace the agent's heartbeat (0: 1s and 5s).
 	FleetHeartbeat, FleetHeartbeatTTL time.Duration
-	// AdminToken guards the admin routes (unset: loopback only); APIKey the generation routes.
+	// AdminToken guards the admin routes; APIKey the generation routes. Without an admin
+	// token the admin routes answer only direct local clients (loopback, no forwarding
+	// headers, a Host naming the listener, or the admin unix socket), and New refuses a
+	// non-loopback listener for them unless InsecureAdmin is set.
 	AdminToken, APIKey string
+	// InsecureAdmin allows tokenless admin routes on a non-loopback listener (behind a
+	// network boundary you trust).
+	InsecureAdmin bool
+	// AdminAddr puts the admin routes on a listener of their own: host:port, or unix:PATH
+	// for a unix socket (created 0600, replacing a stale socket file). AdminListener, when
+	// set, is used instead.
+	AdminAddr     string
+	AdminListener net.Listener
+	// AllowedHosts are extra Host header names tokenless admin requests may carry.
+	AllowedHosts []string
 	// WeightsRoot confines file sources of /update_weights.
 	WeightsRoot string
+	// AllowUnverifiedWeights accepts http(s) weight sources without a sha256.
+	AllowUnverifiedWeights bool
+	// WeightsAllowPrivate lets http(s) weight fetches reach loopback, private and link-local
+	// addresses. Loopback alone is allowed when the server listens on loopback only.
+	WeightsAllowPrivate bool
+	// MaxQueued bounds the engine's waiting queue (0: the engine's default).
+	MaxQueued int
+	// BodyReadTimeout and WriteTimeout bound reading a request body and each response write
+	// (0: the api package's defaults).
+	BodyReadTimeout, WriteTimeout time.Duration
 	// OTel names the trace exporter the main package installed (none, stdout or otlp), for
 	// validation and logs; the spans go to TracerProvider.
 	OTel string
@@ -96,6 +119,7 @@ type Server struct {
 	eng  *engine.Engine
 	api  *api.API
 	ln   net.Listener
+	adm  net.Listener // the admin listener, nil when admin routes share ln
 	conn *connector
 	// parts are long-lived components run beside the engine (the fleet agent plugs in here);
 	// they stop after HTTP has drained and before the engine does.
@@ -122,15 +146,94 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("server: listen %s: %w", cfg.Addr, err)
 		}
 	}
-	s, err := newServer(cfg, ln)
+	adm, err := listenAdmin(cfg)
 	if err != nil {
 		_ = ln.Close()
+		return nil, err
+	}
+	closeAll := func() {
+		_ = ln.Close()
+		if adm != nil {
+			_ = adm.Close()
+		}
+	}
+	if err := checkAdminPosture(cfg, ln, adm); err != nil {
+		closeAll()
+		return nil, err
+	}
+	s, err := newServer(cfg, ln, adm)
+	if err != nil {
+		closeAll()
 		return nil, err
 	}
 	return s, nil
 }
 
-func newServer(cfg Config, ln net.Listener) (*Server, error) {
+// listenAdmin opens the admin listener of AdminAddr (nil without one).
+func listenAdmin(cfg Config) (net.Listener, error) {
+	if cfg.AdminListener != nil {
+		return cfg.AdminListener, nil
+	}
+	if cfg.AdminAddr == "" {
+		return nil, nil
+	}
+	if path, ok := strings.CutPrefix(cfg.AdminAddr, "unix:"); ok {
+		if path == "" {
+			return nil, fmt.Errorf("%w: --admin-addr unix: needs a path", ErrInvalidConfig)
+		}
+		// A socket file left by a server that died would make Listen fail; anything else at
+		// the path is not ours to remove.
+		if st, err := os.Lstat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
+			_ = os.Remove(path)
+		}
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, fmt.Errorf("server: admin listen %s: %w", cfg.AdminAddr, err)
+		}
+		if err := os.Chmod(path, 0o600); err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("server: admin socket %s: %w", path, err)
+		}
+		return ln, nil
+	}
+	ln, err := net.Listen("tcp", cfg.AdminAddr)
+	if err != nil {
+		return nil, fmt.Errorf("server: admin listen %s: %w", cfg.AdminAddr, err)
+	}
+	return ln, nil
+}
+
+// checkAdminPosture refuses tokenless admin routes on a listener other hosts can reach.
+func checkAdminPosture(cfg Config, ln, adm net.Listener) error {
+	if cfg.AdminToken != "" || cfg.InsecureAdmin {
+		return nil
+	}
+	where, flag := ln, "--addr"
+	if adm != nil {
+		where, flag = adm, "--admin-addr"
+	}
+	if isLocal(where.Addr()) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s %s is not a loopback address and no --admin-token is set: anyone who reaches it would be an admin "+
+		"(set --admin-token or --admin-token-file, put the admin routes on a loopback or unix --admin-addr, or pass --insecure-admin)",
+		ErrInvalidConfig, flag, where.Addr())
+}
+
+// isLocal reports whether addr is a unix socket or a loopback TCP address.
+func isLocal(addr net.Addr) bool {
+	if addr.Network() == "unix" || addr.Network() == "unixpacket" {
+		return true
+	}
+	host, _, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 	m, err := load.Open(cfg.Model, cfg.Tokenizer)
 	if err != nil {
 		return nil, fmt.Errorf("server: model %s: %w", cfg.Model, err)
@@ -138,7 +241,7 @@ func newServer(cfg Config, ln net.Listener) (*Server, error) {
 	if cfg.ModelName == "" {
 		cfg.ModelName = modelName(cfg.Model)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln}
+	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, adm: adm}
 	metrics := api.NewMetrics()
 	s.conn, err = newConnector(cfg, m.Weights.Config, cfg.Logger, cfg.TracerProvider, metrics.ObserveResetToFlush)
 	if err != nil {
@@ -152,7 +255,7 @@ func newServer(cfg Config, ln net.Listener) (*Server, error) {
 	}
 	ecfg := engine.Config{Weights: m.Weights, WeightVersion: cfg.WeightVersion, BlockSize: cfg.BlockSize,
 		NumBlocks: cfg.KVBlocks, KVBytes: cfg.KVBytes, MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxBatchedTokens,
-		Workers: cfg.Workers, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
+		Workers: cfg.Workers, MaxQueued: cfg.MaxQueued, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
 	var connStats func() map[string]float64
 	if s.conn != nil {
 		ecfg.Connector, ecfg.ConnectorWorker = s.conn.scheduler, s.conn.worker
@@ -169,6 +272,10 @@ func newServer(cfg Config, ln net.Listener) (*Server, error) {
 	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config,
 		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, BOSToken: m.BOSToken, EOSToken: m.EOSToken, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
 		WeightsRoot: cfg.WeightsRoot, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue, MaxBodyBytes: cfg.MaxBodyBytes,
+		SeparateAdmin: adm != nil, AllowedHosts: cfg.AllowedHosts, AllowUnverifiedWeights: cfg.AllowUnverifiedWeights,
+		// A server bound to loopback is a local setup: its weights may come from this host.
+		WeightsFetch:    weights.FetchPolicy{AllowLoopback: cfg.WeightsAllowPrivate || isLocal(ln.Addr()), AllowPrivate: cfg.WeightsAllowPrivate},
+		BodyReadTimeout: cfg.BodyReadTimeout, WriteTimeout: cfg.WriteTimeout,
 		Metrics: metrics, ConnectorStats: connStats, Ready: ready, Version: cfg.Version, Logger: cfg.Logger, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		s.closeEngine()
@@ -338,7 +445,18 @@ func (s *Server) API() *api.API { return s.api }
 // Close releases a server that was never run: its listener and its engine's workers.
 func (s *Server) Close() error {
 	s.closeEngine()
+	if s.adm != nil {
+		_ = s.adm.Close()
+	}
 	return s.ln.Close()
+}
+
+// AdminAddr is the admin listener's address ("" when the admin routes share Addr).
+func (s *Server) AdminAddr() string {
+	if s.adm == nil {
+		return ""
+	}
+	return s.adm.Addr().String()
 }
 
 // closeEngine releases an engine that was never run (or stops one that is).
@@ -396,6 +514,20 @@ func (s *Server) Run(ctx context.Context) error {
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- srv.Serve(s.ln) }()
+	if s.adm != nil {
+		// The admin listener lives as long as the server; its requests are short.
+		admSrv := &http.Server{Handler: s.api.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+		admDone := make(chan error, 1)
+		go func() { admDone <- admSrv.Serve(s.adm) }()
+		defer func() {
+			_ = admSrv.Close()
+			if err := <-admDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("server: admin listener stopped with an error", "err", err)
+			}
+		}()
+		s.log.Info("server: admin routes on their own listener", "admin_addr", s.adm.Addr().String())
+	}
 	s.log.Info("server: listening", "addr", s.Addr(), "model", s.cfg.ModelName, "weight_version", s.eng.Version(),
 		"offload", s.conn != nil, "admin_token", s.cfg.AdminToken != "", "api_key", s.cfg.APIKey != "")
 
@@ -416,6 +548,11 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("server: shutting down", "inflight", s.api.Inflight(), "grace", s.cfg.ShutdownGrace)
 	graceCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
+	// Keep listening while admitted requests finish, so a client arriving now gets a 503
+	// (and a Retry-After) instead of a refused connection; connections close after their
+	// answer.
+	srv.SetKeepAlivesEnabled(false)
+	s.waitIdle(graceCtx)
 	err := s.drain(graceCtx, srv, conns)
 	cancel()
 	if err != nil {
@@ -438,6 +575,19 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("server: stopped")
 	return nil
+}
+
+// waitIdle waits until no generation request is admitted or reading its body, or ctx ends.
+func (s *Server) waitIdle(ctx context.Context) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for s.api.Busy() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // drain shuts srv down gracefully. http.Server.Shutdown waits up to 5s for connections that

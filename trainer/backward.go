@@ -4,30 +4,56 @@ import (
 	"math"
 
 	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/model"
 )
 
-// grads are the gradient tensors of a net, grouped like the net's matrices.
+// grads are the gradient tensors of a net, each matrix's (stacked ones included) contiguous.
 type grads[F float] struct {
 	p      *params[F]
 	layers []gradLayer[F]
-	cls    [][]F
+	cls    []F
+	// fresh is set by zero: the next product into each matrix's gradient may overwrite it
+	// instead of adding (the first micro-batch of a step).
+	fresh map[*mat[F]]bool
 }
 
 type gradLayer[F float] struct {
-	qkv, wo, gateUp, down [][]F
+	qkv, wo, gateUp, down []F
 }
 
-func newGrads[F float](p *params[F]) *grads[F] {
-	g := &grads[F]{p: p}
+// newGrads returns zeroed gradients for a model of shape c.
+func newGrads[F float](c model.Config) *grads[F] {
+	p := newParams[F](c)
+	g := &grads[F]{p: p, cls: p.cls(), fresh: map[*mat[F]]bool{}}
 	for i := range p.layers {
 		l := &p.layers[i]
-		g.layers = append(g.layers, gradLayer[F]{
-			qkv: [][]F{l.wq, l.wk, l.wv}, wo: [][]F{l.wo},
-			gateUp: [][]F{l.wGate, l.wUp}, down: [][]F{l.wDown},
-		})
+		g.layers = append(g.layers, gradLayer[F]{qkv: l.qkv, wo: l.wo, gateUp: l.gateUp, down: l.wDown})
 	}
-	g.cls = [][]F{p.cls()}
 	return g
+}
+
+// zero clears the gradients for a new step.
+func (g *grads[F]) zero() {
+	g.p.zero()
+	for m := range g.fresh {
+		m.gTPending = false
+	}
+	clear(g.fresh)
+}
+
+// flush completes the gradients after a step's last backward pass (the LM head's is
+// accumulated transposed; see addGrad).
+func (g *grads[F]) flush() {
+	for m := range g.fresh {
+		m.flushTransposed()
+	}
+}
+
+// add runs addGrad into dst, overwriting on the first product since zero.
+func (g *grads[F]) add(pool *kernels.Pool, m *mat[F], dst, dy, x []F, n int) {
+	overwrite := !g.fresh[m]
+	g.fresh[m] = true
+	addGrad(pool, m, dst, dy, x, n, overwrite)
 }
 
 // work holds the backward pass's scratch buffers, reused across calls.
@@ -62,7 +88,7 @@ func (n *net[F]) backward(b *batch, a *acts[F], glogp []float64, g *grads[F], w 
 			d[b.targetTok[i]] += F(gi)
 		}
 	})
-	addGrad(n.pool, n.cls, g.cls, w.dlogits, a.xnF, M)
+	g.add(n.pool, n.cls, g.cls, w.dlogits, a.xnF, M)
 	w.dxnF = grow(w.dxnF, M*h)
 	mulT(n.pool, n.cls, w.dxnF, w.dlogits, M)
 	w.dx = grow(w.dx, N*h)
@@ -82,26 +108,26 @@ func (n *net[F]) backward(b *batch, a *acts[F], glogp []float64, g *grads[F], w 
 		gp := &g.p.layers[li]
 		// MLP: x_out = xmid + down(silu(gate)·up).
 		mulT(n.pool, l.down, w.dact, w.dx, N)
-		addGrad(n.pool, l.down, gl.down, w.dx, la.act, N)
+		g.add(n.pool, l.down, gl.down, w.dx, la.act, N)
 		n.pool.Parallel(N, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
 				swigluBack(w.dgu[t*2*f:(t+1)*2*f], la.gu[t*2*f:(t+1)*2*f], w.dact[t*f:(t+1)*f])
 			}
 		})
-		addGrad(n.pool, l.gateUp, gl.gateUp, w.dgu, la.xn2, N)
+		g.add(n.pool, l.gateUp, gl.gateUp, w.dgu, la.xn2, N)
 		mulT(n.pool, l.gateUp, w.dxn, w.dgu, N)
 		for t := range N {
 			rmsNormBack(w.dx[t*h:(t+1)*h], gp.ffnNorm, la.xmid[t*h:(t+1)*h], w.dxn[t*h:(t+1)*h], pl.ffnNorm, la.inv2[t])
 		}
 		// Attention: xmid = x + o_proj(attention(rope(q), rope(k), v)).
 		mulT(n.pool, l.wo, w.datt, w.dx, N)
-		addGrad(n.pool, l.wo, gl.wo, w.dx, la.att, N)
+		g.add(n.pool, l.wo, gl.wo, w.dx, la.att, N)
 		clear(w.dqkv)
 		n.attentionBack(b, la, w.datt, w.dqkv)
 		for t := range N {
 			n.ropeBack(w.dqkv[t*qkvW:t*qkvW+h+kvd], b.pos[t])
 		}
-		addGrad(n.pool, l.qkv, gl.qkv, w.dqkv, la.xn1, N)
+		g.add(n.pool, l.qkv, gl.qkv, w.dqkv, la.xn1, N)
 		mulT(n.pool, l.qkv, w.dxn, w.dqkv, N)
 		for t := range N {
 			rmsNormBack(w.dx[t*h:(t+1)*h], gp.attnNorm, la.x[t*h:(t+1)*h], w.dxn[t*h:(t+1)*h], pl.attnNorm, la.inv1[t])
@@ -133,29 +159,37 @@ func rmsNormBack[F float](dx, dg, x, dy, g []F, inv F) {
 }
 
 // swigluBack writes the gradients of gate and up (dgu, laid out like gu: gate then up) of
-// act = silu(gate)·up given dact.
+// act = silu(gate)·up given dact. e^-|x| comes from the vector exponential, as in swiglu; the
+// up half of dgu holds it until it is overwritten.
 func swigluBack[F float](dgu, gu, dact []F) {
 	f := len(dact)
 	g, u := gu[:f], gu[f:]
 	dg, du := dgu[:f], dgu[f:]
+	kernels.ClearUpper()
 	for i, x := range g {
-		e := math.Exp(-math.Abs(float64(x)))
+		du[i] = -F(math.Abs(float64(x)))
+	}
+	expShifted(du, du, 0)
+	kernels.ClearUpper()
+	for i, x := range g {
+		e := du[i]
 		sig := 1 / (1 + e)
 		if x < 0 {
 			sig = e / (1 + e)
 		}
-		xf := float64(x)
-		silu := xf * sig
-		dsilu := sig * (1 + xf*(1-sig))
-		d := float64(dact[i])
-		dg[i] = F(d * float64(u[i]) * dsilu)
-		du[i] = F(d * silu)
+		silu := x * sig
+		d := dact[i]
+		dg[i] = d * u[i] * sig * (1 + x*(1-sig))
+		du[i] = d * silu
 	}
 }
 
 // attentionBack adds to dqkv the gradients of the post-RoPE q and k and of v given datt, the
 // gradient of the attention output. Work is split by (span, KV head) so that the K and V rows
-// a unit writes are its own.
+// a unit writes are its own. Per head, a first pass over query rows t computes
+// dS[t][j] = P[t][j]·(dP[t][j] − Σ_j P·dP) with dP[t][j] = dO_t·v_j, and dq_t = scale·Σ_j dS·k_j;
+// a second pass over key rows j gathers column j of P and dS and accumulates
+// dv_j = Σ_t P[t][j]·dO_t and dk_j = scale·Σ_t dS[t][j]·q_t with the vector kernel.
 func (n *net[F]) attentionBack(b *batch, la *layerActs[F], datt, dqkv []F) {
 	c := n.cfg
 	h, kvd, hd := c.HiddenSize, c.KVDim(), c.HeadDim()
@@ -164,46 +198,42 @@ func (n *net[F]) attentionBack(b *batch, la *layerActs[F], datt, dqkv []F) {
 	qkvW := h + 2*kvd
 	units := len(b.spans) * kvHeads
 	n.pool.Parallel(units, func(lo, hi int) {
-		var dp []F
+		var ds, pcol, dcol []F
 		for u := lo; u < hi; u++ {
 			sp, kh := b.spans[u/kvHeads], u%kvHeads
-			dp = grow(dp, sp.n)
+			ds = grow(ds, tri(sp.n))
+			pcol, dcol = grow(pcol, sp.n), grow(dcol, sp.n)
 			rows := la.qkv[sp.start*qkvW:]
 			kOff, vOff := h+kh*hd, h+kvd+kh*hd
 			for head := kh * group; head < (kh+1)*group; head++ {
 				base := b.probOff[u/kvHeads] + head*tri(sp.n)
+				probs := la.probs[base : base+tri(sp.n)]
 				for t := range sp.n {
 					row := sp.start + t
-					p := la.probs[base+tri(t) : base+tri(t+1)]
+					p := probs[tri(t):tri(t+1)]
 					do := datt[row*h+head*hd : row*h+(head+1)*hd]
-					q := la.qkv[row*qkvW+head*hd : row*qkvW+(head+1)*hd]
-					d := dp[:t+1]
-					dotRows(d, do, rows, qkvW, vOff, t+1, 1) // dP_j = do·v_j
+					d := ds[tri(t):tri(t+1)]
+					dotRows(d, do, rows, qkvW, vOff, t+1, 1) // dP_j = dO_t·v_j
 					kernels.ClearUpper()
 					dot := 0.0
 					for j, pj := range p {
 						dot += float64(pj) * float64(d[j])
-						axpy(dqkv[(sp.start+j)*qkvW+vOff:][:hd], pj, do) // dv_j += p_j·do
 					}
 					for j, pj := range p {
-						d[j] = F(float64(pj)*(float64(d[j])-dot)) * n.scale // dS_j, scaled
+						d[j] = F(float64(pj)*(float64(d[j])-dot)) * n.scale
 					}
-					accumRows(dqkv[row*qkvW+head*hd:][:hd], d, rows, qkvW, kOff, t+1) // dq += Σ dS_j k_j
-					for j, dj := range d {
-						axpy(dqkv[(sp.start+j)*qkvW+kOff:][:hd], dj, q) // dk_j += dS_j·q
+					accumRows(dqkv[row*qkvW+head*hd:][:hd], d, rows, qkvW, kOff, t+1)
+				}
+				for j := range sp.n {
+					m := sp.n - j
+					for s := range m {
+						o := tri(j+s) + j
+						pcol[s], dcol[s] = probs[o], ds[o]
 					}
+					accumRows(dqkv[(sp.start+j)*qkvW+vOff:][:hd], pcol[:m], datt[(sp.start+j)*h:], h, head*hd, m)
+					accumRows(dqkv[(sp.start+j)*qkvW+kOff:][:hd], dcol[:m], la.qkv[(sp.start+j)*qkvW:], qkvW, head*hd, m)
 				}
 			}
 		}
 	})
-}
-
-func axpy[F float](y []F, a F, x []F) {
-	if a == 0 {
-		return
-	}
-	x = x[:len(y)]
-	for i := range y {
-		y[i] += a * x[i]
-	}
 }

@@ -76,9 +76,13 @@ func HasCheckpoint(dir string) bool {
 // Resume starts a Trainer from a checkpoint written by Save: the weights, the AdamW moments,
 // the step count (the schedule continues where it stopped) and the weight version. cfg
 // configures the resumed run as for New; its Version is ignored in favour of the
-// checkpoint's. A missing or malformed checkpoint returns ErrBadCheckpoint, optimizer state of
-// another shape than the weights ErrShapeMismatch.
+// checkpoint's, and with KLCoef > 0 it must name the Reference. A missing or malformed
+// checkpoint returns ErrBadCheckpoint, optimizer state or a reference of another shape than
+// the weights ErrShapeMismatch.
 func Resume(dir string, cfg Config) (*Trainer, error) {
+	if cfg.KLCoef > 0 && cfg.Reference == nil {
+		return nil, fmt.Errorf("%w: resuming with kl_coef %v needs Config.Reference (the checkpoint holds only the trained weights)", ErrInvalidConfig, cfg.KLCoef)
+	}
 	js, err := os.ReadFile(filepath.Join(dir, StateDir, StateFile))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrBadCheckpoint, dir, err)

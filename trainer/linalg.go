@@ -15,12 +15,17 @@ type mat[F float] struct {
 	rows, cols int
 	parts      [][]F
 
-	fwd, bwd       *kernels.Matrix
-	fwdOK, bwdOK   bool
-	tbuf           []float32 // Wᵀ, row-major, before packing
-	gx             *kernels.Matrix
-	xT, dyT, gdst  []float32
-	gxRows, gxCols int
+	fwd, bwd     *kernels.Matrix
+	fwdOK, bwdOK bool
+	gx           *kernels.Matrix // Xᵀ of the last gradient product
+	dyT, gdst    []float32
+
+	// For a matrix taller than wide (the LM head above all), the gradient is accumulated
+	// transposed in gT over a step's micro-batches and added to gTarget by grads.flush.
+	gy        *kernels.Matrix
+	xT, gT    []float32
+	gTPending bool
+	gTarget   []float32
 }
 
 func newMat[F float](rows, cols int, parts ...[]F) *mat[F] {
@@ -49,25 +54,56 @@ func mustPack(reuse *kernels.Matrix, rows, cols int, parts ...[]float32) *kernel
 	return m
 }
 
-// transpose writes src [rows][cols] transposed into dst [cols][rows], in tiles so that both
-// sides stay in cache.
-func transpose[F float](dst, src []F, rows, cols int) { transposeInto(dst, rows, 0, src, rows, cols) }
+// transpose writes src [rows][cols] transposed into dst [cols][rows]. It moves 16×8 tiles,
+// so that each destination row gets a whole cache line per tile and the inner loops have no
+// bounds checks.
+func transpose(dst, src []float32, rows, cols int) { transposeOp(dst, src, rows, cols, false) }
 
-// transposeInto writes src [rows][cols] transposed into columns off..off+rows of dst, a
-// row-major matrix with rows of stride values.
-func transposeInto[F float](dst []F, stride, off int, src []F, rows, cols int) {
-	const b = 32
-	for r0 := 0; r0 < rows; r0 += b {
-		r1 := min(r0+b, rows)
-		for c0 := 0; c0 < cols; c0 += b {
-			c1 := min(c0+b, cols)
-			for r := r0; r < r1; r++ {
-				s := src[r*cols : r*cols+cols]
-				for c := c0; c < c1; c++ {
-					dst[c*stride+off+r] = s[c]
+// transposeAdd adds src [rows][cols] transposed into dst [cols][rows].
+func transposeAdd(dst, src []float32, rows, cols int) { transposeOp(dst, src, rows, cols, true) }
+
+func transposeOp(dst, src []float32, rows, cols int, add bool) {
+	kernels.ClearUpper()
+	const br, bc = 16, 8
+	r0 := 0
+	for ; r0+br <= rows; r0 += br {
+		c0 := 0
+		for ; c0+bc <= cols; c0 += bc {
+			var t [br][bc]float32
+			for i := range br {
+				t[i] = [bc]float32(src[(r0+i)*cols+c0:][:bc])
+			}
+			for j := range bc {
+				d := (*[br]float32)(dst[(c0+j)*rows+r0:][:br])
+				if add {
+					for i := range br {
+						d[i] += t[i][j]
+					}
+				} else {
+					for i := range br {
+						d[i] = t[i][j]
+					}
 				}
 			}
 		}
+		for r := r0; r < r0+br; r++ {
+			for c := c0; c < cols; c++ {
+				put(dst, c*rows+r, src[r*cols+c], add)
+			}
+		}
+	}
+	for r := r0; r < rows; r++ {
+		for c := range cols {
+			put(dst, c*rows+r, src[r*cols+c], add)
+		}
+	}
+}
+
+func put(dst []float32, i int, v float32, add bool) {
+	if add {
+		dst[i] += v
+	} else {
+		dst[i] = v
 	}
 }
 
@@ -112,16 +148,11 @@ func mulT[F float](pool *kernels.Pool, m *mat[F], dx, dy []F, n int) {
 	}
 	if m32, ok := any(m).(*mat[float32]); ok {
 		if !m32.bwdOK {
-			m32.tbuf = grow(m32.tbuf, m.rows*m.cols)
-			off := 0
-			for _, p := range m32.parts {
-				pr := len(p) / m.cols
-				// Part by part: the rows of part p are columns off..off+pr of Wᵀ.
-				transposeInto(m32.tbuf, m.rows, off, p, pr, m.cols)
-				off += pr
+			p, err := kernels.PackTransposed(m32.bwd, m.cols, m.rows, m32.parts...)
+			if err != nil {
+				panic(fmt.Sprintf("trainer: packing a %dx%d transpose: %v", m.cols, m.rows, err)) // shapes are checked up front
 			}
-			m32.bwd = mustPack(m32.bwd, m.cols, m.rows, m32.tbuf)
-			m32.bwdOK = true
+			m32.bwd, m32.bwdOK = p, true
 		}
 		m32.bwd.MatMul(pool, any(dx).([]float32), any(dy).([]float32), n)
 		return
@@ -142,51 +173,92 @@ func mulT[F float](pool *kernels.Pool, m *mat[F], dx, dy []F, n int) {
 	}
 }
 
-// addGrad adds dW[r][k] += Σ_t dy[t][r]·x[t][k] into the gradient parts g (stacked like m's).
-// float32 runs it as one packed kernel matmul: Xᵀ [cols][n] is the "weight", dyᵀ [rows][n] the
-// batch of rows, which yields dW row-major.
-func addGrad[F float](pool *kernels.Pool, m *mat[F], g [][]F, dy, x []F, n int) {
+// addGrad adds dW[r][k] += Σ_t dy[t][r]·x[t][k] into g, the gradient of m laid out like W
+// (row-major [rows][cols], stacked parts contiguous); with overwrite it stores the product
+// instead (g's first product of a step). float32 runs it as one packed kernel matmul: Xᵀ
+// [cols][n] is the "weight", dyᵀ [rows][n] the batch, which yields dW row-major.
+func addGrad[F float](pool *kernels.Pool, m *mat[F], g, dy, x []F, n int, overwrite bool) {
 	if n == 0 {
 		return
 	}
 	if m32, ok := any(m).(*mat[float32]); ok {
-		x32, dy32 := any(x).([]float32), any(dy).([]float32)
-		m32.xT = grow(m32.xT, m.cols*n)
-		transpose(m32.xT, x32[:n*m.cols], n, m.cols)
-		if m32.gx == nil || m32.gxRows != m.cols || m32.gxCols != n {
-			m32.gx, m32.gxRows, m32.gxCols = nil, m.cols, n
+		x32, dy32, g32 := any(x).([]float32), any(dy).([]float32), any(g).([]float32)
+		if m.rows > m.cols {
+			m32.addGradTransposed(pool, g32, dy32, x32, n, overwrite)
+			return
 		}
-		m32.gx = mustPack(m32.gx, m.cols, n, m32.xT)
+		gx, err := kernels.PackTransposed(m32.gx, m.cols, n, x32[:n*m.cols])
+		if err != nil {
+			panic(fmt.Sprintf("trainer: packing a %dx%d transpose: %v", m.cols, n, err))
+		}
+		m32.gx = gx
 		m32.dyT = grow(m32.dyT, m.rows*n)
 		transpose(m32.dyT, dy32[:n*m.rows], n, m.rows)
+		if overwrite {
+			gx.MatMul(pool, g32, m32.dyT, m.rows)
+			return
+		}
 		m32.gdst = grow(m32.gdst, m.rows*m.cols)
-		m32.gx.MatMul(pool, m32.gdst, m32.dyT, m.rows)
+		gx.MatMul(pool, m32.gdst, m32.dyT, m.rows)
 		kernels.ClearUpper()
-		off := 0
-		for _, p := range any(g).([][]float32) {
-			src := m32.gdst[off : off+len(p)]
-			for i, v := range src {
-				p[i] += v
-			}
-			off += len(p)
+		for i, v := range m32.gdst {
+			g32[i] += v
 		}
 		return
 	}
-	r := 0
-	for _, p := range g {
-		for pr := 0; pr < len(p)/m.cols; pr, r = pr+1, r+1 {
-			gr := p[pr*m.cols : (pr+1)*m.cols]
-			for t := range n {
-				d := dy[t*m.rows+r]
-				if d == 0 {
-					continue
-				}
-				xt := x[t*m.cols : (t+1)*m.cols]
-				for k, v := range xt {
-					gr[k] += d * v
-				}
+	if overwrite {
+		clear(g[:m.rows*m.cols])
+	}
+	for r := range m.rows {
+		gr := g[r*m.cols : (r+1)*m.cols]
+		for t := range n {
+			d := dy[t*m.rows+r]
+			if d == 0 {
+				continue
+			}
+			xt := x[t*m.cols : (t+1)*m.cols]
+			for k, v := range xt {
+				gr[k] += d * v
 			}
 		}
+	}
+}
+
+// addGradTransposed is addGrad for a matrix taller than wide (QKV, gate-up, and above all the
+// LM head with its vocabulary of rows): it computes dWᵀ = Xᵀ·dy, with dyᵀ packed as the weight
+// straight from dy (PackTransposed) and only the narrower X transposed, instead of
+// transposing dy [n][rows] (for the LM head that transpose cost as much as the product). The
+// result accumulates in gT until grads.flush adds it, transposed once per step, to g.
+func (m *mat[F]) addGradTransposed(pool *kernels.Pool, g, dy, x []float32, n int, overwrite bool) {
+	gy, err := kernels.PackTransposed(m.gy, m.rows, n, dy[:n*m.rows])
+	if err != nil {
+		panic(fmt.Sprintf("trainer: packing a %dx%d transpose: %v", m.rows, n, err))
+	}
+	m.gy = gy
+	m.xT = grow(m.xT, m.cols*n)
+	transpose(m.xT, x[:n*m.cols], n, m.cols)
+	if overwrite || !m.gTPending {
+		m.gT = grow(m.gT, m.rows*m.cols)
+		gy.MatMul(pool, m.gT, m.xT, m.cols)
+		if overwrite {
+			clear(g[:m.rows*m.cols])
+		}
+		m.gTPending, m.gTarget = true, g
+		return
+	}
+	m.gdst = grow(m.gdst, m.rows*m.cols)
+	gy.MatMul(pool, m.gdst, m.xT, m.cols)
+	kernels.ClearUpper()
+	for i, v := range m.gdst {
+		m.gT[i] += v
+	}
+}
+
+// flushTransposed adds a pending transposed gradient to its target.
+func (m *mat[F]) flushTransposed() {
+	if m.gTPending {
+		transposeAdd(m.gTarget, m.gT, m.cols, m.rows)
+		m.gTPending = false
 	}
 }
 

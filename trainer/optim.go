@@ -3,6 +3,7 @@ package trainer
 import (
 	"math"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
 )
 
@@ -46,12 +47,26 @@ func newAdamW(c model.Config) *adamW {
 	return a
 }
 
-// gradNorm is the global L2 norm of all gradients.
-func gradNorm(g *params[float32]) float64 {
+// gradNorm is the global L2 norm of all gradients. Each tensor's sum of squares is split
+// into a fixed number of ranges, so the result does not depend on timing.
+func gradNorm(pool *kernels.Pool, g *params[float32]) float64 {
 	s := 0.0
+	parts := make([]float64, pool.Workers())
 	for _, t := range g.tensors() {
-		for _, v := range *t {
-			s += float64(v) * float64(v)
+		x := *t
+		clear(parts)
+		pool.Parallel(len(parts), func(lo, hi int) {
+			for w := lo; w < hi; w++ {
+				kernels.ClearUpper()
+				ss := 0.0
+				for _, v := range x[w*len(x)/len(parts) : (w+1)*len(x)/len(parts)] {
+					ss += float64(v) * float64(v)
+				}
+				parts[w] = ss
+			}
+		})
+		for _, p := range parts {
+			s += p
 		}
 	}
 	return math.Sqrt(s)
@@ -59,7 +74,7 @@ func gradNorm(g *params[float32]) float64 {
 
 // update applies one AdamW step (decoupled weight decay, bias-corrected moments) of update
 // number step (1-based) to p with gradients g scaled by gscale (the clipping factor).
-func (a *adamW) update(p, g *params[float32], step int, lr, b1, b2, eps, wd, gscale float64) {
+func (a *adamW) update(pool *kernels.Pool, p, g *params[float32], step int, lr, b1, b2, eps, wd, gscale float64) {
 	bc1 := 1 - math.Pow(b1, float64(step))
 	bc2 := 1 - math.Pow(b2, float64(step))
 	ms, vs, gs := a.m.tensors(), a.v.tensors(), g.tensors()
@@ -69,14 +84,17 @@ func (a *adamW) update(p, g *params[float32], step int, lr, b1, b2, eps, wd, gsc
 		if a.decay[i] {
 			decay = wd
 		}
-		for j := range pw {
-			gj := float64(gr[j]) * gscale
-			mj := b1*float64(m[j]) + (1-b1)*gj
-			vj := b2*float64(v[j]) + (1-b2)*gj*gj
-			m[j], v[j] = float32(mj), float32(vj)
-			x := float64(pw[j])
-			x -= lr * ((mj/bc1)/(math.Sqrt(vj/bc2)+eps) + decay*x)
-			pw[j] = float32(x)
-		}
+		pool.Parallel(len(pw), func(lo, hi int) {
+			kernels.ClearUpper()
+			for j := lo; j < hi; j++ {
+				gj := float64(gr[j]) * gscale
+				mj := b1*float64(m[j]) + (1-b1)*gj
+				vj := b2*float64(v[j]) + (1-b2)*gj*gj
+				m[j], v[j] = float32(mj), float32(vj)
+				x := float64(pw[j])
+				x -= lr * ((mj/bc1)/(math.Sqrt(vj/bc2)+eps) + decay*x)
+				pw[j] = float32(x)
+			}
+		})
 	}
 }

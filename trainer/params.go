@@ -13,6 +13,9 @@ type float interface{ ~float32 | ~float64 }
 // layerParams is one decoder layer's tensors in the engine's HF layout (row-major [out][in]).
 type layerParams[F float] struct {
 	attnNorm, wq, wk, wv, wo, ffnNorm, wGate, wDown, wUp []F
+	// qkv and gateUp view wq|wk|wv and wGate|wUp, which newParams allocates adjacently, so a
+	// stacked gradient can be written in one piece.
+	qkv, gateUp []F
 }
 
 // params is a whole checkpoint of element type F, shaped like model.Weights. It also holds
@@ -48,16 +51,31 @@ func (p *params[F]) cls() []F {
 	return p.lmHead
 }
 
-// newParams allocates zeroed tensors of shape c.
+// newParams allocates zeroed tensors of shape c, each layer's in one block with the stacked
+// projections adjacent.
 func newParams[F float](c model.Config) *params[F] {
+	h, f, kvd, v := c.HiddenSize, c.IntermediateSize, c.KVDim(), c.VocabSize
 	p := &params[F]{cfg: c, layers: make([]layerParams[F], c.NumHiddenLayers)}
-	shapes := (&model.Weights{Config: c}).Tensors()
-	for i, t := range p.tensors() {
-		n := 1
-		for _, d := range shapes[i].Shape {
-			n *= d
+	p.embed = make([]F, v*h)
+	for i := range p.layers {
+		l := &p.layers[i]
+		slab := make([]F, 2*h+2*h*h+2*kvd*h+3*f*h)
+		take := func(n int) []F {
+			s := slab[:n:n]
+			slab = slab[n:]
+			return s
 		}
-		*t = make([]F, n)
+		l.attnNorm, l.ffnNorm = take(h), take(h)
+		l.qkv = slab[:(h+2*kvd)*h]
+		l.wq, l.wk, l.wv = take(h*h), take(kvd*h), take(kvd*h)
+		l.wo = take(h * h)
+		l.gateUp = slab[:2*f*h]
+		l.wGate, l.wUp = take(f*h), take(f*h)
+		l.wDown = take(h * f)
+	}
+	p.finalNorm = make([]F, h)
+	if !c.TieWordEmbeddings {
+		p.lmHead = make([]F, v*h)
 	}
 	return p
 }

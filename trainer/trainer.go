@@ -48,8 +48,9 @@ type Config struct {
 	// token-level mean over the step, which has no per-response length bias either way.
 	DrGRPO bool `json:"dr_grpo"`
 	// MicroBatchTokens bounds the input tokens of one micro-batch; gradients accumulate over
-	// micro-batches, so it trades memory for nothing else (default 4096; a longer sample gets a
-	// micro-batch of its own).
+	// micro-batches, so it trades memory for nothing else (default 2048; a longer sample gets a
+	// micro-batch of its own). The LM head's buffers take about 12 bytes per token and
+	// vocabulary entry (2048 tokens of a 32000-token vocabulary: 790 MB).
 	MicroBatchTokens int `json:"micro_batch_tokens"`
 	// Workers is the number of threads of the matrix kernels (default GOMAXPROCS).
 	Workers int `json:"workers"`
@@ -76,7 +77,7 @@ func (c Config) withDefaults() Config {
 		c.Schedule = ScheduleConstant
 	}
 	if c.MicroBatchTokens == 0 {
-		c.MicroBatchTokens = 4096
+		c.MicroBatchTokens = 2048
 	}
 	if c.Workers == 0 {
 		c.Workers = runtime.GOMAXPROCS(0)
@@ -172,9 +173,12 @@ type StepStats struct {
 	// TokensPerSec is the input tokens (prompt and completion) run through forward and
 	// backward per second of Step.
 	TokensPerSec float64 `json:"tokens_per_sec"`
-	// MicroBatches is the number of micro-batches the gradients were accumulated over.
-	MicroBatches int       `json:"micro_batches"`
-	Time         StepTimes `json:"time"`
+	// MicroBatches is the number of micro-batches the gradients were accumulated over, and
+	// BackwardPasses how many of them needed a backward pass (the others held only samples of
+	// zero advantage and no KL term).
+	MicroBatches   int       `json:"micro_batches"`
+	BackwardPasses int       `json:"backward_passes"`
+	Time           StepTimes `json:"time"`
 }
 
 // Trainer trains a model with GRPO. Its methods may be called from any goroutine; they are
@@ -225,7 +229,7 @@ func New(w *model.Weights, cfg Config) (*Trainer, error) {
 	t := &Trainer{cfg: cfg, pool: kernels.NewPool(cfg.Workers), version: cfg.Version}
 	t.p = paramsFrom[float32](w)
 	t.net = newNet(t.p, t.pool)
-	t.g = newGrads(newParams[float32](w.Config))
+	t.g = newGrads[float32](w.Config)
 	t.opt = newAdamW(w.Config)
 	if refP != nil {
 		t.ref = newNet(refP, t.pool)
@@ -308,7 +312,8 @@ func (t *Trainer) checkSample(i int, s *Sample) error {
 	case len(s.Versions) != len(s.Completion):
 		return bad("%d versions for %d completion tokens", len(s.Versions), len(s.Completion))
 	case len(s.Prompt)+len(s.Completion)-1 > c.MaxPositionEmbeddings:
-		return bad("%d prompt + %d completion tokens exceed the context of %d", len(s.Prompt), len(s.Completion), c.MaxPositionEmbeddings+1)
+		return bad("%d prompt + %d completion tokens need %d positions, the context has %d",
+			len(s.Prompt), len(s.Completion), len(s.Prompt)+len(s.Completion)-1, c.MaxPositionEmbeddings)
 	}
 	for j, id := range s.Prompt {
 		if id < 0 || id >= c.VocabSize {
@@ -371,16 +376,27 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 	lp := lossParams{clipLow: t.cfg.ClipLow, clipHigh: t.cfg.ClipHigh, tisCap: t.cfg.TISCap,
 		klCoef: t.cfg.KLCoef, version: t.version}
 	norm := 1 / float64(st.Tokens)
-	t.g.p.zero()
+	t.g.zero()
 	var clipped, truncated, inputTokens int
 	var mismatch float64
-	for lo := 0; lo < len(samples); {
+	// Samples with a zero advantage have no policy gradient (only a KL one, when enabled):
+	// packing them last puts them in micro-batches of their own, whose backward pass is
+	// skipped, while their forward still feeds the loss and mismatch statistics.
+	order := make([]int, 0, len(samples))
+	for pass := range 2 {
+		for i := range samples {
+			if (adv[i] != 0 || t.ref != nil) == (pass == 0) {
+				order = append(order, i)
+			}
+		}
+	}
+	for lo := 0; lo < len(order); {
 		if err := ctx.Err(); err != nil {
 			return StepStats{}, err
 		}
 		hi, n := lo, 0
-		for hi < len(samples) {
-			k := len(samples[hi].Prompt) + len(samples[hi].Completion) - 1
+		for hi < len(order) {
+			k := len(samples[order[hi]].Prompt) + len(samples[order[hi]].Completion) - 1
 			if hi > lo && n+k > t.cfg.MicroBatchTokens {
 				break
 			}
@@ -388,8 +404,8 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 			hi++
 		}
 		b := &batch{}
-		for _, s := range samples[lo:hi] {
-			b.addSequence(s.Prompt, s.Completion, t.p.cfg.NumAttentionHeads)
+		for _, si := range order[lo:hi] {
+			b.addSequence(samples[si].Prompt, samples[si].Completion, t.p.cfg.NumAttentionHeads)
 		}
 		inputTokens += n
 		st.MicroBatches++
@@ -403,7 +419,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 		}
 		glogp := make([]float64, len(b.targets))
 		k, signal := 0, false
-		for si := lo; si < hi; si++ {
+		for _, si := range order[lo:hi] {
 			s := &samples[si]
 			for j := range s.Completion {
 				logp, roll := t.a.logp[k], float64(s.Logprobs[j])
@@ -436,6 +452,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 		if signal {
 			t0 = time.Now()
 			t.net.backward(b, &t.a, glogp, t.g, &t.w)
+			st.BackwardPasses++
 			st.Time.Backward += time.Since(t0)
 		}
 		lo = hi
@@ -449,7 +466,8 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 	}
 
 	t0 := time.Now()
-	st.GradNorm = gradNorm(t.g.p)
+	t.g.flush()
+	st.GradNorm = gradNorm(t.pool, t.g.p)
 	if math.IsNaN(st.GradNorm) || math.IsInf(st.GradNorm, 0) {
 		return StepStats{}, fmt.Errorf("%w: gradient norm %v (the weights are unchanged)", ErrInvalidSample, st.GradNorm)
 	}
@@ -458,7 +476,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 		scale = t.cfg.MaxGradNorm / st.GradNorm
 	}
 	st.LR = t.cfg.LRAt(t.steps)
-	t.opt.update(t.p, t.g.p, t.steps+1, st.LR, t.cfg.Beta1, t.cfg.Beta2, t.cfg.AdamEps, t.cfg.WeightDecay, scale)
+	t.opt.update(t.pool, t.p, t.g.p, t.steps+1, st.LR, t.cfg.Beta1, t.cfg.Beta2, t.cfg.AdamEps, t.cfg.WeightDecay, scale)
 	t.net.invalidate()
 	t.steps++
 	t.version++

@@ -121,7 +121,9 @@ func testSamples(t testing.TB, tr *Trainer, seed uint64) []Sample {
 // TestMicroBatchesMatchOneBatch checks that accumulating over micro-batches gives the update
 // of one big batch.
 func TestMicroBatchesMatchOneBatch(t *testing.T) {
-	w := randomWeights(t, tinyConfig(false), 4)
+	c := tinyConfig(false)
+	c.VocabSize = 97 // the LM head's gradient accumulates transposed across micro-batches
+	w := randomWeights(t, c, 4)
 	one, err := New(w, Config{Workers: 1})
 	require.NoError(t, err)
 	defer one.Close()
@@ -142,6 +144,43 @@ func TestMicroBatchesMatchOneBatch(t *testing.T) {
 	for i := range ta {
 		for j, v := range *ta[i].Data {
 			require.InDelta(t, v, (*tb[i].Data)[j], 1e-6, ta[i].Name)
+		}
+	}
+}
+
+// TestZeroAdvantageSkipsBackward checks that samples of groups without signal share
+// micro-batches of their own, which skip the backward pass, and that the update equals one
+// computed in a single micro-batch.
+func TestZeroAdvantageSkipsBackward(t *testing.T) {
+	w := randomWeights(t, tinyConfig(true), 4)
+	whole, err := New(w, Config{Workers: 1})
+	require.NoError(t, err)
+	defer whole.Close()
+	split, err := New(w, Config{Workers: 1, MicroBatchTokens: 7}) // one sample each
+	require.NoError(t, err)
+	defer split.Close()
+	s := testSamples(t, whole, 3)
+	for i := range s {
+		switch s[i].Group {
+		case 0:
+			s[i].Reward = 1 // every sample of group 0 alike: no signal
+		default:
+			s[i].Reward = float64(i % 2)
+		}
+	}
+	a, err := whole.Step(t.Context(), s)
+	require.NoError(t, err)
+	b, err := split.Step(t.Context(), s)
+	require.NoError(t, err)
+	require.Equal(t, 1, a.ZeroAdvantageGroups)
+	require.Equal(t, 1, a.BackwardPasses)
+	require.Equal(t, 6, b.MicroBatches)
+	require.Equal(t, 3, b.BackwardPasses, "the three zero-advantage samples skip backward")
+	require.InDelta(t, a.MismatchMax, b.MismatchMax, 1e-12)
+	wa, wb := whole.Weights(), split.Weights()
+	for i, ts := range wa.Tensors() {
+		for j, v := range *ts.Data {
+			require.InDelta(t, v, (*wb.Tensors()[i].Data)[j], 1e-6, ts.Name)
 		}
 	}
 }
@@ -211,10 +250,12 @@ func TestAdamWUpdate(t *testing.T) {
 	p := newParams[float32](c)
 	g := newParams[float32](c)
 	a := newAdamW(c)
+	pool := kernels.NewPool(2)
+	defer pool.Close()
 	p.embed[0], g.embed[0] = 0.5, 2
 	p.finalNorm[0], g.finalNorm[0] = 1, -1
 	const lr, b1, b2, eps, wd, scale = 0.1, 0.9, 0.99, 1e-8, 0.01, 0.5
-	a.update(p, g, 1, lr, b1, b2, eps, wd, scale)
+	a.update(pool, p, g, 1, lr, b1, b2, eps, wd, scale)
 	// Step 1: m̂ = g·scale, v̂ = (g·scale)², so the Adam step is lr·sign(g) (plus decay).
 	require.InDelta(t, 0.5-lr*(1+wd*0.5), p.embed[0], 1e-6)
 	require.InDelta(t, 1+lr, p.finalNorm[0], 1e-6, "no decay on norm gains")

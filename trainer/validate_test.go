@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"context"
 	"math"
 	"os"
 	"path/filepath"
@@ -44,7 +45,7 @@ func TestStepRejectsBadInput(t *testing.T) {
 		{"versions length", func(s []Sample) []Sample { s[3].Versions = nil; return s }, ErrInvalidSample, "0 versions for 3"},
 		{"token outside vocab", func(s []Sample) []Sample { s[0].Completion[1] = c.VocabSize; return s }, ErrInvalidSample, "outside vocab"},
 		{"negative prompt token", func(s []Sample) []Sample { s[0].Prompt[0] = -1; return s }, ErrInvalidSample, "outside vocab"},
-		{"too long", func(s []Sample) []Sample { s[0].Prompt = make([]int, c.MaxPositionEmbeddings); return s }, ErrInvalidSample, "exceed the context"},
+		{"too long", func(s []Sample) []Sample { s[0].Prompt = make([]int, c.MaxPositionEmbeddings); return s }, ErrInvalidSample, "the context has 64"},
 		{"future version", func(s []Sample) []Sample { s[0].Versions[0] = 3; return s }, ErrInvalidSample, "newer than the trainer's 2"},
 		{"NaN logprob", func(s []Sample) []Sample { s[0].Logprobs[0] = float32(math.NaN()); return s }, ErrInvalidSample, "logprob"},
 		{"positive logprob", func(s []Sample) []Sample { s[0].Logprobs[0] = 2; return s }, ErrInvalidSample, "logprob"},
@@ -126,6 +127,23 @@ func TestResumeRejectsBadCheckpoint(t *testing.T) {
 	_, err = Resume(dir, Config{})
 	require.ErrorIs(t, err, ErrBadCheckpoint)
 
+	_, err = Resume(dir, Config{KLCoef: 0.1})
+	require.ErrorIs(t, err, ErrInvalidConfig, "KL on resume needs the reference")
+
 	require.NoError(t, CheckShape(tinyConfig(true), tinyConfig(true)))
 	require.ErrorIs(t, CheckShape(tinyConfig(true), bigger), ErrShapeMismatch)
+}
+
+func TestStepCancelled(t *testing.T) {
+	tr, err := New(randomWeights(t, tinyConfig(true), 1), Config{Workers: 1})
+	require.NoError(t, err)
+	defer tr.Close()
+	s := testSamples(t, tr, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	before := tr.Weights()
+	_, err = tr.Step(ctx, s)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int64(0), tr.Version())
+	require.True(t, slices.Equal(before.Embed, tr.Weights().Embed))
 }

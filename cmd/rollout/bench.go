@@ -20,7 +20,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Run benchmarks, each figure beside its baseline measured in the same run"}
-	cmd.AddCommand(newBenchEngineCmd(), newBenchOffloadCmd())
+	cmd.AddCommand(newBenchEngineCmd(), newBenchOffloadCmd(), newBenchFleetCmd())
 	return cmd
 }
 

@@ -22,6 +22,8 @@ func newServeCmd() *cobra.Command {
 		kvBytes, offloadBytes sizeValue
 		maxBody               sizeValue
 		secretFile            string
+		adminTokenFile        string
+		apiKeyFile            string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -43,15 +45,21 @@ func newServeCmd() *cobra.Command {
 			if cfg.KVBlocks > 0 && cfg.KVBytes > 0 {
 				return fmt.Errorf("--kv-blocks and --kv-bytes are exclusive")
 			}
-			if secretFile != "" {
-				if cfg.FleetSecret != "" {
-					return fmt.Errorf("--fleet-secret and --fleet-secret-file are exclusive")
+			for _, sf := range []struct {
+				flag, file string
+				dst        *string
+			}{{"fleet-secret", secretFile, &cfg.FleetSecret}, {"admin-token", adminTokenFile, &cfg.AdminToken}, {"api-key", apiKeyFile, &cfg.APIKey}} {
+				if sf.file == "" {
+					continue
 				}
-				s, err := readSecretFile(secretFile)
+				if *sf.dst != "" {
+					return fmt.Errorf("--%s and --%s-file are exclusive", sf.flag, sf.flag)
+				}
+				v, err := readSecretFile(sf.file)
 				if err != nil {
-					return fmt.Errorf("--fleet-secret-file: %w", err)
+					return fmt.Errorf("--%s-file: %w", sf.flag, err)
 				}
-				cfg.FleetSecret = s
+				*sf.dst = v
 			}
 			var attrs []attribute.KeyValue
 			if cfg.Fleet != "" {
@@ -89,13 +97,21 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&cfg.OffloadDelay, "offload-delay", 0, "extra delay per offload transfer (tests and benchmarks only)")
 	f.StringVar(&cfg.Redis, "redis", "", "Redis URL of the fleet control plane")
 	f.StringVar(&cfg.Fleet, "fleet", "", "fleet name to join")
-	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: derived)")
+	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: hostname-port)")
 	f.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "URL the fleet routes requests to (default: from --addr)")
 	f.StringVar(&cfg.FleetSecret, "fleet-secret", "", "HMAC secret of the fleet's control commands (at least 32 bytes)")
 	f.StringVar(&secretFile, "fleet-secret-file", "", "file holding the fleet secret (trailing newline ignored), so it stays out of ps")
-	f.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token of the admin routes (unset: loopback clients only)")
-	f.StringVar(&cfg.APIKey, "api-key", "", "bearer token of the generation routes (unset: open)")
+	f.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token of the admin routes (unset: direct loopback clients only); prefer --admin-token-file, flags show in ps")
+	f.StringVar(&adminTokenFile, "admin-token-file", "", "file holding the admin token (trailing newline ignored), so it stays out of ps")
+	f.StringVar(&cfg.APIKey, "api-key", "", "bearer token of the generation routes (unset: open); prefer --api-key-file, flags show in ps")
+	f.StringVar(&apiKeyFile, "api-key-file", "", "file holding the API key (trailing newline ignored), so it stays out of ps")
+	f.StringVar(&cfg.AdminAddr, "admin-addr", "", "serve the admin routes on their own listener: ADDR or unix:PATH (unset: on --addr)")
+	f.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow tokenless admin routes on a non-loopback listener (anyone who reaches it is an admin)")
+	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil, "extra Host names tokenless admin requests may use (default: loopback and localhost only)")
 	f.StringVar(&cfg.WeightsRoot, "weights-root", "", "directory file:// weight sources must lie in (unset: anywhere)")
+	f.BoolVar(&cfg.AllowUnverifiedWeights, "allow-unverified-weights", false, "accept http(s) weight sources without a sha256")
+	f.BoolVar(&cfg.WeightsAllowPrivate, "weights-allow-private", false,
+		"let http(s) weight fetches reach loopback, private and link-local addresses (loopback is allowed when --addr is loopback)")
 	f.StringVar(&cfg.OTel, "otel", "", "trace exporter: none, stdout or otlp (default: OTEL_TRACES_EXPORTER, else none; OTLP reads the standard OTEL_EXPORTER_OTLP_* variables)")
 	f.IntVar(&cfg.MaxConcurrent, "max-concurrent", 256, "generation requests served at once")
 	f.IntVar(&cfg.MaxQueue, "max-queue", 1024, "generation requests waiting for a slot before 429")

@@ -180,3 +180,66 @@ func TestServeJoinsAFleetOverRedis(t *testing.T) {
 	assert.Equal(t, protocol.StateStopping, hb.State)
 	assert.False(t, hb.InRotation)
 }
+
+// TestServeAdminPostureAndTokenFiles: a tokenless admin plane on every interface refuses to
+// start; --admin-token-file (as docker-compose passes it) and --api-key-file keep the secrets
+// out of ps and guard their routes.
+func TestServeAdminPostureAndTokenFiles(t *testing.T) {
+	var out, errb bytes.Buffer
+	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--addr", "0.0.0.0:0"}, &out, &errb))
+	assert.Contains(t, errb.String(), "--admin-token")
+	assert.Equal(t, 1, bytes.Count(errb.Bytes(), []byte("\n")), errb.String())
+
+	dir := t.TempDir()
+	tokFile, keyFile := filepath.Join(dir, "admin_token"), filepath.Join(dir, "api_key")
+	require.NoError(t, os.WriteFile(tokFile, []byte("adm-secret\n"), 0o600))
+	require.NoError(t, os.WriteFile(keyFile, []byte("gen-secret\n"), 0o600))
+	for _, args := range [][]string{
+		{"serve", "--admin-token", "x", "--admin-token-file", tokFile},
+		{"serve", "--api-key", "x", "--api-key-file", keyFile},
+		{"serve", "--admin-token-file", filepath.Join(dir, "missing")},
+	} {
+		errb.Reset()
+		assert.Equal(t, 1, run(t.Context(), append(args, "--addr", "127.0.0.1:0"), &out, &errb), args)
+		assert.Contains(t, errb.String(), "-file", args)
+	}
+
+	l, err := net.Listen("tcp", "0.0.0.0:0")
+	require.NoError(t, err)
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	require.NoError(t, l.Close())
+	ctx, cancel := context.WithCancel(t.Context())
+	exited := make(chan int, 1)
+	var serveErr bytes.Buffer
+	go func() {
+		exited <- run(ctx, []string{"serve", "--addr", "0.0.0.0:" + port, "--kv-blocks", "64", "--log-level", "warn",
+			"--admin-token-file", tokFile, "--api-key-file", keyFile}, &out, &serveErr)
+	}()
+	url := "http://127.0.0.1:" + port
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(url + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 20*time.Second, 10*time.Millisecond, "server did not come up: %s", serveErr.String())
+	get := func(path, token string) int {
+		req, err := http.NewRequest(http.MethodGet, url+path, nil)
+		require.NoError(t, err)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	assert.Equal(t, http.StatusUnauthorized, get("/state", ""))
+	assert.Equal(t, http.StatusOK, get("/state", "adm-secret"))
+	assert.Equal(t, http.StatusUnauthorized, get("/v1/models", ""))
+	assert.Equal(t, http.StatusOK, get("/v1/models", "gen-secret"))
+	cancel()
+	assert.Equal(t, 0, <-exited, serveErr.String())
+	http.DefaultClient.CloseIdleConnections()
+}

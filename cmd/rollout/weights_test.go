@@ -165,7 +165,8 @@ func TestWeightsServe(t *testing.T) {
 	assert.Equal(t, sum, idx.Versions[0].SHA256)
 	assert.Contains(t, out.String(), "--source "+base+"/v1/ --sha256 "+sum)
 
-	w, err := weights.Load(t.Context(), weights.Ref{Version: 1, URI: base + idx.Versions[0].Path, SHA256: sum}, weights.Options{})
+	w, err := weights.Load(t.Context(), weights.Ref{Version: 1, URI: base + idx.Versions[0].Path, SHA256: sum},
+		weights.Options{HTTPClient: weights.NewHTTPClient(weights.FetchPolicy{AllowLoopback: true})})
 	require.NoError(t, err)
 	assert.Positive(t, w.Config.NumParams())
 

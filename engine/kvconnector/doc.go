@@ -17,6 +17,13 @@
 // a connector with something still to deliver (a flush set left by ResetCache, in-flight jobs)
 // must report HasPendingPushWork, which keeps the engine stepping until it is delivered.
 //
+// A step that fails (a phase of RunStep returns an error) still reports its finished transfers
+// and worker metadata, so no completion is lost; a worker implementing StepFailer fails the
+// transfers built for the KV the step did not compute, and the engine's scheduler rolls the
+// step's requests back (sched.Scheduler.FailStep). A load that completes without valid KV is
+// reported in Output.FailedRecving (LoadErrorReporter): the scheduler frees its blocks and the
+// request recomputes.
+//
 // Everything crossing the boundary is plain data (request ids, block ids, block hashes), so a
 // connector needs to import only this package.
 package kvconnector

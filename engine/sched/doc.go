@@ -51,7 +51,10 @@
 // rest of the waiting queue, and when nothing runs they give up their blocks (preemption) rather
 // than deadlock with the queue head. A load that lands after a weight-version change is dropped
 // and the request recomputes. Aborting a loading request delays its block free until the load
-// lands; RequestFinished returning true delays it until FinishedSending.
+// lands; RequestFinished returning true delays it until FinishedSending. A load reported in
+// FailedRecving (no valid KV) frees its blocks and the request recomputes. A step whose execution
+// failed is closed with FailStep before UpdateFromOutput: its requests are rolled back to the
+// step's start and finished, so nothing the step was to compute is cached.
 //
 // ResetPrefixCache never reports a success it did not achieve: it returns what it cleared and why
 // it could not clear the rest; blocks still in use after it (a load in flight, a free the

@@ -379,7 +379,7 @@ func (c *fakeConn) ResetCache(context.Context) (int, bool) {
 	return c.jobs, c.resetOK
 }
 
-// vLLM reset_prefix_cache (§2.6): refused while requests hold blocks (but the connector reset
+// vLLM reset_prefix_cache: refused while requests hold blocks (but the connector reset
 // still runs); with resetRunning every running request is preempted first and the reset succeeds;
 // a failing connector makes the whole reset fail. Never a success that was not achieved.
 func TestResetPrefixCache(t *testing.T) {

@@ -567,23 +567,56 @@ func (t *HF) Encode(text string) ([]int, error) {
 	return t.encodeAdded(ids, &sc, &t.raw, text, true)
 }
 
+// EncodeProtected is Encode, except that special added tokens are not matched where they
+// would overlap a protected byte range [start, end) of text: there their text is encoded as
+// ordinary text, as transformers' split_special_tokens does for untrusted input. Chat
+// templates use it so that only the template, never a message's content, puts special ids
+// into a prompt.
+func (t *HF) EncodeProtected(text string, protected [][2]int) ([]int, error) {
+	ids := make([]int, 0, len(text)/3+1)
+	sc := hfScratch{protected: protected}
+	if len(t.norms) == 0 {
+		return t.encodeAdded(ids, &sc, &t.all, text, false)
+	}
+	return t.encodeAdded(ids, &sc, &t.raw, text, true)
+}
+
 // hfScratch is the working memory of one Encode call, reused across its stretches.
 type hfScratch struct {
 	pieces, next, chunks []string
 	spans                []span
+	// protected are the byte ranges of the input where special tokens are not matched;
+	// noSpecial disables them altogether (a normalized stretch that overlapped one, whose
+	// offsets no longer match the input's).
+	protected [][2]int
+	noSpecial bool
+}
+
+// overlapsProtected reports whether [s, e) of the input overlaps a protected range.
+func (sc *hfScratch) overlapsProtected(s, e int) bool {
+	for _, p := range sc.protected {
+		if s < p[1] && p[0] < e {
+			return true
+		}
+	}
+	return false
 }
 
 // encodeAdded encodes text, cutting out the added tokens of ix; with normalize, each stretch
 // between them is normalized and cut again by the normalized added tokens.
 func (t *HF) encodeAdded(ids []int, sc *hfScratch, ix *addedIndex, text string, normalize bool) ([]int, error) {
 	for pos := 0; pos < len(text); {
-		s, e, id, ok := t.findAdded(ix, text, pos)
+		s, e, id, ok := t.findAdded(sc, ix, text, pos)
 		if !ok {
 			s, e = len(text), len(text)
 		}
 		var err error
 		if normalize {
+			// The normalized stretch has offsets of its own: protect all of it or none.
+			saved := sc.noSpecial
+			sc.noSpecial = saved || sc.overlapsProtected(pos, s)
 			ids, err = t.encodeAdded(ids, sc, &t.nrm, t.normalize(text[pos:s]), false)
+			sc.noSpecial = saved
 		} else {
 			ids, err = t.encodeSegment(ids, sc, text[pos:s])
 		}
@@ -600,7 +633,7 @@ func (t *HF) encodeAdded(ids []int, sc *hfScratch, ix *addedIndex, text string, 
 
 // findAdded finds the leftmost-longest added token in text[from:], returning the span it
 // consumes (widened by lstrip/rstrip).
-func (t *HF) findAdded(ix *addedIndex, text string, from int) (start, end, id int, ok bool) {
+func (t *HF) findAdded(sc *hfScratch, ix *addedIndex, text string, from int) (start, end, id int, ok bool) {
 	if len(ix.list) == 0 {
 		return 0, 0, 0, false
 	}
@@ -608,6 +641,9 @@ func (t *HF) findAdded(ix *addedIndex, text string, from int) (start, end, id in
 		for _, ai := range ix.byFirst[text[i]] {
 			a := &ix.list[ai]
 			if t.IsControl(a.id) || !strings.HasPrefix(text[i:], a.content) {
+				continue
+			}
+			if a.special && (sc.noSpecial || sc.overlapsProtected(i, i+len(a.content))) {
 				continue
 			}
 			s, e := i, i+len(a.content)

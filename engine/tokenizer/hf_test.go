@@ -341,3 +341,44 @@ func TestLoadSniffsFormat(t *testing.T) {
 	_, err = Load(t.TempDir(), 0)
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
+
+// TestHFEncodeProtected: special tokens inside a protected range are encoded as text; outside
+// it they stay special.
+func TestHFEncodeProtected(t *testing.T) {
+	doc := hfDoc(false)
+	vocab := doc["model"].(map[string]any)["vocab"].(map[string]int)
+	for i, p := range []string{"<", "|", "n", ">"} {
+		vocab[p] = 19 + i
+	}
+	tok, err := ParseHF(mustJSON(t, doc))
+	require.NoError(t, err)
+	text := "hello<|end|> world<|end|>"
+	all, err := tok.Encode(text)
+	require.NoError(t, err)
+	assert.Equal(t, 2, countID(all, 17))
+	// Protect the first "<|end|>" (bytes 5..12): only the second stays special.
+	got, err := tok.EncodeProtected(text, [][2]int{{0, 12}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, countID(got, 17))
+	assert.Equal(t, 17, got[len(got)-1])
+	dec, err := tok.Decode(got)
+	require.NoError(t, err)
+	assert.Equal(t, text, dec, "the protected token's text survives as text")
+	// A range touching only part of a special token protects it too.
+	got, err = tok.EncodeProtected(text, [][2]int{{8, 9}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, countID(got, 17))
+	none, err := tok.EncodeProtected(text, nil)
+	require.NoError(t, err)
+	assert.Equal(t, all, none)
+}
+
+func countID(ids []int, id int) int {
+	n := 0
+	for _, x := range ids {
+		if x == id {
+			n++
+		}
+	}
+	return n
+}

@@ -68,6 +68,14 @@ type Tokenizer interface {
 	AppendToken(dst []byte, prev, id int) ([]byte, error)
 }
 
+// ProtectedEncoder is implemented by tokenizers whose Encode turns the text of special
+// tokens into special ids (HF added tokens). EncodeProtected is Encode except that no special
+// token is matched overlapping a protected byte range [start, end) of text. The byte and
+// llama2.c tokenizers never produce special ids from text, so they need no such method.
+type ProtectedEncoder interface {
+	EncodeProtected(text string, protected [][2]int) ([]int, error)
+}
+
 // decodeWith is Decode in terms of AppendToken.
 func decodeWith(t Tokenizer, ids []int) (string, error) {
 	buf := make([]byte, 0, 4*len(ids))

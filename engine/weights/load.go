@@ -53,7 +53,8 @@ type Options struct {
 	Root string
 	// RequireDigest refuses refs without a SHA-256.
 	RequireDigest bool
-	// HTTPClient fetches http(s) sources; nil means http.DefaultClient. Timeouts come from ctx.
+	// HTTPClient fetches http(s) sources; nil means NewHTTPClient(FetchPolicy{}), which
+	// refuses loopback and private addresses.
 	HTTPClient *http.Client
 	// MaxDownloadBytes caps the total bytes of one http(s) download; 0 means
 	// DefaultMaxDownloadBytes.
@@ -105,6 +106,7 @@ func LoadWithInfo(ctx context.Context, ref Ref, opts Options) (*model.Weights, I
 	switch s := strings.ToLower(scheme); {
 	case hasScheme && (s == "http" || s == "https"):
 		w, info, err = loadHTTP(ctx, ref.URI, opts)
+		err = publicFetchError(ctx, ref.URI, err)
 	case hasScheme && s == "file":
 		var u *url.URL
 		if u, err = url.Parse(ref.URI); err != nil {
@@ -115,16 +117,16 @@ func LoadWithInfo(ctx context.Context, ref Ref, opts Options) (*model.Weights, I
 		}
 		w, info, err = loadLocal(ctx, filepath.FromSlash(u.Path), opts.Root)
 	case hasScheme:
-		return nil, Info{}, fmt.Errorf("%w: scheme %q in %q (want a path, file://, http:// or https://)", ErrUnsupportedSource, scheme, ref.URI)
+		return nil, Info{}, fmt.Errorf("%w: scheme %q (want a path, file://, http:// or https://)", ErrUnsupportedSource, scheme)
 	default:
 		w, info, err = loadLocal(ctx, ref.URI, opts.Root)
 	}
 	if err != nil {
-		return nil, Info{}, fmt.Errorf("weights: version %d from %s: %w", ref.Version, ref.URI, err)
+		return nil, Info{}, fmt.Errorf("weights: version %d from %s: %w", ref.Version, RedactURI(ref.URI), err)
 	}
 	if ref.SHA256 != "" && !strings.EqualFold(ref.SHA256, info.Digest) {
 		return nil, Info{}, fmt.Errorf("%w: version %d from %s: sha256 %s, want %s",
-			ErrDigestMismatch, ref.Version, ref.URI, info.Digest, strings.ToLower(ref.SHA256))
+			ErrDigestMismatch, ref.Version, RedactURI(ref.URI), info.Digest, strings.ToLower(ref.SHA256))
 	}
 	return w, info, nil
 }
@@ -191,7 +193,7 @@ func loadHTTP(ctx context.Context, raw string, opts Options) (*model.Weights, In
 	}
 	dl := &downloader{client: opts.HTTPClient, left: opts.MaxDownloadBytes}
 	if dl.client == nil {
-		dl.client = http.DefaultClient
+		dl.client = NewHTTPClient(FetchPolicy{})
 	}
 	if dl.left <= 0 {
 		dl.left = DefaultMaxDownloadBytes

@@ -173,6 +173,10 @@ func TestLoadRoot(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// loopback is the weights client of a server on the same host as its weights (the test
+// servers listen on 127.0.0.1).
+var loopback = NewHTTPClient(FetchPolicy{AllowLoopback: true})
+
 // serveDir serves dir over HTTP, counting requests per path.
 func serveDir(t *testing.T, dir string) (*httptest.Server, map[string]int) {
 	t.Helper()
@@ -198,7 +202,7 @@ func TestLoadHTTP(t *testing.T) {
 		want, err := Digest(ctx, c.local)
 		require.NoError(t, err)
 		tmp := t.TempDir()
-		w, info, err := LoadWithInfo(ctx, Ref{Version: 4, URI: srv.URL + c.path, SHA256: want}, Options{TempDir: tmp})
+		w, info, err := LoadWithInfo(ctx, Ref{Version: 4, URI: srv.URL + c.path, SHA256: want}, Options{TempDir: tmp, HTTPClient: loopback})
 		require.NoError(t, err, c.path)
 		assert.Equal(t, c.format, info.Format)
 		assert.Equal(t, want, info.Digest)
@@ -207,28 +211,27 @@ func TestLoadHTTP(t *testing.T) {
 		require.NoError(t, err)
 		assert.Empty(t, ents, "downloads are removed")
 
-		_, err = Load(ctx, Ref{URI: srv.URL + c.path, SHA256: strings.Repeat("0", 64)}, Options{})
+		_, err = Load(ctx, Ref{URI: srv.URL + c.path, SHA256: strings.Repeat("0", 64)}, Options{HTTPClient: loopback})
 		require.ErrorIs(t, err, ErrDigestMismatch)
 	}
 	assert.Positive(t, hits["/sharded/"+IndexFile])
 
-	_, err := Load(ctx, Ref{URI: srv.URL + "/missing.bin"}, Options{})
+	_, err := Load(ctx, Ref{URI: srv.URL + "/missing.bin"}, Options{HTTPClient: loopback})
 	require.ErrorIs(t, err, ErrFetch)
-	_, err = Load(ctx, Ref{URI: srv.URL + "/hf"}, Options{MaxDownloadBytes: 2000})
+	_, err = Load(ctx, Ref{URI: srv.URL + "/hf"}, Options{MaxDownloadBytes: 2000, HTTPClient: loopback})
 	require.ErrorIs(t, err, ErrFetch)
-	assert.Contains(t, err.Error(), "limit")
 
 	fail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "boom", http.StatusInternalServerError)
 	}))
 	defer fail.Close()
-	_, err = Load(ctx, Ref{URI: fail.URL + "/m.bin"}, Options{})
+	_, err = Load(ctx, Ref{URI: fail.URL + "/m.bin"}, Options{HTTPClient: loopback})
 	require.ErrorIs(t, err, ErrFetch)
-	assert.Contains(t, err.Error(), "500")
+	assert.NotContains(t, err.Error(), "boom", "the source's answer stays out of the error")
 
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	_, err = Load(cctx, Ref{URI: srv.URL + "/m.bin"}, Options{})
+	_, err = Load(cctx, Ref{URI: srv.URL + "/m.bin"}, Options{HTTPClient: loopback})
 	require.ErrorIs(t, err, context.Canceled)
 }
 
@@ -236,7 +239,7 @@ func TestLoadHTTPRejectsEscapingShardNames(t *testing.T) {
 	f := newFixture(t)
 	writeFile(t, filepath.Join(f.sharded, IndexFile), []byte(`{"weight_map":{"model.norm.weight":"../m.bin"}}`))
 	srv, hits := serveDir(t, f.root)
-	_, err := Load(context.Background(), Ref{URI: srv.URL + "/sharded"}, Options{})
+	_, err := Load(context.Background(), Ref{URI: srv.URL + "/sharded"}, Options{HTTPClient: loopback})
 	require.ErrorIs(t, err, ErrBadCheckpoint)
 	assert.Zero(t, hits["/m.bin"])
 }

@@ -1,5 +1,5 @@
-// Package archtest enforces the dependency rules of DESIGN.md ("Layout and dependency
-// direction") as a test: `go test ./internal/archtest/` lists every package of the module with
+// Package archtest enforces the dependency rules of docs/architecture.md ("Packages and the
+// rules between them") as a test: `go test ./internal/archtest/` lists every package of the module with
 // `go list -deps -json` (in both GOEXPERIMENT modes, since build tags can change imports) and
 // fails, naming the import chain, when a package reaches something its layer must not.
 //

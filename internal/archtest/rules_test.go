@@ -14,11 +14,11 @@ const (
 )
 
 // plainDataPackages are module packages that offload may import besides engine/kvconnector:
-// "plain data types" in DESIGN.md's words. Each must itself import nothing from the module,
+// "plain data types" in docs/architecture.md's words. Each must itself import nothing from the module,
 // which the "plain-data" rule checks, so adding one here cannot smuggle in a dependency.
 var plainDataPackages = []string{m("engine/kvcache")}
 
-// designRules are DESIGN.md's dependency rules. Patterns are import paths; a trailing "/..."
+// designRules are the dependency rules of docs/architecture.md. Patterns are import paths; a trailing "/..."
 // matches the package and everything below it.
 func designRules() []rule {
 	return []rule{

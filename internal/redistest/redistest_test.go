@@ -144,6 +144,13 @@ func TestProxyFreeze(t *testing.T) {
 	}
 	defer c.Close()
 	r := bufio.NewReader(c)
+	// One round trip first, so the connection is forwarded (not held) when the freeze starts.
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := r.ReadString('\n'); err != nil || line != "+PONG\r\n" {
+		t.Fatalf("before freeze: %q, %v", line, err)
+	}
 	p.Freeze()
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {
 		t.Fatal(err)

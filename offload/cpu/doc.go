@@ -1,6 +1,5 @@
 // Package cpu is the CPU tier of the offloading connector: the slot manager that decides which
-// chunk of KV lives in which CPU slot (vLLM's CPUOffloadingManager, reference/vllm-semantics.md
-// §4.4) with LRU and ARC eviction policies.
+// chunk of KV lives in which CPU slot (vLLM's CPUOffloadingManager) with LRU and ARC eviction policies.
 //
 // The manager is a pure state machine driven from the connector's scheduler side: it never
 // touches bytes. Slot ids are handed out fresh (0, 1, 2, ...) first and then LIFO from a free list;

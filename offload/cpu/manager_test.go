@@ -33,7 +33,7 @@ func lookups(m *Manager, ids ...int) []LookupResult {
 	return out
 }
 
-// TestCPUManagerLRUAcceptance ports vLLM's test_cpu_manager sequence (§7.3) step by step.
+// TestCPUManagerLRUAcceptance ports vLLM's test_cpu_manager sequence step by step.
 func TestCPUManagerLRUAcceptance(t *testing.T) {
 	m, err := New(4, PolicyLRU)
 	require.NoError(t, err)

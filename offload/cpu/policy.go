@@ -7,7 +7,7 @@ type entry struct {
 	ref  int // -1: write pending; 0: idle, evictable; > 0: that many loads in flight
 }
 
-// policy orders the stored keys for eviction (vLLM cache policies, §4.4). The manager owns the
+// policy orders the stored keys for eviction (as vLLM's cache policies do). The manager owns the
 // entries; a policy only decides recency and which idle keys go first.
 type policy interface {
 	get(k Key) *entry

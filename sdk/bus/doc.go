@@ -10,4 +10,10 @@
 //   - Keys (Set with a TTL, Get, Scan, CompareAndSwap) hold the truth.
 //   - Lists (Push, Pop) hold acks durably until read, so a reader that was briefly away
 //     misses nothing.
+//
+// A subscription never drops a message because its reader is slow: events queue without
+// bound between the transport and the Events channel. The Redis bus reads each subscription
+// on its own connection and goroutine, pings an idle one so a silently dead connection is
+// replaced (not waited on forever), and maps every transport failure to ErrUnavailable.
+// internal/redistest starts the real redis-server (and a partitionable proxy) its tests use.
 package bus

@@ -29,6 +29,7 @@ type Mem struct {
 	subs    map[string]map[*memSub]struct{}
 	keys    map[string]memValue
 	lists   map[string]*memList
+	writes  int // since the last sweep of expired entries
 }
 
 type memValue struct {
@@ -40,6 +41,7 @@ type memList struct {
 	items   [][]byte
 	expires time.Time
 	ready   chan struct{} // closed and replaced on every push
+	waiters int           // Pops waiting on ready
 }
 
 // NewMem returns an empty in-process bus.
@@ -111,6 +113,7 @@ func (m *Mem) Set(ctx context.Context, key string, val []byte, ttl time.Duration
 	}
 	defer m.mu.Unlock()
 	m.keys[key] = memValue{val: bytes.Clone(val), expires: m.expiry(ttl)}
+	m.wrote()
 	return nil
 }
 
@@ -176,6 +179,7 @@ func (m *Mem) CompareAndSwap(ctx context.Context, key string, old, val []byte) (
 		return false, nil
 	}
 	m.keys[key] = memValue{val: bytes.Clone(val)}
+	m.wrote()
 	return true, nil
 }
 
@@ -224,6 +228,7 @@ func (m *Mem) Push(ctx context.Context, list string, val []byte, ttl time.Durati
 	l.expires = m.expiry(ttl)
 	close(l.ready)
 	l.ready = make(chan struct{})
+	m.wrote()
 	return nil
 }
 
@@ -246,22 +251,67 @@ func (m *Mem) Pop(ctx context.Context, list string, limit int, wait time.Duratio
 		if n := min(limit, len(l.items)); n > 0 {
 			out := slices.Clone(l.items[:n])
 			l.items = slices.Delete(l.items, 0, n)
+			m.tidy(list, l)
 			m.mu.Unlock()
 			return out, nil
 		}
-		ready := l.ready
-		m.mu.Unlock()
 		if timer == nil {
+			m.tidy(list, l)
+			m.mu.Unlock()
 			return nil, nil
 		}
+		l.waiters++
+		ready := l.ready
+		m.mu.Unlock()
+		var err error
+		done := true
 		select {
 		case <-ready:
+			done = false
 		case <-timer:
-			return nil, nil
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			err = ctx.Err()
 		case <-m.closing:
-			return nil, ErrClosed
+			err = ErrClosed
+		}
+		m.mu.Lock()
+		l.waiters--
+		m.tidy(list, l)
+		m.mu.Unlock()
+		if done {
+			return nil, err
+		}
+	}
+}
+
+// tidy drops list l (named name) once it is empty and nobody waits on it, as Redis drops an
+// empty list: otherwise every command's ack list would stay in memory for good. m.mu is held.
+func (m *Mem) tidy(name string, l *memList) {
+	if m.lists[name] == l && len(l.items) == 0 && l.waiters == 0 {
+		close(l.ready)
+		delete(m.lists, name)
+	}
+}
+
+// wrote counts a write and, every so many (more as the bus grows, so the cost per write stays
+// constant), drops every expired key and list: Redis expires keys nobody reads again, and so
+// must a long-running embedded fleet. m.mu is held.
+func (m *Mem) wrote() {
+	m.writes++
+	if m.writes < max(256, len(m.keys)+len(m.lists)) {
+		return
+	}
+	m.writes = 0
+	now := m.now()
+	for k, v := range m.keys {
+		if !v.expires.IsZero() && !now.Before(v.expires) {
+			delete(m.keys, k)
+		}
+	}
+	for name, l := range m.lists {
+		if !l.expires.IsZero() && !now.Before(l.expires) {
+			close(l.ready) // waiters wake and see it gone
+			delete(m.lists, name)
 		}
 	}
 }

@@ -120,7 +120,14 @@ func DialRedis(ctx context.Context, rawURL string, o RedisOptions) (*Redis, erro
 	}
 	r.readTimeout = opt.ReadTimeout
 	r.slice = min(250*time.Millisecond, opt.ReadTimeout/2)
-	if err := r.c.Ping(ctx).Err(); err != nil {
+	// Without a deadline, a server that accepts connections but never answers would keep go-redis
+	// retrying; one dial and one read is as long as the first answer may take.
+	pctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		pctx, cancel = context.WithTimeout(ctx, opt.DialTimeout+opt.ReadTimeout)
+	}
+	defer cancel()
+	if err := r.c.Ping(pctx).Err(); err != nil {
 		_ = r.c.Close()
 		return nil, fmt.Errorf("%w: redis at %s does not answer: %w", ErrUnavailable, opt.Addr, err)
 	}
@@ -439,6 +446,18 @@ func (r *Redis) Subscribe(ctx context.Context, channel string) (Subscription, er
 			return nil, r.fail(ctx, "subscribe", err)
 		}
 		return s, nil
+	case <-s.exited:
+		// The reader ended without confirming: it failed (its error is in confirmed) or the
+		// bus was closed meanwhile.
+		_ = s.Close()
+		select {
+		case err := <-s.confirmed:
+			if err != nil {
+				return nil, r.fail(ctx, "subscribe", err)
+			}
+		default:
+		}
+		return nil, ErrClosed
 	case <-ctx.Done():
 		_ = s.Close()
 		return nil, fmt.Errorf("bus: subscribe: %w", ctx.Err())

@@ -71,6 +71,9 @@ func TestDialRedisUnreachable(t *testing.T) {
 	_, err = bus.DialRedis(ctx, p.URL(), bus.RedisOptions{})
 	require.ErrorIs(t, err, bus.ErrUnavailable)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+	// Without a deadline the first answer may take one dial and one read, not every retry.
+	_, err = bus.DialRedis(context.Background(), p.URL(), bus.RedisOptions{DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond})
+	require.ErrorIs(t, err, bus.ErrUnavailable)
 }
 
 // Killing redis-server and starting it again: calls fail with ErrUnavailable meanwhile, the

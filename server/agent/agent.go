@@ -244,6 +244,7 @@ type loop struct {
 	pending  []pendingAck // acks not pushed yet (the bus was down)
 	busDown  bool
 	subFails int
+	joined   bool
 }
 
 func (l *loop) run(ctx context.Context) (err error) {
@@ -267,8 +268,11 @@ func (l *loop) run(ctx context.Context) (err error) {
 				retry.Reset(d)
 				continue
 			}
-			if l.subFails > 0 {
-				a.log.Info("agent: control channel joined after failures", "attempts", l.subFails+1)
+			if !l.joined {
+				a.log.Info("agent: joined the fleet", "advertise_url", a.cfg.AdvertiseURL, "signed", len(a.cfg.Secret) > 0, "attempts", l.subFails+1)
+				l.joined = true
+			} else {
+				a.log.Info("agent: control channel joined again", "attempts", l.subFails+1)
 			}
 			l.subFails = 0
 			events = l.sub.Events()
@@ -296,11 +300,11 @@ func (l *loop) run(ctx context.Context) (err error) {
 			}
 		case <-a.drainReq:
 			l.core.Drain()
-			if l.b != nil {
+			if l.b != nil && ctx.Err() == nil { // stopping: stop's heartbeat says it
 				l.heartbeat(ctx)
 			}
 		case <-tick.C:
-			if l.b == nil {
+			if l.b == nil || ctx.Err() != nil {
 				continue
 			}
 			if err := l.resync(ctx); err != nil {
@@ -373,6 +377,9 @@ func (l *loop) resync(ctx context.Context) error {
 }
 
 func (l *loop) busError(what string, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the agent is stopping, not the bus failing
+	}
 	if !l.busDown {
 		l.a.log.Warn("agent: bus unavailable; the server keeps serving and retries", "op", what, "err", err)
 	}

@@ -2,11 +2,16 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/sdk/bus"
@@ -85,6 +90,16 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.Positive(t, a.Phases[0].Detail["bytes"])
 	assert.EqualValues(t, 2, a.StagedVersion)
 	assert.EqualValues(t, 1, a.WeightVersion)
+	// Staging it again (a retried transaction) has nothing to do; another digest under the
+	// same version is a conflict.
+	a = f.do(protocol.Stage{Weights: ref})
+	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
+	assert.EqualValues(t, 1, a.Phases[0].Detail["already_staged"])
+	other := checkpoint(t, 2, 5)
+	a = f.do(protocol.Stage{Weights: other})
+	assert.Equal(t, protocol.ResultFailed, a.Result)
+	assert.Equal(t, "conflict", a.Code)
+	assert.EqualValues(t, 2, a.StagedVersion)
 	a = f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, ClearCache: true, SleepLevel: 1})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
 	assert.Equal(t, []string{"pause", "sleep", "commit", "wake", "resume"}, phaseNames(a))
@@ -126,12 +141,13 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	require.Len(t, res.Tokens, 3)
 	assert.EqualValues(t, 4, res.Tokens[0].WeightVersion)
 
+	assert.EqualValues(t, 2, n.metric(`rollout_update_weights_seconds_count{phase="commit"}`), "two swaps")
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="pause",result="ok"}`))
 	assert.EqualValues(t, 2, n.metric(`rollout_control_commands_total{kind="sleep",result="ok"}`))
 	assert.EqualValues(t, 3, n.metric(`rollout_control_commands_total{kind="commit",result="ok"}`))
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="commit",result="failed"}`))
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="resume",result="failed"}`))
-	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="stage",result="failed"}`))
+	assert.EqualValues(t, 2, n.metric(`rollout_control_commands_total{kind="stage",result="failed"}`))
 	assert.Zero(t, n.metric(`rollout_control_rejected_total{reason="bad_signature"}`))
 }
 
@@ -452,3 +468,124 @@ func TestRunRetriesWhileTheBusIsDown(t *testing.T) {
 type nopCloser struct{ bus.Bus }
 
 func (nopCloser) Close() error { return nil }
+
+// TestCommandSpanJoinsTheSendersTrace: the span of a command is a child of the span whose
+// W3C trace context the envelope carries, and links to it.
+func TestCommandSpanJoinsTheSendersTrace(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(t.Context()) }()
+	mem := newMem(t)
+	f := newFleet(t, mem)
+	n := startNode(t, mem, func(c *server.Config) { c.Tracer = tp.Tracer("test") })
+	n.joined(f)
+
+	ctx, sender := tp.Tracer("sdk").Start(t.Context(), "sdk.pause")
+	e, err := protocol.NewEnvelope(fleetName, nil, protocol.Pause{Mode: protocol.ModeAbort}, time.Now(), 30*time.Second)
+	require.NoError(t, err)
+	e.Trace = map[string]string{}
+	propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(e.Trace))
+	e.Sign(testSecret)
+	f.publish(e)
+	require.Equal(t, protocol.ResultOK, f.ack(e.ID).Result)
+	sender.End()
+
+	var got sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == agent.SpanProcess {
+			got = s
+		}
+	}
+	require.NotNil(t, got, "no control.process span")
+	sc := sender.SpanContext()
+	assert.Equal(t, sc.TraceID(), got.SpanContext().TraceID())
+	assert.Equal(t, sc.SpanID(), got.Parent().SpanID())
+	require.Len(t, got.Links(), 1)
+	assert.Equal(t, sc.SpanID(), got.Links()[0].SpanContext.SpanID())
+}
+
+// TestTwoServersAckOnOneList: a fleet-wide command is acked by every server on the
+// command's one list; each heartbeats under its own key.
+func TestTwoServersAckOnOneList(t *testing.T) {
+	mem := newMem(t)
+	f := newFleet(t, mem)
+	n1 := startNode(t, mem, nil)
+	n2 := startNode(t, mem, func(c *server.Config) { c.ServerID = "s2" })
+	n1.joined(f)
+	n2.joined(f)
+	e := f.envelope(protocol.Reset{})
+	f.publish(e)
+	got := map[string]protocol.Result{}
+	for range 2 {
+		a := f.ack(e.ID)
+		got[a.ServerID] = a.Result
+	}
+	assert.Equal(t, map[string]protocol.Result{serverID: protocol.ResultOK, "s2": protocol.ResultOK}, got)
+	hb, ok := f.heartbeat("s2")
+	require.True(t, ok)
+	assert.Equal(t, n2.URL(), hb.AdvertiseURL)
+}
+
+// flakyPush fails every Push while down is set, and says so on tried.
+type flakyPush struct {
+	bus.Bus
+	mu    sync.Mutex
+	down  bool
+	tried chan struct{}
+}
+
+func (f *flakyPush) Push(ctx context.Context, list string, val []byte, ttl time.Duration) error {
+	f.mu.Lock()
+	down := f.down
+	f.mu.Unlock()
+	if down {
+		select {
+		case f.tried <- struct{}{}:
+		default:
+		}
+		return fmt.Errorf("%w: test outage", bus.ErrUnavailable)
+	}
+	return f.Bus.Push(ctx, list, val, ttl)
+}
+
+func (f *flakyPush) setDown(v bool) {
+	f.mu.Lock()
+	f.down = v
+	f.mu.Unlock()
+}
+
+func (*flakyPush) Close() error { return nil }
+
+// TestAckSurvivesABusOutage: an ack that cannot be pushed is kept and pushed once the bus
+// works again.
+func TestAckSurvivesABusOutage(t *testing.T) {
+	mem := newMem(t)
+	f := newFleet(t, mem)
+	n := startNode(t, mem, func(c *server.Config) { c.ServerID = "host" }) // for its engine
+	n.joined(f)
+	fb := &flakyPush{Bus: mem, tried: make(chan struct{}, 1)}
+	a, err := agent.New(agent.Config{Bus: fb, Fleet: fleetName, ServerID: serverID, Secret: testSecret,
+		HeartbeatInterval: 10 * time.Millisecond, HeartbeatTTL: time.Hour,
+		Engine: &agent.EngineAdapter{Engine: n.Engine(), Clock: agent.NewStepClock(nil)},
+		Stage:  func(context.Context, protocol.WeightsRef) (int64, error) { return 0, nil }, Logger: quietLogger()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	n.joined(f) // the host's heartbeat exists already; wait for ours
+	waitFor(t, "s1 joined", func() bool { _, ok := f.heartbeat(serverID); return ok })
+
+	fb.setDown(true)
+	e := f.envelope(protocol.Reset{}, serverID)
+	f.publish(e)
+	<-fb.tried
+	f.noAck(e.ID)
+	fb.setDown(false)
+	ack := f.ack(e.ID)
+	assert.Equal(t, protocol.ResultOK, ack.Result)
+	assert.False(t, ack.Duplicate)
+}

@@ -151,11 +151,14 @@ type Core struct {
 	known   bool                   // the desired state was read at least once (found or absent)
 	desired *protocol.DesiredState // last verified; nil: none
 	badRaw  []byte                 // last refused desired-state bytes, so a bad key is counted once
-	eng     EngineState
+	// desiredErr says why the current desired-state key was refused ("" when it was not).
+	desiredErr string
+	eng        EngineState
 
-	seen  map[string]*seenCmd
-	queue []*Work
-	busy  *Work
+	seen   map[string]*seenCmd
+	pruned time.Time // last walk of seen
+	queue  []*Work
+	busy   *Work
 
 	wantConverge bool
 	convEpoch    int64 // epoch last converged to
@@ -207,7 +210,7 @@ func (c *Core) Engine(st EngineState) { c.eng = st }
 // per distinct value); ErrRefuseJoin means this server must leave.
 func (c *Core) Desired(raw []byte, found bool, now time.Time) error {
 	if !found {
-		c.known, c.desired, c.badRaw = true, nil, nil
+		c.known, c.desired, c.badRaw, c.desiredErr = true, nil, nil, ""
 		c.wantConverge = true
 		c.schedule(now)
 		return nil
@@ -225,7 +228,7 @@ func (c *Core) Desired(raw []byte, found bool, now time.Time) error {
 	if verr := d.Verify(c.cfg.Secret, c.cfg.Fleet); verr != nil {
 		return c.refuseDesired(raw, reasonOf(verr))
 	}
-	c.badRaw = nil
+	c.badRaw, c.desiredErr = nil, ""
 	if c.desired != nil && d.Epoch < c.desired.Epoch {
 		return nil // an older record (a stale read): keep the newer one
 	}
@@ -240,6 +243,9 @@ func (c *Core) Desired(raw []byte, found bool, now time.Time) error {
 func (c *Core) refuseDesired(raw []byte, reason string) error {
 	c.badRaw = bytes.Clone(raw)
 	c.out.Rejected = append(c.out.Rejected, reason)
+	// Said in the heartbeat: a server with a secret in an unsigned fleet (or the reverse)
+	// stays out of rotation, and the operator should see why.
+	c.desiredErr = "the fleet's desired state was refused: " + reason
 	return nil
 }
 
@@ -325,8 +331,13 @@ func reasonOf(err error) string {
 }
 
 // prune forgets commands past their deadline: a copy arriving later is refused as expired
-// before the dedupe check, so nothing needs them.
+// before the dedupe check, so nothing needs them. It walks the map at most once a second, so
+// a burst of commands costs no more than one walk.
 func (c *Core) prune(now time.Time) {
+	if now.Sub(c.pruned) < time.Second && !now.Before(c.pruned) {
+		return
+	}
+	c.pruned = now
 	ms := now.UnixMilli()
 	for id, s := range c.seen {
 		if s.ack != nil && s.deadline < ms {
@@ -343,7 +354,7 @@ func (c *Core) Done(res Result, st EngineState, now time.Time) {
 	if w == nil {
 		return
 	}
-	if res.Committed > 0 && w != nil && w.Envelope == nil {
+	if res.Committed > 0 && w.Envelope == nil {
 		// Kept for a commit command that arrives after this self-convergence.
 		c.commits = map[int64]Result{res.Committed: res}
 	}
@@ -528,11 +539,21 @@ func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
 	hb := protocol.Heartbeat{V: protocol.Version, Fleet: c.cfg.Fleet, ServerID: c.cfg.ServerID, State: state,
 		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, Epoch: c.convEpoch, InRotation: c.InRotation(),
 		Running: c.eng.Running, Waiting: c.eng.Waiting, KVUsage: c.eng.KVUsage, AdvertiseURL: c.cfg.AdvertiseURL,
-		Build: c.cfg.Build, Error: c.convErr, At: now.UnixMilli()}
+		Build: c.cfg.Build, Error: joinErrs(c.desiredErr, c.convErr), At: now.UnixMilli()}
 	if len(c.cfg.Secret) > 0 {
 		hb.Sign(c.cfg.Secret)
 	}
 	return hb
+}
+
+func joinErrs(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
 }
 
 func isCommit(cmd any) bool {

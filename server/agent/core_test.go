@@ -319,6 +319,9 @@ func TestCoreDesiredStateChecks(t *testing.T) {
 		c := newTestCore(coreSecret)
 		require.NoError(t, c.Desired(desiredRaw(t, protocol.DesiredState{Epoch: 1, Weights: &ref}, nil), true, t0))
 		assert.Equal(t, []string{ReasonUnsigned}, c.Ready().Rejected)
+		c.Converge(t0)
+		assert.Contains(t, c.Heartbeat(t0).Error, "desired state was refused: unsigned")
+		assert.False(t, c.InRotation())
 	})
 	t.Run("malformed", func(t *testing.T) {
 		c := newTestCore(coreSecret)

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,27 +98,10 @@ func (a *EngineAdapter) Reset(ctx context.Context, resetRunning, resetExternal b
 	return resetResult(r), err
 }
 
-// Commit implements Engine. The staged version is checked first: an engine that commits
-// whatever is staged would otherwise swap in a stage that raced in between.
-//
-// The engine's commit call is gaining the version it must commit (CommitWeights(ctx,
-// version), checked inside the engine loop); until every branch has it, both signatures
-// are accepted here, so this file builds before and after that change.
+// Commit implements Engine. The engine checks, on its own goroutine, that version is the
+// one staged, so a stage that raced in between is never swapped in unasked.
 func (a *EngineAdapter) Commit(ctx context.Context, version int64) (int64, error) {
-	if st := a.Engine.Metrics().StagedVersion; st != version {
-		return a.Engine.Version(), fmt.Errorf("%w: version %d is not staged (staged: %d)", engine.ErrNothingStaged, version, st)
-	}
-	switch e := any(a.Engine).(type) {
-	case interface {
-		CommitWeights(context.Context, int64) (int64, error)
-	}:
-		return e.CommitWeights(ctx, version)
-	case interface {
-		CommitWeights(context.Context) (int64, error)
-	}:
-		return e.CommitWeights(ctx)
-	}
-	return a.Engine.Version(), fmt.Errorf("agent: the engine has no CommitWeights call this agent knows")
+	return a.Engine.CommitWeights(ctx, version)
 }
 
 // Abort implements Engine.

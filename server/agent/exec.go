@@ -218,7 +218,14 @@ func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef) Result {
 	case st.WeightVersion >= ref.Version:
 		p.detail("already_serving", 1)
 		return Result{Phases: []protocol.Phase{p.end(nil)}}
-	case st.StagedVersion == ref.Version && a.stagedVersion == ref.Version && a.stagedSHA == ref.SHA256:
+	case st.StagedVersion == ref.Version:
+		// A version number names one set of weights (the engine refuses to restage it), so a
+		// second stage of it, e.g. a retried transaction, has nothing to do; unless this
+		// agent staged it from another digest, which is a conflict to report.
+		if a.stagedVersion == ref.Version && a.stagedSHA != "" && ref.SHA256 != "" && a.stagedSHA != ref.SHA256 {
+			err := fmt.Errorf("version %d is already staged with digest %s, not %s", ref.Version, a.stagedSHA, ref.SHA256)
+			return Result{Phases: []protocol.Phase{p.end(err)}, Err: err, Code: "conflict"}
+		}
 		p.detail("already_staged", 1)
 		return Result{Phases: []protocol.Phase{p.end(nil)}}
 	}
@@ -259,6 +266,14 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		}
 		return err
 	}
+	wasPaused := st.State != "running"
+	// Whether the server was generating: after a pause that aborted its requests, their
+	// clients resubmit (the SDK continues each sample), so the first token after the resume
+	// is worth waiting for even when nothing waits at the resume itself.
+	loaded := !wasPaused && st.Running+st.Waiting > 0
+	// From the pause on, the cut runs to its end whatever the sender's deadline.
+	cut, cancel := context.WithTimeout(context.WithoutCancel(ctx), cutTimeout)
+	defer cancel()
 	if err := step("pause", func(p *phase) error {
 		r, err := eng.Pause(ctx, c.Mode, c.ClearCache)
 		if c.ClearCache {
@@ -266,14 +281,16 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		}
 		return err
 	}); err != nil {
+		// A pause cut short by the deadline may still have taken effect in the engine: undo
+		// it rather than leave the server paused by a commit that did not happen.
+		if !wasPaused && !stayPaused && eng.State().State == "paused" {
+			_ = step("resume", func(*phase) error { return eng.Resume(cut) })
+		}
 		return res
 	}
 	if t := eng.Steps().Last(); !t.IsZero() {
 		res.LastTokenBefore = t.UnixNano()
 	}
-	// Paused: from here the cut runs to its end whatever the sender's deadline.
-	cut, cancel := context.WithTimeout(context.WithoutCancel(ctx), cutTimeout)
-	defer cancel()
 	slept := false
 	if c.SleepLevel > 0 {
 		slept = step("sleep", func(p *phase) error {
@@ -309,7 +326,7 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 	if err := step("resume", func(*phase) error { return eng.Resume(cut) }); err != nil {
 		return res
 	}
-	if cerr == nil && running+waiting > 0 && res.Committed > 0 {
+	if (loaded || cerr == nil && running+waiting > 0) && res.Committed > 0 {
 		// Bounded by the command's deadline too: the ack must arrive before the sender gives up.
 		wctx, cancel := context.WithTimeout(ctx, firstTokenWait)
 		if t, err := eng.Steps().First(wctx); err == nil {

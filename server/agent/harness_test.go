@@ -38,7 +38,7 @@ var testSecret = []byte("0123456789abcdef0123456789abcdef-agent-test")
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // waitFor polls cond until it holds (it must become true: the deadline only bounds a hang).
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
@@ -150,7 +150,7 @@ func (f *fleet) heartbeat(id string) (*protocol.Heartbeat, bool) {
 // node is a running server in the fleet.
 type node struct {
 	*server.Server
-	t      *testing.T
+	t      testing.TB
 	client *http.Client
 	cancel context.CancelFunc
 	done   chan error
@@ -159,7 +159,7 @@ type node struct {
 // startNode runs a server (builtin:tiny, weight version 1) in the fleet over b. The
 // heartbeat interval is an hour unless mut changes it, so only the test's actions drive the
 // agent.
-func startNode(t *testing.T, b bus.Bus, mut func(*server.Config)) *node {
+func startNode(t testing.TB, b bus.Bus, mut func(*server.Config)) *node {
 	t.Helper()
 	cfg := server.Config{Addr: "127.0.0.1:0", KVBlocks: 512, WeightVersion: 1, Logger: quietLogger(), ShutdownGrace: 5 * time.Second,
 		Bus: b, Fleet: fleetName, ServerID: serverID, FleetSecret: string(testSecret), FleetHeartbeat: time.Hour}

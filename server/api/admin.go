@@ -165,26 +165,47 @@ func (a *API) handleUpdateWeights(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
-	if req.Version <= 0 {
-		writeError(c, badRequest("invalid_value", "version", "version must be > 0 (got %d)", req.Version))
+	if err := a.checkVersion(req.Version); err != nil {
+		writeError(c, err)
 		return
 	}
-	if cur := a.eng.Version(); req.Version <= cur {
-		writeError(c, &Error{Status: http.StatusConflict, Type: typeConflict, Code: "stale_version", Param: "version",
-			Message: fmt.Sprintf("version %d is not newer than the serving version %d", req.Version, cur)})
+	if err := a.updateMu.lock(c.Request.Context()); err != nil {
+		writeError(c, err)
 		return
 	}
-	a.updateMu.Lock()
-	defer a.updateMu.Unlock()
-	a.updating.Store(true)
-	defer a.updating.Store(false)
+	defer a.updateMu.unlock()
 	resp, err := a.updateWeights(c.Request.Context(), req)
 	if err != nil {
-		a.log.Warn("api: weight update failed; the old weights keep serving", "version", req.Version, "source", req.Source, "err", err)
+		a.log.Warn("api: weight update failed; the old weights keep serving", "version", req.Version, "source", weights.RedactURI(req.Source), "err", err)
 		writeError(c, err)
 		return
 	}
 	c.PureJSON(http.StatusOK, resp)
+}
+
+// Bounds of a weight version: a version that jumps further than MaxVersionStep past the
+// serving one (or beyond MaxVersion, the largest integer JSON carries exactly) would make
+// every later update stale.
+const (
+	MaxVersion     = 1<<53 - 1
+	MaxVersionStep = 1 << 31
+)
+
+// checkVersion refuses a version that is not positive, not newer than the serving one, or too
+// far ahead of it.
+func (a *API) checkVersion(v int64) error {
+	cur := a.eng.Version()
+	switch {
+	case v <= 0:
+		return badRequest("invalid_value", "version", "version must be > 0 (got %d)", v)
+	case v <= cur:
+		return &Error{Status: http.StatusConflict, Type: typeConflict, Code: "stale_version", Param: "version",
+			Message: fmt.Sprintf("version %d is not newer than the serving version %d", v, cur)}
+	case v > MaxVersion || v-cur > MaxVersionStep:
+		return badRequest("invalid_value", "version", "version %d is too far ahead of the serving version %d (at most %d newer, at most %d)",
+			v, cur, int64(MaxVersionStep), int64(MaxVersion))
+	}
+	return nil
 }
 
 func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (updateWeightsResponse, error) {
@@ -213,9 +234,12 @@ func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (upda
 		resp.WeightVersion, resp.Staged, resp.StagedVersion = a.eng.Version(), true, req.Version
 	} else {
 		t := time.Now()
+		// Only the commit swaps weights: until then the old ones serve and /ready says so.
+		a.updating.Store(true)
 		// The commit names the version: if another caller staged over it meanwhile, this
 		// fails (ErrNotStaged) instead of committing someone else's weights.
 		v, err := a.eng.CommitWeights(ctx, req.Version)
+		a.updating.Store(false)
 		if err != nil {
 			return resp, err
 		}
@@ -231,9 +255,14 @@ func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (upda
 // keep serving; /update_weights and the fleet agent's stage command share it.
 func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref) (weights.Info, error) {
 	start := time.Now()
+	if ref.SHA256 == "" && weights.IsHTTP(ref.URI) && !a.cfg.AllowUnverifiedWeights {
+		return weights.Info{}, badRequest("digest_required", "sha256",
+			"an http(s) weight source needs a sha256 (the server was not started with --allow-unverified-weights)")
+	}
 	fctx, span := a.cfg.TracerProvider.Tracer(tracerName).Start(ctx, "weights.fetch", trace.WithAttributes(
-		attribute.Int64("rollout.weight_version", ref.Version), attribute.String("rollout.weights_uri", ref.URI)))
-	w, info, err := weights.LoadWithInfo(fctx, ref, weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient})
+		attribute.Int64("rollout.weight_version", ref.Version), attribute.String("rollout.weights_uri", weights.RedactURI(ref.URI))))
+	w, info, err := weights.LoadWithInfo(fctx, ref, weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient,
+		MaxDownloadBytes: weights.DownloadLimit(a.cfg.ModelConfig)})
 	span.SetAttributes(attribute.Int64("rollout.bytes", info.Bytes))
 	if err != nil {
 		span.RecordError(err)
@@ -261,12 +290,14 @@ func (a *API) StageWeights(ctx context.Context, ref weights.Ref) (int64, error) 
 	if ref.Version <= 0 {
 		return 0, badRequest("invalid_value", "version", "version must be > 0 (got %d)", ref.Version)
 	}
-	a.updateMu.Lock()
-	defer a.updateMu.Unlock()
+	if err := a.updateMu.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer a.updateMu.unlock()
 	start := time.Now()
 	info, err := a.fetchAndStage(ctx, ref)
 	if err != nil {
-		a.log.Warn("api: staging weights failed; the old weights keep serving", "version", ref.Version, "source", ref.URI, "err", err)
+		a.log.Warn("api: staging weights failed; the old weights keep serving", "version", ref.Version, "source", weights.RedactURI(ref.URI), "err", err)
 		return info.Bytes, err
 	}
 	a.metrics.ObserveUpdate(ctx, "total", time.Since(start))
@@ -323,6 +354,7 @@ type stateResponse struct {
 	RequestsWaiting  int                `json:"requests_waiting"`
 	HTTPInflight     int                `json:"http_inflight"`
 	HTTPQueued       int                `json:"http_queued"`
+	HTTPReading      int                `json:"http_reading_body"`
 	KVBlocksUsed     int                `json:"kv_blocks_used"`
 	KVBlocksTotal    int                `json:"kv_blocks_total"`
 	KVUsage          float64            `json:"kv_usage_ratio"`
@@ -342,7 +374,8 @@ func (a *API) handleState(c *gin.Context) {
 	}
 	r := stateResponse{State: a.stateName(st.State), WeightVersion: st.WeightVersion, StagedVersion: st.StagedVersion,
 		PauseMode: st.PauseMode, SleepLevel: st.SleepLevel, RequestsRunning: st.Running, RequestsWaiting: st.Waiting,
-		HTTPInflight: a.Inflight(), HTTPQueued: int(a.limit.queued.Load()), KVBlocksUsed: st.KVBlocksUsed, KVBlocksTotal: st.KVBlocksTotal, KVReleased: st.KVReleased,
+		HTTPInflight: a.Inflight(), HTTPQueued: int(a.limit.queued.Load()), HTTPReading: int(a.reading.Load()),
+		KVBlocksUsed: st.KVBlocksUsed, KVBlocksTotal: st.KVBlocksTotal, KVReleased: st.KVReleased,
 		Steps: st.Steps, Connector: st.Connector}
 	if st.KVBlocksTotal > 0 {
 		r.KVUsage = float64(st.KVBlocksUsed) / float64(st.KVBlocksTotal)

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +23,7 @@ import (
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
+	"github.com/rolloutkit/rollout/engine/weights"
 )
 
 // Defaults of the Config limits.
@@ -59,17 +60,32 @@ type Config struct {
 	// APIKey, when set, is required as a bearer token on the generation routes. AdminToken,
 	// when set, is required on the admin routes; unset, they answer loopback clients only.
 	APIKey, AdminToken string
+	// SeparateAdmin moves the admin routes off Handler onto AdminHandler, for a listener of
+	// their own.
+	SeparateAdmin bool
+	// AllowedHosts are extra Host header values (name or name:port) tokenless admin requests
+	// may carry, beside a loopback address or localhost with the listener's port.
+	AllowedHosts []string
 	// WeightsRoot confines file sources of /update_weights (weights.Options.Root).
 	WeightsRoot string
-	// WeightsHTTPClient fetches http(s) weight sources (nil: http.DefaultClient).
+	// WeightsHTTPClient fetches http(s) weight sources (nil: weights.NewHTTPClient with
+	// WeightsFetch).
 	WeightsHTTPClient *http.Client
+	// WeightsFetch is the address policy and timeouts of the default weights client.
+	WeightsFetch weights.FetchPolicy
+	// AllowUnverifiedWeights accepts http(s) weight sources without a sha256; by default one
+	// is required (a file source may omit it).
+	AllowUnverifiedWeights bool
+	// BodyReadTimeout bounds reading a request body (default 30s: 408 beyond); WriteTimeout
+	// bounds every write of a response (default 60s; a stream extends it per chunk).
+	BodyReadTimeout, WriteTimeout time.Duration
 	// MaxConcurrent generation requests run at once; up to MaxQueue more wait for a slot;
 	// beyond that a request gets 429.
 	MaxConcurrent int
 	MaxQueue      int
 	// MaxBodyBytes bounds a request body (413 beyond).
 	MaxBodyBytes int64
-	// MaxN bounds n (choices per prompt) times the number of prompts.
+	// MaxN bounds n (choices per prompt) times the number of prompts (default 64).
 	MaxN int
 	// Metrics exports the Prometheus metrics (nil: a private set, not shared with the engine
 	// hooks, so the TTFT histogram stays empty).
@@ -102,14 +118,21 @@ type API struct {
 	limit   *limiter
 	chat    *chatTemplate
 	created int64
+	// maxPromptBytes bounds prompt text before it is encoded (promptByteLimit).
+	maxPromptBytes int
 
 	idPrefix string
 	nextID   atomic.Uint64
 
-	// updating is set while /update_weights runs (for /state and the engine_state metric);
-	// updateMu serialises updates.
+	// updating is set while an update commits (for /ready, /state and the engine_state
+	// metric; fetching and staging leave the old weights serving); updateMu serialises
+	// updates.
 	updating atomic.Bool
-	updateMu sync.Mutex
+	updateMu updateLock
+	// reading counts requests reading their body (not yet admitted).
+	reading atomic.Int64
+	csrf    *http.CrossOriginProtection
+	adminR  *gin.Engine
 
 	closing atomic.Bool
 
@@ -148,6 +171,15 @@ func New(cfg Config) (*API, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics()
 	}
+	if cfg.BodyReadTimeout <= 0 {
+		cfg.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.WeightsHTTPClient == nil {
+		cfg.WeightsHTTPClient = weights.NewHTTPClient(cfg.WeightsFetch)
+	}
 	if cfg.TracerProvider == nil {
 		cfg.TracerProvider = noop.NewTracerProvider()
 	}
@@ -157,7 +189,9 @@ func New(cfg Config) (*API, error) {
 	}
 	a := &API{cfg: cfg, chat: chat, eng: cfg.Engine, tok: cfg.Tokenizer, log: cfg.Logger, metrics: cfg.Metrics,
 		limit: newLimiter(cfg.MaxConcurrent, cfg.MaxQueue), created: time.Now().Unix(),
-		idPrefix: fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff), live: map[string][]string{}}
+		idPrefix: fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff), live: map[string][]string{},
+		maxPromptBytes: promptByteLimit(cfg.Tokenizer, cfg.ModelConfig.MaxPositionEmbeddings),
+		updateMu:       make(updateLock, 1), csrf: http.NewCrossOriginProtection()}
 	if !chat.builtin {
 		a.log.Info("api: chat uses the checkpoint's template", "chatml", isChatML(cfg.ChatTemplate))
 		// A template can compile and still fail on every conversation (a construct the
@@ -168,12 +202,25 @@ func New(cfg Config) (*API, error) {
 		}
 	}
 	a.metrics.bind(a)
-	a.router = a.routes()
+	a.router = a.routes(true, !cfg.SeparateAdmin)
+	if cfg.SeparateAdmin {
+		a.adminR = a.routes(false, true)
+	}
 	return a, nil
 }
 
-// Handler is the http.Handler serving every route.
-func (a *API) Handler() http.Handler { return a.router }
+// Handler is the http.Handler serving every route, or with Config.SeparateAdmin every route
+// but the admin ones. Every write of a response extends the connection's write deadline.
+func (a *API) Handler() http.Handler { return a.withDeadlines(a.router) }
+
+// AdminHandler serves the admin routes (and the always-open ones) when Config.SeparateAdmin
+// is set; otherwise it is nil.
+func (a *API) AdminHandler() http.Handler {
+	if a.adminR == nil {
+		return nil
+	}
+	return a.withDeadlines(a.adminR)
+}
 
 // Metrics returns the metric set the API exports.
 func (a *API) Metrics() *Metrics { return a.metrics }
@@ -189,23 +236,32 @@ func (a *API) AbortAll() int {
 	return len(ids)
 }
 
+// Busy reports whether a generation request is admitted or queued for a slot (a request
+// still reading its body holds nothing and is refused when it gets there).
+func (a *API) Busy() bool {
+	return a.limit.inflight() > 0 || a.limit.queued.Load() > 0
+}
+
 // Inflight is the number of generation requests admitted and not yet answered.
 func (a *API) Inflight() int { return a.limit.inflight() }
 
-func (a *API) routes() *gin.Engine {
+// routes builds a router with the generation routes (public), the admin routes (admin), or
+// both, and always the open ones.
+func (a *API) routes(public, admin bool) *gin.Engine {
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
 	r.ContextWithFallback = true
+	r.Use(func(c *gin.Context) { c.Set(ctxAPI, a) })
 	r.Use(gin.CustomRecoveryWithWriter(nil, func(c *gin.Context, rec any) {
 		a.log.Error("api: panic in handler", "path", c.Request.URL.Path, "panic", rec)
 		writeError(c, &Error{Status: http.StatusInternalServerError, Type: typeInternal, Code: "internal", Message: "internal error"})
 	}))
 	r.NoRoute(func(c *gin.Context) {
-		writeError(c, &Error{Status: http.StatusNotFound, Type: typeNotFound, Code: "not_found", Message: "no route " + c.Request.URL.Path})
+		writeError(c, &Error{Status: http.StatusNotFound, Type: typeNotFound, Code: "not_found", Message: "no such route"})
 	})
 	r.NoMethod(func(c *gin.Context) {
 		writeError(c, &Error{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest, Code: "method_not_allowed",
-			Message: c.Request.Method + " not allowed on " + c.Request.URL.Path})
+			Message: c.Request.Method + " is not allowed on this route"})
 	})
 	r.Use(otelgin.Middleware("rollout", otelgin.WithTracerProvider(a.cfg.TracerProvider),
 		otelgin.WithPropagators(propagation.TraceContext{}), otelgin.WithMeterProvider(metricnoop.NewMeterProvider()),
@@ -216,44 +272,39 @@ func (a *API) routes() *gin.Engine {
 			}
 			return true
 		})))
-	r.Use(a.bodyLimit)
 
-	gen := r.Group("/", a.requireKey(a.cfg.APIKey, "API key"))
-	gen.GET("/v1/models", a.handleModels)
-	gen.POST("/tokenize", a.handleTokenize)
-	gen.POST("/detokenize", a.handleDetokenize)
-	limited := gen.Group("/", a.admit)
-	limited.POST("/v1/completions", a.handleCompletions)
-	limited.POST("/v1/chat/completions", a.handleChat)
-	limited.POST("/generate", a.handleGenerate)
+	if public {
+		// Authentication, then the body (bounded in size and time), then a concurrency slot:
+		// a slow or oversized body never holds a slot.
+		gen := r.Group("/", a.requireKey(a.cfg.APIKey, "API key"), a.readBody)
+		gen.GET("/v1/models", a.handleModels)
+		limited := gen.Group("/", a.admit)
+		limited.POST("/tokenize", a.handleTokenize)
+		limited.POST("/detokenize", a.handleDetokenize)
+		limited.POST("/v1/completions", a.handleCompletions)
+		limited.POST("/v1/chat/completions", a.handleChat)
+		limited.POST("/generate", a.handleGenerate)
+	}
 
-	adm := r.Group("/", a.requireAdmin)
-	adm.POST("/pause", a.handlePause)
-	adm.POST("/resume", a.handleResume)
-	adm.GET("/is_paused", a.handleIsPaused)
-	adm.POST("/sleep", a.handleSleep)
-	adm.POST("/wake_up", a.handleWakeUp)
-	adm.GET("/is_sleeping", a.handleIsSleeping)
-	adm.POST("/reset_prefix_cache", a.handleResetPrefixCache)
-	adm.POST("/update_weights", a.handleUpdateWeights)
-	adm.POST("/abort_requests", a.handleAbortRequests)
-	adm.GET("/state", a.handleState)
+	if admin {
+		adm := r.Group("/", a.crossOrigin, a.requireAdmin, a.readBody, a.requireJSON)
+		adm.POST("/pause", a.handlePause)
+		adm.POST("/resume", a.handleResume)
+		adm.GET("/is_paused", a.handleIsPaused)
+		adm.POST("/sleep", a.handleSleep)
+		adm.POST("/wake_up", a.handleWakeUp)
+		adm.GET("/is_sleeping", a.handleIsSleeping)
+		adm.POST("/reset_prefix_cache", a.handleResetPrefixCache)
+		adm.POST("/update_weights", a.handleUpdateWeights)
+		adm.POST("/abort_requests", a.handleAbortRequests)
+		adm.GET("/state", a.handleState)
+	}
 
 	r.GET("/health", a.handleHealth)
 	r.GET("/ready", a.handleReady)
 	r.GET("/version", a.handleVersion)
 	r.GET("/metrics", gin.WrapH(a.metrics.handler()))
 	return r
-}
-
-// bodyLimit caps every request body; reading past it fails and readBody answers 413.
-func (a *API) bodyLimit(c *gin.Context) {
-	if c.Request.ContentLength > a.cfg.MaxBodyBytes {
-		writeError(c, tooLarge(a.cfg.MaxBodyBytes))
-		return
-	}
-	c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, a.cfg.MaxBodyBytes)
-	c.Next()
 }
 
 func tooLarge(limit int64) *Error {
@@ -300,28 +351,10 @@ func (a *API) requireKey(key, what string) gin.HandlerFunc {
 	}
 }
 
-// requireAdmin checks the admin token, or, when none is configured, that the client is on
-// the loopback interface.
-func (a *API) requireAdmin(c *gin.Context) {
-	if a.cfg.AdminToken != "" {
-		a.requireKey(a.cfg.AdminToken, "admin token")(c)
-		return
-	}
-	host, _, err := net.SplitHostPort(c.Request.RemoteAddr)
-	if err != nil {
-		host = c.Request.RemoteAddr
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		writeError(c, &Error{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: "admin_loopback_only",
-			Message: "admin routes answer only loopback clients when no admin token is configured"})
-		return
-	}
-	c.Next()
-}
-
 // admit applies the concurrency limit to generation routes.
 func (a *API) admit(c *gin.Context) {
 	if a.closing.Load() {
+		c.Header("Retry-After", "1")
 		writeError(c, errShuttingDown)
 		return
 	}
@@ -351,8 +384,19 @@ func (a *API) track(id string, engineIDs []string) func() {
 	a.mu.Unlock()
 	return func() {
 		a.mu.Lock()
-		delete(a.live, id)
-		a.mu.Unlock()
+		defer a.mu.Unlock()
+		// Another request may share the client id: forget only this one's engine ids.
+		left := a.live[id][:0]
+		for _, e := range a.live[id] {
+			if !slices.Contains(engineIDs, e) {
+				left = append(left, e)
+			}
+		}
+		if len(left) == 0 {
+			delete(a.live, id)
+		} else {
+			a.live[id] = left
+		}
 	}
 }
 

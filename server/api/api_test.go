@@ -3,7 +3,10 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -100,12 +103,22 @@ func TestAdminLoopbackOnlyWithoutToken(t *testing.T) {
 	for _, tc := range []struct {
 		remote string
 		want   int
-	}{{"127.0.0.1:5000", 200}, {"[::1]:5000", 200}, {"10.1.2.3:5000", 401}, {"192.168.0.9:1", 401}} {
+		host   string
+		hdr    string
+	}{{"127.0.0.1:5000", 200, "127.0.0.1:8000", ""}, {"[::1]:5000", 200, "localhost:8000", ""}, {"[::1]:5000", 200, "[::1]:8000", ""},
+		{"10.1.2.3:5000", 401, "127.0.0.1:8000", ""}, {"192.168.0.9:1", 401, "localhost:8000", ""},
+		{"127.0.0.1:5000", 401, "rebound.example:8000", ""}, {"127.0.0.1:5000", 401, "localhost:9999", ""},
+		{"127.0.0.1:5000", 401, "localhost", ""}, {"127.0.0.1:5000", 401, "localhost:8000", "X-Forwarded-For"},
+		{"127.0.0.1:5000", 401, "localhost:8000", "X-Real-Ip"}, {"127.0.0.1:5000", 401, "localhost:8000", "Forwarded"}} {
 		req := httptest.NewRequest(http.MethodGet, "/is_paused", nil)
-		req.RemoteAddr = tc.remote
+		req.RemoteAddr, req.Host = tc.remote, tc.host
+		req = req.WithContext(context.WithValue(req.Context(), http.LocalAddrContextKey, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8000}))
+		if tc.hdr != "" {
+			req.Header.Set(tc.hdr, "203.0.113.7")
+		}
 		w := httptest.NewRecorder()
 		a.Handler().ServeHTTP(w, req)
-		assert.Equal(t, tc.want, w.Code, "%s: %s", tc.remote, w.Body)
+		assert.Equal(t, tc.want, w.Code, "%s, Host %s, %s: %s", tc.remote, tc.host, tc.hdr, w.Body)
 	}
 	// Generation routes stay open from anywhere when no API key is set.
 	req := httptest.NewRequest(http.MethodGet, "/v1/models", nil)
@@ -154,4 +167,49 @@ func TestRenderChatML(t *testing.T) {
 	assert.Equal(t, "<|im_start|>system\na<|im_end|>\n<|im_start|>user\nbc<|im_end|>\n<|im_start|>assistant\n", s)
 	assert.True(t, isChatML("{% for m in messages %}<|im_start|>{{m.role}}{% endfor %}"))
 	assert.False(t, isChatML("[INST] {{ m }} [/INST]"))
+}
+
+// countingTokenizer counts the bytes it was asked to encode.
+type countingTokenizer struct {
+	tokenizer.Tokenizer
+	encoded *int
+}
+
+func (c countingTokenizer) Encode(s string) ([]int, error) {
+	*c.encoded += len(s)
+	return c.Tokenizer.Encode(s)
+}
+
+// TestPromptBytesBoundedBeforeEncoding: text too long for the context is refused before the
+// tokenizer sees it (its cost grows with the text, the answer does not).
+func TestPromptBytesBoundedBeforeEncoding(t *testing.T) {
+	a := testAPI(t, Config{})
+	encoded := 0
+	a.tok = countingTokenizer{Tokenizer: a.tok, encoded: &encoded}
+	big := strings.Repeat("a", 4<<20)
+	for _, c := range []struct{ path, body string }{
+		{"/v1/completions", `{"prompt":"` + big + `"}`},
+		{"/v1/completions", `{"prompt":["a","` + big + `"]}`},
+		{"/tokenize", `{"prompt":"` + big + `"}`},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"` + big + `"}]}`},
+	} {
+		{
+			req := httptest.NewRequest(http.MethodPost, c.path, strings.NewReader(c.body))
+			w := httptest.NewRecorder()
+			a.Handler().ServeHTTP(w, req)
+			assert.Equal(t, http.StatusBadRequest, w.Code, "%s", w.Body.String()[:min(200, w.Body.Len())])
+			assert.Contains(t, w.Body.String(), "context_length_exceeded")
+		}
+	}
+	assert.Less(t, encoded, 1<<10, "the oversized text was never encoded")
+}
+
+// TestUnknownErrorsAreGeneric: an error the API does not know answers 500 with a generic
+// message; its text (paths, internals) stays in the log.
+func TestUnknownErrorsAreGeneric(t *testing.T) {
+	e := classify(fmt.Errorf("open /srv/secret/state.db: %w", errors.New("boom")))
+	assert.Equal(t, http.StatusInternalServerError, e.Status)
+	assert.Equal(t, "internal error", e.Message)
+	assert.Equal(t, "max_tokens", jsonField("Params.max_tokens"))
+	assert.Equal(t, "sampling.max_tokens", jsonField("sampling.max_tokens"))
 }

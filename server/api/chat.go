@@ -117,12 +117,12 @@ func (a *API) handleChat(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
-	text, err := a.chat.render(req.Messages)
+	text, content, err := a.chat.renderPrompt(req.Messages)
 	if err != nil {
 		writeError(c, err)
 		return
 	}
-	prompt, err := a.encodeChat(text, true)
+	prompt, err := a.encodeChat(text, content, true)
 	if err != nil {
 		writeError(c, err)
 		return

@@ -2,9 +2,12 @@ package api
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/rolloutkit/rollout/engine/tokenizer"
 )
 
 // chatMLTemplate is the template used when the checkpoint ships none: ChatML, with the
@@ -49,22 +52,113 @@ func isChatML(t string) bool { return strings.Contains(t, "<|im_start|>") }
 // {"role","content"} with string content (text parts joined), add_generation_prompt true,
 // bos_token and eos_token, and tools and documents none. A template error, such as a
 // raise_exception on roles that do not alternate, is a 400 on "messages".
-func (ct *chatTemplate) render(msgs []chatMessage) (out string, err error) {
+func (ct *chatTemplate) render(msgs []chatMessage) (string, error) {
+	out, _, err := ct.renderContents(msgs)
+	return out, err
+}
+
+// renderContents is render that also returns the message contents it passed the template.
+func (ct *chatTemplate) renderContents(msgs []chatMessage) (string, []string, error) {
 	if len(msgs) == 0 {
-		return "", badRequest("missing_field", "messages", "messages must not be empty")
+		return "", nil, badRequest("missing_field", "messages", "messages must not be empty")
 	}
-	list := make([]any, len(msgs))
+	contents := make([]string, len(msgs))
 	for i, m := range msgs {
 		switch m.Role {
 		case "system", "developer", "user", "assistant", "tool":
 		default:
-			return "", badRequest("invalid_value", "messages", "messages[%d].role %q: want system, developer, user, assistant or tool", i, m.Role)
+			return "", nil, badRequest("invalid_value", "messages", "messages[%d].role %q: want system, developer, user, assistant or tool", i, m.Role)
 		}
 		text, err := messageText(m.Content, i)
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
-		list[i] = map[string]any{"role": m.Role, "content": text}
+		contents[i] = text
+	}
+	out, err := ct.renderWith(msgs, contents)
+	return out, contents, err
+}
+
+// placeholder stands for message i's content in a probe rendering; private-use characters
+// that templates do not strip or case-fold.
+func placeholder(i int) string { return "\uE000" + strconv.Itoa(i) + "\uE001" }
+
+// renderPrompt renders msgs and finds where the message contents lie in the result, so that
+// encoding can keep their special-token text from becoming special ids (role injection).
+// It renders a second time with a placeholder for each content; when putting the contents
+// (as given, or trimmed, as templates that apply "| trim" do) in place of the placeholders
+// gives the real rendering, the placeholders' positions are the contents'. Otherwise (a
+// template that transforms content some other way) every occurrence of a content in the
+// rendering is protected, which errs towards plain text.
+func (ct *chatTemplate) renderPrompt(msgs []chatMessage) (string, [][2]int, error) {
+	text, contents, err := ct.renderContents(msgs)
+	if err != nil {
+		return "", nil, err
+	}
+	ph := make([]string, len(contents))
+	for i := range ph {
+		ph[i] = placeholder(i)
+	}
+	probe, err := ct.renderWith(msgs, ph)
+	if err == nil {
+		for _, trim := range []bool{false, true} {
+			if spans, ok := substitute(probe, contents, trim, text); ok {
+				return text, spans, nil
+			}
+		}
+	}
+	var spans [][2]int
+	for _, c := range contents {
+		for _, v := range []string{c, strings.TrimSpace(c)} {
+			for from := 0; v != "" && from < len(text); {
+				i := strings.Index(text[from:], v)
+				if i < 0 {
+					break
+				}
+				spans = append(spans, [2]int{from + i, from + i + len(v)})
+				from += i + 1
+			}
+		}
+	}
+	return text, spans, nil
+}
+
+// substitute replaces the placeholders of probe by the contents (trimmed if trim) and reports
+// the contents' byte ranges when the result is want.
+func substitute(probe string, contents []string, trim bool, want string) ([][2]int, bool) {
+	var sb strings.Builder
+	var spans [][2]int
+	for rest := probe; ; {
+		i := strings.Index(rest, "\uE000")
+		if i < 0 {
+			sb.WriteString(rest)
+			break
+		}
+		j := strings.Index(rest[i:], "\uE001")
+		if j < 0 {
+			return nil, false
+		}
+		k, err := strconv.Atoi(rest[i+len("\uE000") : i+j])
+		if err != nil || k < 0 || k >= len(contents) {
+			return nil, false
+		}
+		sb.WriteString(rest[:i])
+		c := contents[k]
+		if trim {
+			c = strings.TrimSpace(c)
+		}
+		spans = append(spans, [2]int{sb.Len(), sb.Len() + len(c)})
+		sb.WriteString(c)
+		rest = rest[i+j+len("\uE001"):]
+	}
+	return spans, sb.String() == want
+}
+
+// renderWith renders msgs with the given contents.
+func (ct *chatTemplate) renderWith(msgs []chatMessage, contents []string) (out string, err error) {
+	list := make([]any, len(msgs))
+	for i, m := range msgs {
+		list[i] = map[string]any{"role": m.Role, "content": contents[i]}
 	}
 	// The template comes from the checkpoint: a failure inside the evaluator is the
 	// conversation's 400, never a crashed handler.
@@ -95,9 +189,30 @@ func (ct *chatTemplate) render(msgs []chatMessage) (out string, err error) {
 // prompt cannot spell BOS or EOS), so that leading bos_token text is replaced by the
 // vocabulary's BOS id: the prompt holds exactly one BOS, as with HF, whatever addSpecial says.
 // Otherwise the text is encoded like any text prompt, with BOS first when addSpecial is set.
-func (a *API) encodeChat(text string, addSpecial bool) ([]int, error) {
-	if bos := a.chat.bos; bos != "" && a.tok.BOS() >= 0 && strings.HasPrefix(text, bos) {
-		return a.encodeText(text[len(bos):], true)
+//
+// The byte ranges in content hold message content: no special token is matched there
+// (tokenizer.ProtectedEncoder), so a message cannot spell "<|im_end|>" into a real turn end.
+func (a *API) encodeChat(text string, content [][2]int, addSpecial bool) ([]int, error) {
+	if err := a.checkPromptBytes(len(text), "messages"); err != nil {
+		return nil, err
 	}
-	return a.encodeText(text, addSpecial)
+	if bos := a.chat.bos; bos != "" && a.tok.BOS() >= 0 && strings.HasPrefix(text, bos) {
+		shifted := make([][2]int, 0, len(content))
+		for _, c := range content {
+			shifted = append(shifted, [2]int{max(0, c[0]-len(bos)), max(0, c[1]-len(bos))})
+		}
+		text, content, addSpecial = text[len(bos):], shifted, true
+	}
+	pe, ok := a.tok.(tokenizer.ProtectedEncoder)
+	if !ok || len(content) == 0 {
+		return a.encodeText(text, addSpecial)
+	}
+	ids, err := pe.EncodeProtected(text, content)
+	if err != nil {
+		return nil, badRequest("unencodable", "messages", "tokenizing the conversation: %v", err)
+	}
+	if bos := a.tok.BOS(); addSpecial && bos >= 0 {
+		ids = append([]int{bos}, ids...)
+	}
+	return ids, nil
 }

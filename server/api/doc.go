@@ -2,7 +2,7 @@
 // (/v1/completions, /v1/chat/completions, /v1/models), the native token-level routes for RL
 // (/generate, /tokenize, /detokenize), the admin plane (/pause, /resume, /sleep, /wake_up,
 // /reset_prefix_cache, /update_weights, /abort_requests, /state, ...), the probes (/health,
-// /ready, /version) and /metrics. The contract is API.md; this comment records the choices
+// /ready, /version) and /metrics. The contract is docs/http-api.md; this comment records the choices
 // it leaves open.
 //
 // Usage:
@@ -44,18 +44,30 @@
 //     response's "weight_version" is the newest version any of its tokens was produced with
 //     (the serving version when none was generated). "finish_reason" may be "abort" (a pause
 //     with mode=abort, /abort_requests, shutdown).
-//   - With n > 1 and a seed, sample i uses seed+i. Engine request ids are the request id, or
-//     "<id>-<k>" for the k-th sequence of a multi-sequence request; /abort_requests accepts
-//     either.
+//   - With n > 1 and a seed, sample i uses seed+i. Engine request ids are the server's own
+//     ("r-...", "-<k>" for the k-th sequence of a multi-sequence request): a client's
+//     request_id is echoed and names the request for /abort_requests, but two clients that
+//     choose the same one do not collide.
 //   - /generate with min_version above the serving version answers 409 (code stale_version).
-//   - Admin routes without --admin-token answer loopback clients only; others get 401.
+//   - Admin routes without an admin token answer only direct local clients: a unix-socket
+//     peer, or a loopback peer with no forwarding header and a Host naming the listener
+//     (401 otherwise). Every admin route refuses cross-origin browser requests (403) and
+//     bodies not sent as application/json (415).
 //   - /update_weights: file:// and http(s):// sources (file sources confined to the weights
-//     root when one is set), SHA-256 verified while parsing. A bad ref or scheme is 400, a
-//     missing file 404, a digest mismatch, unreadable source, bad checkpoint or wrong shape
-//     422, a version not newer than the serving one 409; in every case the old weights keep
-//     serving. An empty source commits weights staged earlier with stage_only.
-//   - Limits: MaxConcurrent generation requests at once, MaxQueue more waiting, then 429; a
-//     body over MaxBodyBytes is 413.
+//     root when one is set), SHA-256 verified while parsing; http(s) sources need a sha256
+//     unless AllowUnverifiedWeights. A bad ref or scheme is 400, a missing file 404, a
+//     digest mismatch, unreadable or refused source, bad checkpoint or wrong shape 422, a
+//     version not newer than the serving one 409, one too far ahead 400; in every case the
+//     old weights keep serving (and /ready stays 200 until the commit). Fetch errors are
+//     generic and source URLs redacted. An empty source commits weights staged earlier with
+//     stage_only.
+//   - Limits: the body is read first (MaxBodyBytes, 413 beyond; BodyReadTimeout, 408), then
+//     a slot is taken: MaxConcurrent generation and tokenize requests at once, MaxQueue
+//     more waiting, then 429. n and the prompt count are bounded before they multiply, and
+//     prompt text too long for the context is refused before it is encoded. Every response
+//     write extends a WriteTimeout deadline.
+//   - Chat message content is encoded with special tokens disabled: only the template adds
+//     special ids.
 //   - A client that disconnects aborts its engine requests (blocks are freed at once).
 //   - Errors are {"error":{"message","type","code","param"}}; bad input never yields a 500.
 package api

@@ -43,7 +43,7 @@ func badRequest(code, param, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Type: typeInvalidRequest, Code: code, Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
-// errorBody is the JSON error shape of API.md.
+// errorBody is the JSON error shape of docs/http-api.md.
 type errorBody struct {
 	Error errorDetail `json:"error"`
 }
@@ -56,7 +56,7 @@ type errorDetail struct {
 }
 
 // classify maps any error to an *Error: the engine's and the loaders' sentinels to the status
-// API.md documents, anything unknown to a 500 (a bug, never bad input).
+// docs/http-api.md documents, anything unknown to a 500 (a bug, never bad input).
 func classify(err error) *Error {
 	var ae *Error
 	if errors.As(err, &ae) {
@@ -84,17 +84,26 @@ func classify(err error) *Error {
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "digest_mismatch", Param: "sha256", Message: err.Error()}
 	case errors.Is(err, weights.ErrInvalidRef), errors.Is(err, weights.ErrUnsupportedSource):
 		return badRequest("invalid_source", "source", "%s", err.Error())
+	case errors.Is(err, weights.ErrAddressRefused):
+		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "source_refused", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrFetch) && errors.Is(err, fs.ErrNotExist):
 		return &Error{Status: http.StatusNotFound, Type: typeNotFound, Code: "source_not_found", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrFetch), errors.Is(err, weights.ErrBadCheckpoint), errors.Is(err, weights.ErrUnsupportedFormat):
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "bad_checkpoint", Param: "source", Message: err.Error()}
 	}
-	return &Error{Status: http.StatusInternalServerError, Type: typeInternal, Code: "internal", Message: err.Error()}
+	// An unknown error is a bug: its text may name internals, so the client gets a generic
+	// message and the log (writeError) the detail.
+	return &Error{Status: http.StatusInternalServerError, Type: typeInternal, Code: "internal", Message: "internal error"}
 }
 
 // writeError renders err as the JSON error body and aborts the gin chain.
 func writeError(c *gin.Context, err error) {
 	e := classify(err)
+	if e.Status == http.StatusInternalServerError {
+		if a, ok := c.Get(ctxAPI); ok {
+			a.(*API).log.Error("api: internal error", "path", c.Request.URL.Path, "err", err)
+		}
+	}
 	d := errorDetail{Message: e.Message, Type: e.Type, Code: e.Code}
 	if e.Code == "" {
 		d.Code = nil

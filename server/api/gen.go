@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,14 +27,7 @@ import (
 // readJSON reads the body (bounded by bodyLimit) and decodes it into v. Invalid UTF-8 is
 // refused rather than silently replaced, and a wrong type names the field.
 func readJSON(c *gin.Context, v any) error {
-	body, err := io.ReadAll(c.Request.Body)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return tooLarge(mbe.Limit)
-		}
-		return badRequest("bad_body", "", "reading the request body: %v", err)
-	}
+	body := requestBody(c)
 	if len(bytes.TrimSpace(body)) == 0 {
 		return badRequest("empty_body", "", "empty request body: want a JSON object")
 	}
@@ -45,7 +38,8 @@ func readJSON(c *gin.Context, v any) error {
 	if err := dec.Decode(v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return badRequest("invalid_type", te.Field, "field %q: got JSON %s, want %s", te.Field, te.Value, te.Type)
+			f := jsonField(te.Field)
+			return badRequest("invalid_type", f, "field %q: got JSON %s, want %s", f, te.Value, jsonType(te.Type))
 		}
 		return badRequest("invalid_json", "", "malformed JSON: %v", err)
 	}
@@ -53,6 +47,43 @@ func readJSON(c *gin.Context, v any) error {
 		return badRequest("invalid_json", "", "malformed JSON: trailing data after the object")
 	}
 	return nil
+}
+
+// jsonField is the request field a decoding error names: the JSON path without the Go
+// names of embedded structs (encoding/json reports "Params.max_tokens" for a promoted field).
+func jsonField(path string) string {
+	parts := strings.Split(path, ".")
+	out := parts[:0]
+	for _, p := range parts {
+		if p != "" && p[0] >= 'A' && p[0] <= 'Z' {
+			continue // a Go struct name, not a JSON key (every key of the API is lower case)
+		}
+		out = append(out, p)
+	}
+	return strings.Join(out, ".")
+}
+
+// jsonType names a Go kind as the JSON type the field wants, without Go type names.
+func jsonType(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer that fits"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return "another type"
 }
 
 // logprob is a float32 logprob that encodes -Inf and NaN (a token outside the processed
@@ -140,23 +171,36 @@ func (a *API) validatePrompt(p []int, maxTokens int, param string) error {
 	if len(p) >= mc.MaxPositionEmbeddings {
 		return badRequest("context_length_exceeded", param, "prompt of %d tokens leaves no room in the context of %d tokens", len(p), mc.MaxPositionEmbeddings)
 	}
-	if len(p)+maxTokens > mc.MaxPositionEmbeddings {
+	// Subtract rather than add: len(p)+maxTokens wraps for a max_tokens near MaxInt.
+	if maxTokens > mc.MaxPositionEmbeddings-len(p) {
 		return badRequest("context_length_exceeded", "max_tokens", "prompt (%d tokens) + max_tokens (%d) exceeds the context of %d tokens",
 			len(p), maxTokens, mc.MaxPositionEmbeddings)
 	}
 	return nil
 }
 
+// checkN bounds n on its own, before anything multiplies it.
+func (a *API) checkN(n int) error {
+	if n < 1 {
+		return badRequest("invalid_value", "n", "n must be >= 1 (got %d)", n)
+	}
+	if n > a.cfg.MaxN {
+		return badRequest("invalid_value", "n", "n must be <= %d (got %d)", a.cfg.MaxN, n)
+	}
+	return nil
+}
+
 // prepare fills defaults and validates the spec's parameters and prompts.
 func (a *API) prepare(s *genSpec) error {
-	if s.n < 1 {
-		return badRequest("invalid_value", "n", "n must be >= 1 (got %d)", s.n)
-	}
 	if len(s.prompts) == 0 {
 		return badRequest("empty_prompt", "prompt", "no prompt")
 	}
-	if s.n*len(s.prompts) > a.cfg.MaxN {
-		return badRequest("invalid_value", "n", "n × prompts = %d exceeds the limit of %d sequences per request", s.n*len(s.prompts), a.cfg.MaxN)
+	// Bound each factor before multiplying: n × prompts wraps for a huge n.
+	if err := a.checkN(s.n); err != nil {
+		return err
+	}
+	if len(s.prompts) > a.cfg.MaxN/s.n {
+		return badRequest("invalid_value", "n", "n (%d) × prompts (%d) exceeds the limit of %d sequences per request", s.n, len(s.prompts), a.cfg.MaxN)
 	}
 	s.params = s.params.WithDefaults()
 	if err := s.params.Validate(a.cfg.ModelConfig.VocabSize); err != nil {
@@ -180,12 +224,15 @@ func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 	total := s.n * len(s.prompts)
 	run := &genRun{a: a, ctx: ctx, prompts: s.prompts}
 	ids := make([]string, 0, total)
+	// Engine ids are the server's own: a client's request_id is echoed, and names the request
+	// for /abort_requests, but two clients choosing the same one never collide.
+	base := a.newID("r")
 	for pi, p := range s.prompts {
 		for i := range s.n {
 			k := pi*s.n + i
-			eid := s.clientID
+			eid := base
 			if total > 1 {
-				eid = s.clientID + "-" + strconv.Itoa(k)
+				eid = base + "-" + strconv.Itoa(k)
 			}
 			params := s.params
 			if params.Seed != nil && i > 0 {

@@ -139,7 +139,7 @@ var (
 	descHTTPInflight = prometheus.NewDesc("rollout_http_requests_inflight", "Generation requests admitted by the HTTP API.", nil, nil)
 )
 
-// connectorHelp documents the connector counters API.md names; every other key the connector
+// connectorHelp documents the connector counters docs/metrics.md lists; every other key the connector
 // reports is exported as rollout_<key> too.
 var connectorHelp = map[string]string{
 	"offload_jobs_inflight":         "Offload transfer jobs in flight.",

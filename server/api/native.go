@@ -41,6 +41,10 @@ func (a *API) handleGenerate(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
+	if req.MinVersion < 0 {
+		writeError(c, badRequest("invalid_value", "min_version", "min_version must be >= 0 (got %d)", req.MinVersion))
+		return
+	}
 	if req.MinVersion > 0 {
 		if v := a.eng.Version(); v < req.MinVersion {
 			writeError(c, &Error{Status: http.StatusConflict, Type: typeConflict, Code: "stale_version", Param: "min_version",
@@ -100,6 +104,7 @@ func (a *API) handleTokenize(c *gin.Context) {
 		return
 	}
 	var text string
+	var content [][2]int
 	fromChat := false
 	switch {
 	case req.Prompt != nil && req.Messages != nil:
@@ -108,12 +113,12 @@ func (a *API) handleTokenize(c *gin.Context) {
 	case req.Prompt != nil:
 		text = *req.Prompt
 	case req.Messages != nil:
-		t, err := a.chat.render(req.Messages)
+		t, cs, err := a.chat.renderPrompt(req.Messages)
 		if err != nil {
 			writeError(c, err)
 			return
 		}
-		text, fromChat = t, true
+		text, content, fromChat = t, cs, true
 	default:
 		writeError(c, badRequest("missing_field", "prompt", "prompt or messages is required"))
 		return
@@ -122,7 +127,7 @@ func (a *API) handleTokenize(c *gin.Context) {
 	var ids []int
 	var err error
 	if fromChat {
-		ids, err = a.encodeChat(text, addSpecial)
+		ids, err = a.encodeChat(text, content, addSpecial)
 	} else {
 		ids, err = a.encodeText(text, addSpecial)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/sample"
+	"github.com/rolloutkit/rollout/engine/tokenizer"
 )
 
 // completionRequest is POST /v1/completions. The sampling fields are sample.Params' own JSON
@@ -88,6 +89,9 @@ func (a *API) checkModel(m string) error {
 // encodeText tokenizes a text prompt the way `rollout generate` does: BOS first when the
 // vocabulary has one.
 func (a *API) encodeText(s string, addSpecial bool) ([]int, error) {
+	if err := a.checkPromptBytes(len(s), "prompt"); err != nil {
+		return nil, err
+	}
 	ids, err := a.tok.Encode(s)
 	if err != nil {
 		return nil, badRequest("unencodable", "prompt", "tokenizing the prompt: %v", err)
@@ -98,8 +102,33 @@ func (a *API) encodeText(s string, addSpecial bool) ([]int, error) {
 	return ids, nil
 }
 
-// parsePrompt accepts a string, a list of strings, a list of token ids or a list of lists.
-func (a *API) parsePrompt(raw json.RawMessage) ([][]int, error) {
+// checkPromptBytes refuses text too long to fit the context whatever it encodes to, before
+// paying for the encoding: no token is longer than maxTokenBytes, so text of more than
+// maxPromptBytes bytes (which allows for normalization shrinking it) needs more tokens than
+// the context holds.
+func (a *API) checkPromptBytes(n int, param string) error {
+	if n > a.maxPromptBytes {
+		return badRequest("context_length_exceeded", param, "text of %d bytes cannot fit the context of %d tokens (limit %d bytes)",
+			n, a.cfg.ModelConfig.MaxPositionEmbeddings, a.maxPromptBytes)
+	}
+	return nil
+}
+
+// promptByteLimit is maxPromptBytes for a tokenizer and context length: the longest token's
+// bytes times the context, times 4 for normalizations that shrink text (composition, NFKC).
+func promptByteLimit(tok tokenizer.Tokenizer, ctxLen int) int {
+	longest := 1
+	for id := range tok.VocabSize() {
+		if b, err := tok.TokenBytes(id); err == nil {
+			longest = max(longest, len(b))
+		}
+	}
+	return 4*longest*ctxLen + 64
+}
+
+// parsePrompt accepts a string, a list of strings, a list of token ids or a list of lists;
+// more than maxPrompts prompts are refused before any is tokenized.
+func (a *API) parsePrompt(raw json.RawMessage, maxPrompts int) ([][]int, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("missing_field", "prompt", "prompt is required")
@@ -134,6 +163,9 @@ func (a *API) parsePrompt(raw json.RawMessage) ([][]int, error) {
 		return nil, badRequest("empty_prompt", "prompt", "empty prompt list")
 	}
 	first := bytes.TrimSpace(items[0])
+	if len(first) > 0 && (first[0] == '"' || first[0] == '[') && len(items) > maxPrompts {
+		return nil, badRequest("invalid_value", "prompt", "%d prompts × n exceed the limit of %d sequences per request", len(items), a.cfg.MaxN)
+	}
 	switch {
 	case len(first) > 0 && first[0] == '"':
 		var ss []string
@@ -193,7 +225,11 @@ func (a *API) handleCompletions(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
-	prompts, err := a.parsePrompt(req.Prompt)
+	if err := a.checkN(req.N); err != nil {
+		writeError(c, err)
+		return
+	}
+	prompts, err := a.parsePrompt(req.Prompt, a.cfg.MaxN/req.N)
 	if err != nil {
 		writeError(c, err)
 		return

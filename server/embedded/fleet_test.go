@@ -5,6 +5,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
+	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/protocol"
@@ -470,4 +472,58 @@ func TestBadInputTouchesNothing(t *testing.T) {
 	for _, s := range f.Servers() {
 		assert.Equal(t, int64(0), s.Engine().Version())
 	}
+}
+
+func TestGenerateMovesOffADeadServer(t *testing.T) {
+	// s1 advertises an address nothing listens on: to the SDK it is a server that died
+	// while its heartbeat has not expired yet.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := "http://" + ln.Addr().String()
+	require.NoError(t, ln.Close())
+	f, c := startFleet(t, 2, func(i int, cfg *server.Config) {
+		if i == 1 {
+			cfg.AdvertiseURL = dead
+		}
+	})
+	retries := 0
+	for i := range 20 {
+		out, err := c.Generate(t.Context(), sdk.GenerateRequest{PromptTokenIDs: []int{i, 2 * i, 3}, N: 2,
+			Sampling: sdk.SamplingParams{MaxTokens: 4, IgnoreEOS: true}})
+		require.NoError(t, err)
+		assert.Equal(t, []string{f.IDs()[0]}, out.Servers)
+		retries += out.Retries
+	}
+	assert.Positive(t, retries, "some prompts' home was the dead server")
+}
+
+func TestOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rb, err := bus.DialRedis(t.Context(), srv.URL(), bus.RedisOptions{Logger: quiet})
+	require.NoError(t, err)
+	defer rb.Close()
+	f, err := embedded.Start(t.Context(), embedded.Options{Servers: 2, Secret: secret, Bus: rb, Logger: quiet,
+		Fleet: "redis-fleet", Server: func(_ int, c *server.Config) { c.FleetHeartbeat = 100 * time.Millisecond }})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, f.Close()) }()
+	// The client dials Redis itself, as a trainer would.
+	c, err := sdk.Dial(t.Context(), sdk.Options{RedisURL: srv.URL(), Fleet: "redis-fleet", Secret: secret, Logger: quiet})
+	require.NoError(t, err)
+	defer c.Close()
+	st, err := c.Status(t.Context())
+	require.NoError(t, err)
+	require.Len(t, st, 2)
+	require.NoError(t, c.Pause(t.Context(), sdk.PauseOptions{Mode: sdk.PauseWait}))
+	require.NoError(t, c.Resume(t.Context()))
+	const maxTokens = 16
+	l := startLoad(t, c, 2, maxTokens)
+	began := time.Now()
+	require.Eventually(t, func() bool { return l.count(began) >= 2 }, 30*time.Second, time.Millisecond)
+	res, err := c.UpdateWeights(t.Context(), fileRef(t, 1, 5), sdk.Plan{Policy: sdk.Quorum(2)})
+	require.NoError(t, err)
+	updated := time.Now()
+	require.Eventually(t, func() bool { return l.count(updated) >= 2 }, 30*time.Second, time.Millisecond)
+	checkVersions(t, l.finish(), maxTokens, 0, 1, updated)
+	assert.Equal(t, sdk.OutcomeCommitted, res.Outcome)
+	waitStatus(t, c, allAt(1), "both servers on version 1")
 }

@@ -68,7 +68,7 @@ func TestPublishServeLoad(t *testing.T) {
 	ref, err := sv.Ref(2)
 	require.NoError(t, err)
 	require.Equal(t, sv.URL()+"/v2/", ref.URI)
-	got, info, err := weights.LoadWithInfo(ctx, ref, weights.Options{RequireDigest: true, TempDir: t.TempDir()})
+	got, info, err := weights.LoadWithInfo(ctx, ref, weights.Options{RequireDigest: true, TempDir: t.TempDir(), HTTPClient: loopback})
 	require.NoError(t, err)
 	require.Equal(t, e2.SHA256, info.Digest)
 	require.True(t, slices.Equal(w2.Embed, got.Embed))
@@ -76,7 +76,7 @@ func TestPublishServeLoad(t *testing.T) {
 
 	bad := ref
 	bad.SHA256 = e1.SHA256
-	_, err = weights.Load(ctx, bad, weights.Options{TempDir: t.TempDir()})
+	_, err = weights.Load(ctx, bad, weights.Options{TempDir: t.TempDir(), HTTPClient: loopback})
 	require.ErrorIs(t, err, weights.ErrDigestMismatch)
 
 	_, err = sv.Ref(9)
@@ -148,3 +148,6 @@ func TestHandler(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, h)
 }
+
+// loopback fetches from the test's own listener, which the default fetch policy refuses.
+var loopback = weights.NewHTTPClient(weights.FetchPolicy{AllowLoopback: true})

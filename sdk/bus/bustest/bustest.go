@@ -56,6 +56,7 @@ func Run(t *testing.T, newBus func(t *testing.T) bus.Bus) {
 		{"PushPopOrder", testPushPopOrder},
 		{"PopWait", testPopWait},
 		{"PopCancel", testPopCancel},
+		{"PopWaitAcrossDelete", testPopAcrossDelete},
 		{"ListTTL", testListTTL},
 		{"ConcurrentPushPop", testConcurrentPushPop},
 		{"BadArguments", testBadArguments},
@@ -599,6 +600,28 @@ func testPopCancel(t *testing.T, b bus.Bus, ns string) {
 	// The bus still works.
 	require.NoError(t, b.Push(t.Context(), ns+"l", []byte("x"), time.Hour))
 	require.Equal(t, []string{"x"}, pop(t, b, ns+"l", 1, 0))
+}
+
+// A Pop waiting on a list that is deleted still gets what is pushed afterwards.
+func testPopAcrossDelete(t *testing.T, b bus.Bus, ns string) {
+	l := ns + "l"
+	require.NoError(t, b.Push(t.Context(), l, []byte("old"), time.Hour))
+	require.Equal(t, []string{"old"}, pop(t, b, l, 1, 0))
+	got := make(chan []string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		vals, err := b.Pop(context.Background(), l, 1, patience)
+		var out []string
+		for _, v := range vals {
+			out = append(out, string(v))
+		}
+		got <- out
+		errc <- err
+	}()
+	require.NoError(t, b.Delete(t.Context(), l))
+	require.NoError(t, b.Push(t.Context(), l, []byte("new"), time.Hour))
+	require.NoError(t, <-errc)
+	require.Equal(t, []string{"new"}, <-got)
 }
 
 func testListTTL(t *testing.T, b bus.Bus, ns string) {
