@@ -61,7 +61,7 @@ lint-arch: ## The dependency rules of docs/architecture.md (internal/archtest)
 JAEGER := bin/jaeger
 
 e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --otel otlp, rollout fleet update, checked via Jaeger's HTTP API
-	$(GO) -C tools build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
+	GOEXPERIMENT= $(GO) -C tools build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
 	ROLLOUT_BIN=$(abspath $(BIN)) JAEGER_BIN=$(abspath $(JAEGER)) E2E_TRACE_OUT=$(abspath bin/e2e-trace.txt) \
 		$(GO) -C tools test -tags e2e -count=1 -v -timeout 10m ./e2e/
 

@@ -96,7 +96,7 @@ func BenchmarkDecodeOTLPvsNone(b *testing.B) {
 	if err := os.WriteFile(cfg, []byte(jaegerConfig(otlpGRPC, otlpHTTP, query, queryGRPC)), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	j := start(b, "jaeger", nil, jaeger, "--config", cfg)
+	j := start(b, "jaeger", jaegerEnv, jaeger, "--config", cfg)
 	defer j.stop(b)
 	waitHTTP(b, j, "http://127.0.0.1:"+strconv.Itoa(query)+"/api/services")
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:" + strconv.Itoa(otlpHTTP)}

@@ -135,6 +135,8 @@ func jaegerConfig(otlpGRPC, otlpHTTP, query, queryGRPC int) string {
   telemetry:
     metrics:
       level: none
+    traces:
+      level: none
     logs:
       level: warn
 extensions:
@@ -166,6 +168,10 @@ exporters:
 `, query, queryGRPC, otlpGRPC, otlpHTTP)
 }
 
+// jaegerEnv keeps Jaeger from tracing itself (its query service would export to the default
+// OTLP port, which nobody serves here).
+var jaegerEnv = []string{"OTEL_SDK_DISABLED=true", "OTEL_TRACES_EXPORTER=none"}
+
 // Jaeger's /api/traces JSON, the parts the test reads.
 type jTrace struct {
 	TraceID   string              `json:"traceID"`
@@ -185,7 +191,14 @@ type jSpan struct {
 	StartTime int64  `json:"startTime"` // µs
 	Duration  int64  `json:"duration"`  // µs
 	ProcessID string `json:"processID"`
-	Tags      []struct {
+	Logs      []struct {
+		Timestamp int64 `json:"timestamp"` // µs
+		Fields    []struct {
+			Key   string `json:"key"`
+			Value any    `json:"value"`
+		} `json:"fields"`
+	} `json:"logs"`
+	Tags []struct {
 		Key   string `json:"key"`
 		Value any    `json:"value"`
 	} `json:"tags"`
@@ -204,11 +217,17 @@ func (s *jSpan) tag(k string) string {
 	return ""
 }
 
+// parent is the span's parent as Jaeger's UI draws it: its CHILD_OF reference, else its first
+// reference (Jaeger stores a parent that is also linked, as control.process's sender is, as
+// one FOLLOWS_FROM reference).
 func (s *jSpan) parent() string {
 	for _, r := range s.References {
 		if r.RefType == "CHILD_OF" {
 			return r.SpanID
 		}
+	}
+	if len(s.References) > 0 {
+		return s.References[0].SpanID
 	}
 	return ""
 }
@@ -273,6 +292,13 @@ func render(tr jTrace) string {
 		}
 		svc := tr.Processes[s.ProcessID].ServiceName
 		fmt.Fprintf(&b, "%-72s %-14s +%8.2fms %9.2fms\n", prefix+branch+label, svc, float64(s.StartTime-t0)/1e3, float64(s.Duration)/1e3)
+		for _, l := range s.Logs {
+			for _, f := range l.Fields {
+				if f.Key == "event" {
+					fmt.Fprintf(&b, "%-72s %-14s +%8.2fms\n", prefix+next+"· "+fmt.Sprint(f.Value), "(event)", float64(l.Timestamp-t0)/1e3)
+				}
+			}
+		}
 		ks := kids[s.SpanID]
 		byStart(ks)
 		for i, k := range ks {
@@ -298,7 +324,7 @@ func TestFleetUpdateTraceInJaeger(t *testing.T) {
 	otlpGRPC, otlpHTTP, query, queryGRPC := freePort(t), freePort(t), freePort(t), freePort(t)
 	cfg := filepath.Join(dir, "jaeger.yaml")
 	require.NoError(t, os.WriteFile(cfg, []byte(jaegerConfig(otlpGRPC, otlpHTTP, query, queryGRPC)), 0o600))
-	j := start(t, "jaeger", nil, jaeger, "--config", cfg)
+	j := start(t, "jaeger", jaegerEnv, jaeger, "--config", cfg)
 	queryURL := "http://127.0.0.1:" + strconv.Itoa(query)
 	waitHTTP(t, j, queryURL+"/api/services")
 
