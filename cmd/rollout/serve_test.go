@@ -210,7 +210,7 @@ func TestServeAdminPostureAndTokenFiles(t *testing.T) {
 	require.NoError(t, l.Close())
 	ctx, cancel := context.WithCancel(t.Context())
 	exited := make(chan int, 1)
-	var serveErr bytes.Buffer
+	var serveErr syncBuffer // the server writes it while the test reads it
 	go func() {
 		exited <- run(ctx, []string{"serve", "--addr", "0.0.0.0:" + port, "--kv-blocks", "64", "--log-level", "warn",
 			"--admin-token-file", tokFile, "--api-key-file", keyFile}, &out, &serveErr)
