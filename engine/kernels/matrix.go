@@ -26,26 +26,35 @@ func NewStackedMatrix(rows, cols int, parts ...[]float32) (*Matrix, error) {
 	return PackStacked(nil, rows, cols, parts...)
 }
 
-// PackStacked is NewStackedMatrix packing into reuse's memory when reuse has the same shape
-// (and is no longer read by anyone), else into new memory. A weight update repacks every
-// matrix; reusing the retired set's memory saves allocating, faulting in and zeroing it.
-func PackStacked(reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, error) {
+// packTarget checks that parts hold rows×cols values in whole runs of unit values and returns
+// the matrix to pack them into: reuse when it has the shape, else new zeroed memory.
+func packTarget(reuse *Matrix, rows, cols, unit int, what string, parts [][]float32) (*Matrix, error) {
 	if rows <= 0 || cols <= 0 {
 		return nil, fmt.Errorf("kernels: matrix %dx%d: rows and cols must be positive", rows, cols)
 	}
 	n := 0
 	for i, p := range parts {
-		if len(p)%cols != 0 {
-			return nil, fmt.Errorf("kernels: matrix part %d has %d values, not whole rows of %d", i, len(p), cols)
+		if len(p)%unit != 0 {
+			return nil, fmt.Errorf("kernels: %s %d has %d values, not whole rows of %d", what, i, len(p), unit)
 		}
 		n += len(p)
 	}
 	if n != rows*cols {
 		return nil, fmt.Errorf("kernels: matrix %dx%d needs %d values, got %d", rows, cols, rows*cols, n)
 	}
-	m := reuse
-	if m == nil || m.Rows != rows || m.Cols != cols {
-		m = &Matrix{Rows: rows, Cols: cols, data: make([]float32, m0(rows)*cols)}
+	if reuse != nil && reuse.Rows == rows && reuse.Cols == cols {
+		return reuse, nil
+	}
+	return &Matrix{Rows: rows, Cols: cols, data: make([]float32, m0(rows)*cols)}, nil
+}
+
+// PackStacked is NewStackedMatrix packing into reuse's memory when reuse has the same shape
+// (and is no longer read by anyone), else into new memory. A weight update repacks every
+// matrix; reusing the retired set's memory saves allocating, faulting in and zeroing it.
+func PackStacked(reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, error) {
+	m, err := packTarget(reuse, rows, cols, cols, "matrix part", parts)
+	if err != nil {
+		return nil, err
 	}
 	// Every real row is overwritten below; the padding rows of the last panel stay zero.
 	r := 0
