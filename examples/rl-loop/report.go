@@ -120,6 +120,6 @@ func plotRewards(path string, recs []record) error {
 	p.Add(plotter.NewGrid(), lm, lx)
 	p.Legend.Add("mean", lm)
 	p.Legend.Add("max", lx)
-	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.Top, p.Legend.Left = false, false // bottom right, below the curve once it has risen
 	return p.Save(8*vg.Inch, 4.5*vg.Inch, path)
 }
