@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,7 +82,7 @@ func decodeRun(b *testing.B, rollout, model, otel string, env []string, concurre
 
 // BenchmarkDecodeOTLPvsNone measures decode throughput of `rollout serve` exporting every span
 // over OTLP to a real Jaeger against the same server with --otel none, at 32 concurrent
-// requests, for builtin:tiny and builtin:stories15m; runs alternate (none, otlp, none, otlp)
+// requests, for builtin:tiny and builtin:stories15m; runs alternate (none, otlp, none, otlp, ...; medians)
 // so drift on a shared machine hits both alike. Run it with
 // `go -C tools test -tags e2e -run '^$' -bench DecodeOTLP -benchtime 1x ./e2e/` and
 // ROLLOUT_BIN, JAEGER_BIN set as for make e2e.
@@ -101,17 +102,21 @@ func BenchmarkDecodeOTLPvsNone(b *testing.B) {
 	waitHTTP(b, j, "http://127.0.0.1:"+strconv.Itoa(query)+"/api/services")
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:" + strconv.Itoa(otlpHTTP)}
 	const concurrency = 32
+	rounds := 3 // E2E_BENCH_ROUNDS overrides: more rounds, steadier medians on a busy machine
+	if v, err := strconv.Atoi(os.Getenv("E2E_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
 	for range b.N {
 		for _, m := range []struct {
 			model               string
 			requests, maxTokens int
 		}{{"builtin:tiny", 256, 64}, {"builtin:stories15m", 128, 64}} {
 			var none, otlp []float64
-			for range 2 {
+			for range rounds {
 				none = append(none, decodeRun(b, rollout, m.model, "none", nil, concurrency, m.requests, m.maxTokens))
 				otlp = append(otlp, decodeRun(b, rollout, m.model, "otlp", env, concurrency, m.requests, m.maxTokens))
 			}
-			n, o := mean(none), mean(otlp)
+			n, o := median(none), median(otlp)
 			name := strings.TrimPrefix(m.model, "builtin:")
 			b.ReportMetric(n, name+"_none_tok/s")
 			b.ReportMetric(o, name+"_otlp_tok/s")
@@ -121,10 +126,12 @@ func BenchmarkDecodeOTLPvsNone(b *testing.B) {
 	}
 }
 
-func mean(v []float64) float64 {
-	s := 0.0
-	for _, x := range v {
-		s += x
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
 	}
-	return s / float64(len(v))
 }
