@@ -277,32 +277,33 @@ func (r *genRun) end() {
 	r.traceChoices()
 }
 
-// traceChoices records each choice's life in the engine as child spans of the request's span,
-// from the engine's own timestamps (no cost on the engine loop): engine.request from arrival
-// to finish, split into engine.prefill (queueing and prefill, up to the first token) and
-// engine.decode (the rest).
+// traceChoices records each choice's life in the engine as events of the request's span, from
+// the engine's own timestamps (no cost on the engine loop, and no extra spans to export per
+// request): engine.queued at arrival, engine.first_token (queueing and prefill end there) and
+// engine.finished (decode ends there, with the token counts and finish reason).
 func (r *genRun) traceChoices() {
-	if r.ctx == nil || !trace.SpanFromContext(r.ctx).IsRecording() {
+	if r.ctx == nil {
 		return
 	}
-	tr := r.a.cfg.TracerProvider.Tracer(tracerName)
+	span := trace.SpanFromContext(r.ctx)
+	if !span.IsRecording() {
+		return
+	}
 	for _, ch := range r.choices {
 		t := ch.stream.Timings()
+		id := attribute.String("rollout.request_id", ch.engineID)
+		span.AddEvent("engine.queued", trace.WithTimestamp(t.Arrival), trace.WithAttributes(id, attribute.Int("rollout.prompt_tokens", len(ch.prompt))))
+		if !t.FirstToken.IsZero() {
+			span.AddEvent("engine.first_token", trace.WithTimestamp(t.FirstToken), trace.WithAttributes(id,
+				attribute.Float64("rollout.ttft_seconds", t.FirstToken.Sub(t.Arrival).Seconds())))
+		}
 		end := t.Finish
 		if end.IsZero() {
 			end = time.Now()
 		}
-		ctx, span := tr.Start(r.ctx, "engine.request", trace.WithTimestamp(t.Arrival), trace.WithAttributes(
-			attribute.String("rollout.request_id", ch.engineID), attribute.Int("rollout.prompt_tokens", len(ch.prompt)),
+		span.AddEvent("engine.finished", trace.WithTimestamp(end), trace.WithAttributes(id,
 			attribute.Int("rollout.generated_tokens", len(ch.tokens)), attribute.Int("rollout.cached_tokens", ch.cached),
 			attribute.String("rollout.finish_reason", string(ch.finish))))
-		if !t.FirstToken.IsZero() {
-			_, p := tr.Start(ctx, "engine.prefill", trace.WithTimestamp(t.Arrival))
-			p.End(trace.WithTimestamp(t.FirstToken))
-			_, d := tr.Start(ctx, "engine.decode", trace.WithTimestamp(t.FirstToken))
-			d.End(trace.WithTimestamp(end))
-		}
-		span.End(trace.WithTimestamp(end))
 	}
 }
 
