@@ -53,8 +53,8 @@ lint-vet: ## go vet with and without GOEXPERIMENT=simd
 
 GOLANGCI := bin/golangci-lint
 
-lint-golangci: ## golangci-lint (pinned in tools/go.mod, built into bin/) with and without GOEXPERIMENT=simd
-	GOEXPERIMENT= $(GO) -C tools build -o $(abspath $(GOLANGCI)) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+lint-golangci: ## golangci-lint (pinned in tools/lint/go.mod, built into bin/) with and without GOEXPERIMENT=simd
+	GOEXPERIMENT= $(GO) -C tools/lint build -o $(abspath $(GOLANGCI)) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 	$(GOLANGCI) run ./...
 	GOEXPERIMENT= $(GOLANGCI) run ./...
 
