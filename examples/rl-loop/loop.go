@@ -251,15 +251,10 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 			return sum, err
 		}
 		rec.GenerateSec = time.Since(t).Seconds()
-		if pending != nil {
-			res, err := pending.wait()
-			if err != nil {
+		if pending != nil { // the previous step's update; this step starts the next one below
+			if err := land(pending, &rec, sum); err != nil {
 				return sum, err
 			}
-			pending = nil
-			sum.Updates++
-			rec.StageSec, rec.CommitSec = res.StageTime.Seconds(), res.CommitTime.Seconds()
-			rec.BubbleMs = float64(res.MaxBubble) / float64(time.Millisecond)
 		}
 
 		// Score.
@@ -321,14 +316,10 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 		rec.PublishSec = time.Since(t).Seconds()
 		pending = startUpdate(ctx, c, ref, plan)
 		if cfg.Sync || i == cfg.Steps-1 {
-			res, err := pending.wait()
-			if err != nil {
+			if err := land(pending, &rec, sum); err != nil {
 				return sum, err
 			}
 			pending = nil
-			sum.Updates++
-			rec.StageSec, rec.CommitSec = res.StageTime.Seconds(), res.CommitTime.Seconds()
-			rec.BubbleMs = float64(res.MaxBubble) / float64(time.Millisecond)
 		}
 		if rec.Violations, err = violations(ctx, c); err != nil {
 			return sum, err
@@ -346,6 +337,18 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 		return sum, fmt.Errorf("plot: %w", err)
 	}
 	return sum, nil
+}
+
+// land waits for an update and records it in the step that saw it land.
+func land(u *update, rec *record, sum *summary) error {
+	res, err := u.wait()
+	if err != nil {
+		return err
+	}
+	sum.Updates++
+	rec.StageSec, rec.CommitSec = res.StageTime.Seconds(), res.CommitTime.Seconds()
+	rec.BubbleMs = float64(res.MaxBubble) / float64(time.Millisecond)
+	return nil
 }
 
 // generate runs one Generate per prompt digit, concurrently.

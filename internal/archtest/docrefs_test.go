@@ -17,6 +17,9 @@ func TestDocReferencesResolve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The sibling directory this project's planning notes live in is built from parts, so this
+	// test does not itself trip the check it makes.
+	outside := ".." + "/" + "shared"
 	mdRef := regexp.MustCompile(`[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.md\b`)
 	checked := 0
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -42,7 +45,7 @@ func TestDocReferencesResolve(t *testing.T) {
 		text := string(data)
 		checked++
 		for i, line := range strings.Split(text, "\n") {
-			if strings.Contains(line, "§") || strings.Contains(line, "../shared") {
+			if strings.Contains(line, "§") || strings.Contains(line, outside) {
 				t.Errorf("%s:%d cites a section or a path outside the repository: %s", rel, i+1, strings.TrimSpace(line))
 			}
 			for _, ref := range mdRef.FindAllString(line, -1) {
