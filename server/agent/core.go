@@ -61,6 +61,10 @@ type Work struct {
 	Epoch int64
 	// StayPaused tells a commit not to resume at its end: the desired state says paused.
 	StayPaused bool
+	// Answer, when set, is the command's result already: a commit of the version a
+	// self-convergence just committed reports that cut. The loop still runs it as work, so the
+	// command gets its control.process span in the sender's trace, but touches no engine.
+	Answer *Result
 }
 
 // Kind is the command kind, or "converge".
@@ -438,9 +442,8 @@ func (c *Core) schedule(now time.Time) {
 			w.StayPaused = c.desired != nil && c.desired.Paused
 			if prev, ok := c.commits[cm.Version]; ok && c.eng.WeightVersion >= cm.Version {
 				// A self-convergence committed this version a moment ago: report its cut.
-				c.busy = w
-				c.Done(alreadyCommitted(prev, c.eng), c.eng, now)
-				return
+				r := alreadyCommitted(prev, c.eng)
+				w.Answer = &r
 			}
 		}
 		c.busy = w

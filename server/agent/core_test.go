@@ -346,7 +346,9 @@ func TestCoreDesiredStateChecks(t *testing.T) {
 }
 
 // TestCoreCommitAfterSelfConvergence: a commit command for a version the server committed
-// by itself is acked ok with that cut's phases and bubble.
+// by itself is acked ok with that cut's phases and bubble. It is still handed out as work
+// (so it gets its control.process span in the sender's trace), carrying its answer, so the
+// loop runs nothing on the engine.
 func TestCoreCommitAfterSelfConvergence(t *testing.T) {
 	c := newTestCore(coreSecret)
 	ref := protocol.WeightsRef{Version: 2, URI: "file:///w2"}
@@ -361,7 +363,11 @@ func TestCoreCommitAfterSelfConvergence(t *testing.T) {
 	e := signedEnv(t, protocol.Commit{Version: 2, Mode: protocol.ModeAbort}, t0, time.Minute)
 	c.Envelope(raw(t, e), t0)
 	r := c.Ready()
-	assert.Nil(t, r.Work, "nothing to run")
+	require.NotNil(t, r.Work)
+	require.NotNil(t, r.Work.Answer, "nothing to run on the engine")
+	assert.Empty(t, r.Acks, "acked once the loop reports the work done")
+	c.Done(*r.Work.Answer, EngineState{State: "running", WeightVersion: 2}, t0)
+	r = c.Ready()
 	require.Len(t, r.Acks, 1)
 	a := r.Acks[0]
 	assert.Equal(t, protocol.ResultOK, a.Result)
