@@ -1,0 +1,6 @@
+//go:build arm64 && !purego
+
+package kernels
+
+// ClearUpper is a no-op without the SIMD kernels (see the SIMD build's doc).
+func ClearUpper() {}

@@ -1,0 +1,6 @@
+//go:build arm64 && !purego
+
+package kernels
+
+// vecImpls is the portable kernels alone: this build has no SIMD.
+func vecImpls() []vecImpl { return []vecImpl{genericVecImpl()} }
