@@ -50,6 +50,17 @@ func attnScoresISA(isa vecISA, scores, q, k []float32, stride, off, n int, scale
 	}
 }
 
+// finish4 ends fold16 for four rows' 4-lane partials f0..f3: lanes 0 2 1 3 (one VSHUFPS each,
+// the selectors constant here so that they compile to one instruction), then two AddPairs give
+// (b0+b2)+(b1+b3) per row, rows in order.
+func finish4(f0, f1, f2, f3 archsimd.Float32x4) archsimd.Float32x4 {
+	f0 = f0.SelectFromPair(0, 2, 1, 3, f0)
+	f1 = f1.SelectFromPair(0, 2, 1, 3, f1)
+	f2 = f2.SelectFromPair(0, 2, 1, 3, f2)
+	f3 = f3.SelectFromPair(0, 2, 1, 3, f3)
+	return f0.AddPairs(f1).AddPairs(f2.AddPairs(f3))
+}
+
 // scores512 computes n scores of rows at k (rs bytes apart) against q (nch×16 floats) into
 // out, the last partial group of four into tail.
 func scores512(q, k unsafe.Pointer, rs, n, nch int, scale float32, out unsafe.Pointer, tail *[4]float32) {
@@ -57,12 +68,11 @@ func scores512(q, k unsafe.Pointer, rs, n, nch int, scale float32, out unsafe.Po
 	ld := func(p unsafe.Pointer, off int) archsimd.Float32x16 {
 		return archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p, off)))
 	}
-	// fold16's first two levels (lanes j+8, then j+4), then lanes 0 2 1 3 so that the two
-	// AddPairs below finish it as (b0+b2)+(b1+b3) for four rows at once.
+	// fold16's first two levels (lanes j+8, then j+4); finish4 then puts lanes 0 2 1 3 so
+	// that two AddPairs finish (b0+b2)+(b1+b3) for four rows at once.
 	fold := func(a archsimd.Float32x16) archsimd.Float32x4 {
 		h := a.GetLo().Add(a.GetHi())
-		f := h.GetLo().Add(h.GetHi())
-		return f.SelectFromPair(0, 2, 1, 3, f)
+		return h.GetLo().Add(h.GetHi())
 	}
 	for s := 0; s < n; s += 4 {
 		r0 := unsafe.Add(k, s*rs)
@@ -78,7 +88,7 @@ func scores512(q, k unsafe.Pointer, rs, n, nch int, scale float32, out unsafe.Po
 			a2 = qj.MulAdd(ld(r2, o), a2)
 			a3 = qj.MulAdd(ld(r3, o), a3)
 		}
-		w := fold(a0).AddPairs(fold(a1)).AddPairs(fold(a2).AddPairs(fold(a3))).Mul(sc)
+		w := finish4(fold(a0), fold(a1), fold(a2), fold(a3)).Mul(sc)
 		if s+4 <= n {
 			w.Store((*[4]float32)(unsafe.Add(out, s*4)))
 		} else {
@@ -90,6 +100,7 @@ func scores512(q, k unsafe.Pointer, rs, n, nch int, scale float32, out unsafe.Po
 
 // scores256 is scores512 with AVX2 vectors (q is nch×8 floats): canonical lanes 0-7 and 8-15
 // of a row are two vectors, a (even chunks) and b (odd chunks), and fold adds b to a first.
+// The four rows go two at a time (pair), so that the chains stay in registers.
 func scores256(q, k unsafe.Pointer, rs, n, nch int, scale float32, out unsafe.Pointer, tail *[4]float32) {
 	sc := archsimd.BroadcastFloat32x4(scale)
 	ld := func(p unsafe.Pointer, off int) archsimd.Float32x8 {
@@ -97,37 +108,31 @@ func scores256(q, k unsafe.Pointer, rs, n, nch int, scale float32, out unsafe.Po
 	}
 	fold := func(a, b archsimd.Float32x8) archsimd.Float32x4 {
 		h := a.Add(b)
-		f := h.GetLo().Add(h.GetHi())
-		return f.SelectFromPair(0, 2, 1, 3, f)
+		return h.GetLo().Add(h.GetHi())
 	}
-	for s := 0; s < n; s += 4 {
-		r0 := unsafe.Add(k, s*rs)
-		r1 := unsafe.Add(k, min(s+1, n-1)*rs)
-		r2 := unsafe.Add(k, min(s+2, n-1)*rs)
-		r3 := unsafe.Add(k, min(s+3, n-1)*rs)
-		var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x8
+	pair := func(r0, r1 unsafe.Pointer) (archsimd.Float32x4, archsimd.Float32x4) {
+		var a0, a1, b0, b1 archsimd.Float32x8
 		j := 0
 		for ; j+2 <= nch; j += 2 {
 			o := j * 32
 			qa, qb := ld(q, o), ld(q, o+32)
 			a0 = qa.MulAdd(ld(r0, o), a0)
 			a1 = qa.MulAdd(ld(r1, o), a1)
-			a2 = qa.MulAdd(ld(r2, o), a2)
-			a3 = qa.MulAdd(ld(r3, o), a3)
 			b0 = qb.MulAdd(ld(r0, o+32), b0)
 			b1 = qb.MulAdd(ld(r1, o+32), b1)
-			b2 = qb.MulAdd(ld(r2, o+32), b2)
-			b3 = qb.MulAdd(ld(r3, o+32), b3)
 		}
 		if j < nch {
 			o := j * 32
 			qa := ld(q, o)
 			a0 = qa.MulAdd(ld(r0, o), a0)
 			a1 = qa.MulAdd(ld(r1, o), a1)
-			a2 = qa.MulAdd(ld(r2, o), a2)
-			a3 = qa.MulAdd(ld(r3, o), a3)
 		}
-		w := fold(a0, b0).AddPairs(fold(a1, b1)).AddPairs(fold(a2, b2).AddPairs(fold(a3, b3))).Mul(sc)
+		return fold(a0, b0), fold(a1, b1)
+	}
+	for s := 0; s < n; s += 4 {
+		f0, f1 := pair(unsafe.Add(k, s*rs), unsafe.Add(k, min(s+1, n-1)*rs))
+		f2, f3 := pair(unsafe.Add(k, min(s+2, n-1)*rs), unsafe.Add(k, min(s+3, n-1)*rs))
+		w := finish4(f0, f1, f2, f3).Mul(sc)
 		if s+4 <= n {
 			w.Store((*[4]float32)(unsafe.Add(out, s*4)))
 		} else {

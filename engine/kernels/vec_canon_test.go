@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -200,4 +201,26 @@ func TestSwiGLU(t *testing.T) {
 	assert.True(t, a[1] != a[1], "-Inf·e with e = 0 is NaN, as before the kernel existed")
 	assert.True(t, a[2] != a[2], "NaN in, NaN out")
 	assert.Panics(t, func() { SwiGLU(make([]float32, 3), make([]float32, 2), make([]float32, 3)) })
+}
+
+func BenchmarkNormSwiGLU(b *testing.B) {
+	// Row widths of stories15m (288, ffn 768) and stories110m (768, ffn 2048).
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, n := range []int{288, 768, 2048} {
+		x, g, u := randSlice(r, n), randSlice(r, n), randSlice(r, n)
+		dst := make([]float32, n)
+		for _, impl := range vecImpls() {
+			b.Run(fmt.Sprintf("rmsnorm/%d/%s", n, impl.name), func(b *testing.B) {
+				for b.Loop() {
+					ss := impl.sumSq(x)
+					impl.scale(dst, x, g, float32(1/math.Sqrt(ss/float64(n)+1e-5)))
+				}
+			})
+			b.Run(fmt.Sprintf("swiglu/%d/%s", n, impl.name), func(b *testing.B) {
+				for b.Loop() {
+					impl.swiglu(dst, x, u)
+				}
+			})
+		}
+	}
 }
