@@ -293,5 +293,26 @@ func sumSquaresISA(_ vecISA, x []float32) float64 { return sumSquaresGeneric(x) 
 // scaleMulISA is the RMSNorm scaling on isa (portable in this build, as sumSquaresISA).
 func scaleMulISA(_ vecISA, dst, x, g []float32, s float32) { scaleMulGeneric(dst, x, g, s) }
 
-// swigluISA is SwiGLU on isa (portable in this build, as sumSquaresISA).
-func swigluISA(_ vecISA, a, g, u []float32) { swigluGeneric(a, g, u) }
+// swigluISA is SwiGLU on isa: -|x| into a, the vector exponential in place (shift 0: the same
+// canonical e as swigluGeneric's), then swigluGeneric's formula in scalar code.
+func swigluISA(isa vecISA, a, g, u []float32) {
+	g, u = g[:len(a)], u[:len(a)]
+	if isa == isaGeneric || len(a) == 0 || &a[0] == &g[0] || &a[0] == &u[0] { // aliasing: keep the inputs
+		swigluGeneric(a, g, u)
+		return
+	}
+	archsimd.ClearAVXUpperBits() // scalar code follows whatever AVX code ran last
+	for i, x := range g {
+		a[i] = -float32(math.Abs(float64(x)))
+	}
+	expShiftedISA(isa, a, a, 0)
+	for i, x := range g {
+		e := a[i]
+		den := 1 + e
+		if x >= 0 {
+			a[i] = float32(x/den) * u[i]
+		} else {
+			a[i] = float32(float32(x*e)/den) * u[i]
+		}
+	}
+}
