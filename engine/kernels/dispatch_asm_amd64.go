@@ -56,5 +56,3 @@ func matmulPanels(m *Matrix, y, x []float32, n, lo, hi int) {
 	}
 	matmulSIMD(activeKernel, m, y, x, n, lo, hi)
 }
-
-func streamRead(buf []uint64) uint64 { return streamReadGeneric(buf) }
