@@ -41,6 +41,9 @@ func selectKernel() *simdKernel {
 	return nil
 }
 
+// buildMode is what KernelBuild reports: the generated Go assembly, no GOEXPERIMENT needed.
+const buildMode = "assembly"
+
 // KernelName names the MatMul implementation this process uses: "avx512", "avx2" or "generic".
 func KernelName() string {
 	if activeKernel == nil {

@@ -42,6 +42,9 @@ func selectKernel() *simdKernel {
 	return nil
 }
 
+// buildMode is what KernelBuild reports: the simd/archsimd experiment's kernels.
+const buildMode = "archsimd, GOEXPERIMENT=simd"
+
 // KernelName names the MatMul implementation this process uses: "avx512", "avx2" or "generic".
 func KernelName() string {
 	if activeKernel == nil {
