@@ -142,8 +142,11 @@ func argmax(x []float32) int {
 
 // EngineReport is what `rollout bench engine` prints.
 type EngineReport struct {
-	GOMAXPROCS       int                `json:"gomaxprocs"`
-	Kernel           string             `json:"kernel"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	Kernel     string `json:"kernel"`
+	// KernelBuild is the kernel family built in (kernels.KernelBuild): "assembly",
+	// "archsimd, GOEXPERIMENT=simd", "portable, purego", …
+	KernelBuild      string             `json:"kernel_build"`
 	ReadBandwidthGBs float64            `json:"read_bandwidth_gb_per_s"`
 	Decode           []DecodeResult     `json:"decode"`
 	Concurrent       []ConcurrentResult `json:"concurrent,omitempty"`

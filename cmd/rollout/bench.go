@@ -47,7 +47,7 @@ func newBenchEngineCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pool := kernels.NewPool(workers)
 			defer pool.Close()
-			rep := bench.EngineReport{GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName()}
+			rep := bench.EngineReport{GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
 			rep.ReadBandwidthGBs = kernels.StreamReadBandwidth(pool, bwBytes)
 			for _, p := range presets {
 				r, err := decodeFigures(cmd.Context(), pool, p, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
@@ -67,7 +67,7 @@ func newBenchEngineCmd() *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(rep)
 			}
-			fmt.Fprintf(out, "kernel %s, %d workers, streaming read bandwidth %.1f GB/s\n\n", rep.Kernel, workers, rep.ReadBandwidthGBs)
+			fmt.Fprintf(out, "kernels: %s (%s), %d workers, streaming read bandwidth %.1f GB/s\n\n", rep.Kernel, rep.KernelBuild, workers, rep.ReadBandwidthGBs)
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "preset\tdecode tok/s\tllama2.c tok/s\tratio\tweights GB/s\tof bandwidth\tprefill tok/s")
 			for _, r := range rep.Decode {
