@@ -375,11 +375,12 @@ func OffloadResetDrain(ctx context.Context, n int, delay time.Duration) (Offload
 	return res, nil
 }
 
-// Offload runs the three offload figures; ttftPrompt is the prompt length of the TTFT figure
-// (on the stories15m shape with a context of ttftPrompt+64 tokens).
-func Offload(ctx context.Context, bwBlocks, ttftPrompt, resetJobs, workers int) (OffloadReport, error) {
+// Offload runs the three offload figures; the bandwidth figures are the best of bwRounds
+// rounds, and ttftPrompt is the prompt length of the TTFT figure (on the stories15m shape with
+// a context of ttftPrompt+64 tokens).
+func Offload(ctx context.Context, bwBlocks, bwRounds, ttftPrompt, resetJobs, workers int) (OffloadReport, error) {
 	var rep OffloadReport
-	bw, err := OffloadBandwidth(ctx, bwBlocks, 16, 3)
+	bw, err := OffloadBandwidth(ctx, bwBlocks, 16, max(bwRounds, 1))
 	if err != nil {
 		return rep, err
 	}

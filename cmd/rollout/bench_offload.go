@@ -14,6 +14,7 @@ func newBenchOffloadCmd() *cobra.Command {
 	var (
 		asJSON     bool
 		bwBlocks   int
+		bwRounds   int
 		ttftPrompt int
 		resetJobs  int
 		workers    int
@@ -23,7 +24,7 @@ func newBenchOffloadCmd() *cobra.Command {
 		Short: "KV offloading: store/load bandwidth vs the multi-threaded copy(), TTFT from CPU slots vs recompute, reset drain time",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := bench.Offload(cmd.Context(), bwBlocks, ttftPrompt, resetJobs, workers)
+			rep, err := bench.Offload(cmd.Context(), bwBlocks, bwRounds, ttftPrompt, resetJobs, workers)
 			if err != nil {
 				return err
 			}
@@ -55,6 +56,7 @@ func newBenchOffloadCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	f.IntVar(&bwBlocks, "blocks", 256, "stories15m-shaped blocks moved by the bandwidth figure")
+	f.IntVar(&bwRounds, "rounds", 3, "rounds of the bandwidth figure; each figure is the best round (more rounds see through a busy machine)")
 	f.IntVar(&ttftPrompt, "ttft-prompt", 2048, "prompt tokens of the TTFT figure (0: skip)")
 	f.IntVar(&resetJobs, "reset-stores", 64, "store jobs tracked when the reset figure resets")
 	f.IntVar(&workers, "workers", runtime.GOMAXPROCS(0), "kernel workers")
