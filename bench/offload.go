@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/rolloutkit/rollout/engine"
@@ -22,19 +24,50 @@ type OffloadReport struct {
 }
 
 // OffloadBandwidthResult compares the worker's store and load copies (generation checks and
-// CRC-32C included) with a plain copy() of the same bytes, in the same run.
+// CRC-32C included) with a plain copy() of the same bytes on one goroutine and with the
+// machine's multi-threaded copy bandwidth (CopyThreads goroutines copying disjoint parts of
+// the same number of bytes), in the same run.
 type OffloadBandwidthResult struct {
 	Shape          string  `json:"shape"`
 	BlockBytes     int     `json:"block_bytes"`
 	Blocks         int     `json:"blocks"`
 	ChunksPerJob   int     `json:"chunks_per_job"`
+	CopyThreads    int     `json:"copy_threads"`
 	StoreGBs       float64 `json:"store_gb_per_s"`
 	LoadGBs        float64 `json:"load_gb_per_s"`
 	PlainCopyGBs   float64 `json:"plain_copy_gb_per_s"`
+	ParallelGBs    float64 `json:"parallel_copy_gb_per_s"`
 	StoreRatio     float64 `json:"store_vs_copy"`
 	LoadRatio      float64 `json:"load_vs_copy"`
+	StoreShare     float64 `json:"store_vs_parallel_copy"`
+	LoadShare      float64 `json:"load_vs_parallel_copy"`
 	Violations     int64   `json:"safety_violations"`
 	StoredVerified bool    `json:"loaded_bytes_identical"`
+}
+
+// parallelCopy copies src into dst (equal lengths) on threads goroutines, each a contiguous
+// part, and returns the time from their start to the last one's end: the machine's
+// multi-threaded memcpy bandwidth, the ceiling for a split offload copy.
+func parallelCopy(dst, src []float32, threads int) time.Duration {
+	var ready, done sync.WaitGroup
+	start := make(chan struct{})
+	part := (len(src) + threads - 1) / threads
+	for i := range threads {
+		lo, hi := min(i*part, len(src)), min((i+1)*part, len(src))
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			ready.Done()
+			<-start
+			copy(dst[lo:hi], src[lo:hi])
+		}()
+	}
+	ready.Wait()
+	t0 := time.Now()
+	close(start)
+	done.Wait()
+	return time.Since(t0)
 }
 
 // stories15mKV is the KV layout of one stories15m block of 16 tokens.
@@ -74,7 +107,8 @@ func newOffloadRig(l kvcache.Layout, delay time.Duration) (*offloadRig, error) {
 
 // OffloadBandwidth stores blocks pool blocks of stories15m's KV shape into CPU slots and loads
 // them back through the worker side, in jobs of chunksPerJob chunks, and times a plain copy()
-// of the same bytes; each figure is the best of rounds.
+// of the same bytes and the same copy split across GOMAXPROCS goroutines; each figure is the
+// best of rounds.
 func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (OffloadBandwidthResult, error) {
 	l, err := stories15mKV(blocks)
 	if err != nil {
@@ -139,8 +173,10 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 		}
 		return el, nil
 	}
-	res := OffloadBandwidthResult{Shape: "stories15m (6 layers, kv dim 288, 16-token blocks)", BlockBytes: l.BlockBytes(), Blocks: blocks, ChunksPerJob: chunksPerJob}
+	res := OffloadBandwidthResult{Shape: "stories15m (6 layers, kv dim 288, 16-token blocks)", BlockBytes: l.BlockBytes(), Blocks: blocks,
+		ChunksPerJob: chunksPerJob, CopyThreads: runtime.GOMAXPROCS(0)}
 	plain := make([]float32, len(orig))
+	par := make([]float32, len(orig))
 	for range rounds {
 		st := jobs(true)
 		var flush []int64
@@ -163,9 +199,11 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 			copy(plain[i*l.BlockFloats():(i+1)*l.BlockFloats()], rig.storage.Block(b))
 		}
 		dp := time.Since(start)
+		dm := parallelCopy(par, orig, res.CopyThreads)
 		res.StoreGBs = max(res.StoreGBs, bytes/ds.Seconds()/1e9)
 		res.LoadGBs = max(res.LoadGBs, bytes/dl.Seconds()/1e9)
 		res.PlainCopyGBs = max(res.PlainCopyGBs, bytes/dp.Seconds()/1e9)
+		res.ParallelGBs = max(res.ParallelGBs, bytes/dm.Seconds()/1e9)
 	}
 	res.StoredVerified = true
 	for i, b := range ids {
@@ -177,6 +215,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 		}
 	}
 	res.StoreRatio, res.LoadRatio = res.StoreGBs/res.PlainCopyGBs, res.LoadGBs/res.PlainCopyGBs
+	res.StoreShare, res.LoadShare = res.StoreGBs/res.ParallelGBs, res.LoadGBs/res.ParallelGBs
 	res.Violations = rig.conn.Violations()
 	return res, nil
 }
@@ -336,11 +375,12 @@ func OffloadResetDrain(ctx context.Context, n int, delay time.Duration) (Offload
 	return res, nil
 }
 
-// Offload runs the three offload figures; ttftPrompt is the prompt length of the TTFT figure
-// (on the stories15m shape with a context of ttftPrompt+64 tokens).
-func Offload(ctx context.Context, bwBlocks, ttftPrompt, resetJobs, workers int) (OffloadReport, error) {
+// Offload runs the three offload figures; the bandwidth figures are the best of bwRounds
+// rounds, and ttftPrompt is the prompt length of the TTFT figure (on the stories15m shape with
+// a context of ttftPrompt+64 tokens).
+func Offload(ctx context.Context, bwBlocks, bwRounds, ttftPrompt, resetJobs, workers int) (OffloadReport, error) {
 	var rep OffloadReport
-	bw, err := OffloadBandwidth(ctx, bwBlocks, 16, 3)
+	bw, err := OffloadBandwidth(ctx, bwBlocks, 16, max(bwRounds, 1))
 	if err != nil {
 		return rep, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,13 @@ type Config struct {
 	// may block: tests hold transfers in flight with it deterministically, where a Delay only
 	// makes that likely.
 	TransferGate func(t *Transfer)
+	// CopyThreads is how many goroutines share the copy of one transfer of at least
+	// SplitBytes (0: runtime.GOMAXPROCS(0); 1: each transfer copies on its own goroutine). The
+	// split is by block, so a transfer of one block never splits. Transfers stay FIFO per
+	// direction and complete as a whole either way.
+	CopyThreads int
+	// SplitBytes is the smallest transfer that is split (0: DefaultSplitBytes).
+	SplitBytes int64
 	// BlockBytes is the size of one pool block in bytes (all layers, K and V). Optional: when
 	// set, New checks CPUBytes against it; otherwise the check happens at BindKVStorage.
 	BlockBytes int64
@@ -145,6 +153,12 @@ func New(cfg Config) (*Connector, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.CopyThreads == 0 {
+		cfg.CopyThreads = runtime.GOMAXPROCS(0)
+	}
+	if cfg.SplitBytes == 0 {
+		cfg.SplitBytes = DefaultSplitBytes
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -160,6 +174,8 @@ func New(cfg Config) (*Connector, error) {
 		return nil, fmt.Errorf("%w: CPU bytes %d: the CPU tier needs room for at least one chunk", ErrInvalidConfig, cfg.CPUBytes)
 	case cfg.Policy != cpu.PolicyLRU && cfg.Policy != cpu.PolicyARC:
 		return nil, fmt.Errorf("%w: eviction policy %q: want lru or arc", ErrInvalidConfig, cfg.Policy)
+	case cfg.CopyThreads < 0 || cfg.SplitBytes < 0:
+		return nil, fmt.Errorf("%w: negative copy threads %d or split bytes %d", ErrInvalidConfig, cfg.CopyThreads, cfg.SplitBytes)
 	case cfg.Delay < 0 || cfg.BandwidthBytesPerSec < 0:
 		return nil, fmt.Errorf("%w: negative delay %v or bandwidth %v", ErrInvalidConfig, cfg.Delay, cfg.BandwidthBytesPerSec)
 	}

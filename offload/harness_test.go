@@ -131,6 +131,9 @@ func newHarness(t *testing.T, c harnessCfg) *harness {
 		h.conn, err = offload.New(offload.Config{
 			CPUBytes: int64(c.cpuChunks * c.bpc * h.layout.BlockBytes()), BlockSize: c.blockSize, BlocksPerChunk: c.bpc,
 			Policy: c.policy, Delay: c.delay, Logger: logger, RecordEvents: c.recordEvents, TransferGate: gate,
+			// Every transfer of two blocks or more is split across helpers, so the scenarios and
+			// the random interleavings run the split path with its tiny blocks.
+			CopyThreads: 3, SplitBytes: 1,
 		})
 		require.NoError(t, err)
 		sc, h.worker = h.conn.Scheduler(), h.conn.Worker()

@@ -324,6 +324,10 @@ func TestBadInput(t *testing.T) {
 	_, err = offload.New(offload.Config{CPUBytes: 100, BlockSize: 16, BlockBytes: 4096})
 	require.ErrorIs(t, err, offload.ErrInvalidConfig)
 	require.ErrorContains(t, err, "smaller than one chunk")
+	_, err = offload.New(offload.Config{CPUBytes: 1 << 20, BlockSize: 16, CopyThreads: -1})
+	require.ErrorIs(t, err, offload.ErrInvalidConfig)
+	_, err = offload.New(offload.Config{CPUBytes: 1 << 20, BlockSize: 16, SplitBytes: -1})
+	require.ErrorIs(t, err, offload.ErrInvalidConfig)
 
 	// Unknown and duplicate completions are harmless and counted.
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 16})

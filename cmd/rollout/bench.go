@@ -20,7 +20,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Run benchmarks, each figure beside its baseline measured in the same run"}
-	cmd.AddCommand(newBenchEngineCmd(), newBenchOffloadCmd(), newBenchFleetCmd())
+	cmd.AddCommand(newBenchEngineCmd(), newBenchOffloadCmd(), newBenchUpdateCmd(), newBenchFleetCmd())
 	return cmd
 }
 
@@ -210,7 +210,7 @@ func weightUpdate(ctx context.Context, preset string, workers int) (bench.Update
 		return bench.UpdateResult{}, err
 	}
 	defer os.RemoveAll(dir)
-	return bench.WeightUpdate(ctx, preset, 32, workers, weights.F32, dir)
+	return bench.WeightUpdate(ctx, preset, 32, 2, workers, weights.F32, dir)
 }
 
 func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
