@@ -37,13 +37,14 @@ type OffloadBandwidthResult struct {
 	StoredVerified bool    `json:"loaded_bytes_identical"`
 }
 
-// stories15mKV is the KV layout of one stories15m block of 16 tokens.
+// stories15mKV is the KV layout of blocks stories15m blocks (plus the null block) of the
+// engine's default block size.
 func stories15mKV(blocks int) (kvcache.Layout, error) {
 	cfg, err := model.PresetConfig("stories15m")
 	if err != nil {
 		return kvcache.Layout{}, err
 	}
-	return kvcache.Layout{NumLayers: cfg.NumHiddenLayers, NumBlocks: blocks + 1, BlockSize: 16, KVDim: cfg.KVDim()}, nil
+	return cfg.KVLayout(blocks+1, engine.DefaultBlockSize), nil
 }
 
 type offloadRig struct {
@@ -197,9 +198,9 @@ type OffloadTTFTResult struct {
 // CPU tier, drops the engine's prefix cache only, and runs the same prompt again (CPU load).
 // The model needs a context longer than promptLen.
 func OffloadTTFT(ctx context.Context, w *model.Weights, preset string, promptLen, workers int) (OffloadTTFTResult, error) {
-	blockSize := 16
+	blockSize := engine.DefaultBlockSize
 	blocks := w.Config.MaxPositionEmbeddings/blockSize + 2
-	bb := int64(w.Config.NumHiddenLayers) * 2 * int64(blockSize) * int64(w.Config.KVDim()) * 4
+	bb := w.Config.KVBlockBytes(blockSize)
 	conn, err := offload.New(offload.Config{CPUBytes: int64(blocks) * bb, BlockSize: blockSize, BlockBytes: bb})
 	if err != nil {
 		return OffloadTTFTResult{}, err
@@ -340,7 +341,7 @@ func OffloadResetDrain(ctx context.Context, n int, delay time.Duration) (Offload
 // (on the stories15m shape with a context of ttftPrompt+64 tokens).
 func Offload(ctx context.Context, bwBlocks, ttftPrompt, resetJobs, workers int) (OffloadReport, error) {
 	var rep OffloadReport
-	bw, err := OffloadBandwidth(ctx, bwBlocks, 16, 3)
+	bw, err := OffloadBandwidth(ctx, bwBlocks, engine.DefaultBlockSize, 3)
 	if err != nil {
 		return rep, err
 	}

@@ -133,6 +133,36 @@ type counters struct {
 	checksumFailures  atomic.Int64
 }
 
+// Validate reports the first field New would refuse, as "offload: invalid config: Field:
+// reason" (errors.Is ErrInvalidConfig). Zero BlocksPerChunk and Policy stand for their
+// defaults and are valid.
+func (cfg Config) Validate() error {
+	bpc := cfg.BlocksPerChunk
+	if bpc == 0 {
+		bpc = 1
+	}
+	switch {
+	case cfg.BlockSize <= 0:
+		return fmt.Errorf("%w: BlockSize: %d tokens, need > 0", ErrInvalidConfig, cfg.BlockSize)
+	case bpc < 0:
+		return fmt.Errorf("%w: BlocksPerChunk: %d, need > 0", ErrInvalidConfig, cfg.BlocksPerChunk)
+	case cfg.CPUBytes <= 0:
+		return fmt.Errorf("%w: CPUBytes: %d, the CPU tier needs room for at least one chunk", ErrInvalidConfig, cfg.CPUBytes)
+	case cfg.Policy != "" && cfg.Policy != cpu.PolicyLRU && cfg.Policy != cpu.PolicyARC:
+		return fmt.Errorf("%w: Policy: %q, want lru or arc", ErrInvalidConfig, cfg.Policy)
+	case cfg.Delay < 0:
+		return fmt.Errorf("%w: Delay: %v is negative", ErrInvalidConfig, cfg.Delay)
+	case cfg.BandwidthBytesPerSec < 0:
+		return fmt.Errorf("%w: BandwidthBytesPerSec: %v is negative", ErrInvalidConfig, cfg.BandwidthBytesPerSec)
+	case cfg.BlockBytes < 0:
+		return fmt.Errorf("%w: BlockBytes: %d is negative", ErrInvalidConfig, cfg.BlockBytes)
+	}
+	if chunk := cfg.BlockBytes * int64(bpc); cfg.BlockBytes > 0 && cfg.CPUBytes < chunk {
+		return fmt.Errorf("%w: CPUBytes: %d is smaller than one chunk (%d bytes: %d blocks of %d)", ErrInvalidConfig, cfg.CPUBytes, chunk, bpc, cfg.BlockBytes)
+	}
+	return nil
+}
+
 // New validates cfg and builds a connector. The CPU tier is allocated when the worker side is
 // bound to the KV storage (the chunk size in bytes comes from it).
 func New(cfg Config) (*Connector, error) {
@@ -151,22 +181,8 @@ func New(cfg Config) (*Connector, error) {
 	if cfg.TracerProvider == nil {
 		cfg.TracerProvider = noop.NewTracerProvider()
 	}
-	switch {
-	case cfg.BlockSize <= 0:
-		return nil, fmt.Errorf("%w: block size %d tokens", ErrInvalidConfig, cfg.BlockSize)
-	case cfg.BlocksPerChunk < 0:
-		return nil, fmt.Errorf("%w: %d blocks per chunk", ErrInvalidConfig, cfg.BlocksPerChunk)
-	case cfg.CPUBytes <= 0:
-		return nil, fmt.Errorf("%w: CPU bytes %d: the CPU tier needs room for at least one chunk", ErrInvalidConfig, cfg.CPUBytes)
-	case cfg.Policy != cpu.PolicyLRU && cfg.Policy != cpu.PolicyARC:
-		return nil, fmt.Errorf("%w: eviction policy %q: want lru or arc", ErrInvalidConfig, cfg.Policy)
-	case cfg.Delay < 0 || cfg.BandwidthBytesPerSec < 0:
-		return nil, fmt.Errorf("%w: negative delay %v or bandwidth %v", ErrInvalidConfig, cfg.Delay, cfg.BandwidthBytesPerSec)
-	}
-	if cfg.BlockBytes > 0 {
-		if chunk := cfg.BlockBytes * int64(cfg.BlocksPerChunk); cfg.CPUBytes < chunk {
-			return nil, fmt.Errorf("%w: CPU bytes %d smaller than one chunk (%d bytes: %d blocks of %d)", ErrInvalidConfig, cfg.CPUBytes, chunk, cfg.BlocksPerChunk, cfg.BlockBytes)
-		}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	c := &Connector{cfg: cfg, log: cfg.Logger, tracer: cfg.TracerProvider.Tracer(tracerName)}
 	c.delay.Store(int64(cfg.Delay))
