@@ -252,20 +252,14 @@ type Engine struct {
 	// spare is a packed model no step runs any more (retired by a commit or replaced while
 	// staged), whose memory the next StageWeights packs into instead of allocating a new
 	// weight-sized set: an RL run updates weights every step. Sleep drops it.
-	spare  atomic.Pointer[model.Model]
-	reqs   map[string]*reqState
-	idle   []idleTask
-	paused PauseMode // "" when not paused
-	// sleep state: level and which tags are asleep; pausedBySleep says sleep paused the
-	// engine itself, so waking resumes it.
-	sleepLevel    int
-	sleep0        bool
-	sleepWeights  bool
-	sleepKV       bool
-	pausedBySleep bool
-	logits        []float32
-	seedCounter   uint64
-	closeOnce     sync.Once
+	spare atomic.Pointer[model.Model]
+	reqs  map[string]*reqState
+	idle  []idleTask
+	// ctl is the pause and sleep state; only transition changes it (control.go).
+	ctl         controlState
+	logits      []float32
+	seedCounter uint64
+	closeOnce   sync.Once
 }
 
 type staged struct {
