@@ -85,7 +85,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 	if err != nil {
 		return OffloadBandwidthResult{}, err
 	}
-	w := rig.conn.Worker()
+	_, w := rig.conn.TypedSides()
 	defer func() { _ = w.WaitIdle(context.Background()) }()
 	ids, ok := rig.pool.AllocateSlots("bench", blocks*l.BlockSize, nil)
 	if !ok {
@@ -118,7 +118,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 	bytes := float64(blocks * l.BlockBytes())
 	runStep := func(p *offload.Payload, flush []int64) (time.Duration, error) {
 		start := time.Now()
-		w.BindMetadata(kvconnector.Metadata{FlushJobIDs: flush, Payload: p})
+		w.BindMetadata(kvconnector.TypedMetadata[*offload.Payload]{FlushJobIDs: flush, Payload: p})
 		defer w.ClearMetadata()
 		if err := w.HandlePreemptions(ctx); err != nil {
 			return 0, err
@@ -131,7 +131,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 		}
 		el := time.Since(start)
 		_, _ = w.GetFinished(nil)
-		if wm, _ := w.BuildWorkerMeta().(*offload.WorkerMeta); wm != nil {
+		if wm := w.BuildWorkerMeta(); wm != nil {
 			for id, ok := range wm.Completed {
 				if !ok {
 					return 0, fmt.Errorf("bench: transfer %d failed", id)

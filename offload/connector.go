@@ -102,7 +102,11 @@ type Connector struct {
 
 	sched  *schedSide
 	worker *workerSide
-	delay  atomic.Int64 // current per-transfer delay (Config.Delay, SetDelay)
+	// boundSched and boundWorker are the two sides bound together (kvconnector.Bind), as the
+	// engine drives them.
+	boundSched  kvconnector.Scheduler
+	boundWorker kvconnector.Worker
+	delay       atomic.Int64 // current per-transfer delay (Config.Delay, SetDelay)
 }
 
 // SetDelay changes the per-transfer delay for transfers that start from now on: for tests and
@@ -188,14 +192,22 @@ func New(cfg Config) (*Connector, error) {
 	c.delay.Store(int64(cfg.Delay))
 	c.sched = newSchedSide(c)
 	c.worker = newWorkerSide(c)
+	c.boundSched, c.boundWorker = kvconnector.Bind[*Payload, *WorkerMeta](c.sched, c.worker)
 	return c, nil
 }
 
 // Scheduler returns the scheduler side (engine.Config.Connector).
-func (c *Connector) Scheduler() kvconnector.Scheduler { return c.sched }
+func (c *Connector) Scheduler() kvconnector.Scheduler { return c.boundSched }
 
 // Worker returns the worker side (engine.Config.ConnectorWorker).
-func (c *Connector) Worker() kvconnector.Worker { return c.worker }
+func (c *Connector) Worker() kvconnector.Worker { return c.boundWorker }
+
+// TypedSides returns the two sides unbound, with their payload types, for code that drives the
+// connector step by step with payloads it builds itself (the offload benchmark, tests). What
+// the engine takes is Scheduler and Worker.
+func (c *Connector) TypedSides() (kvconnector.TypedScheduler[*Payload, *WorkerMeta], kvconnector.TypedWorker[*Payload, *WorkerMeta]) {
+	return c.sched, c.worker
+}
 
 // Err returns the binding error, if the bound pool or storage does not fit the configuration.
 func (c *Connector) Err() error {
