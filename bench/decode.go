@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/kvcache"
 	"github.com/rolloutkit/rollout/engine/model"
@@ -78,7 +79,7 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, tokens, pref
 	c := m.Config
 	tokens = min(tokens, c.MaxPositionEmbeddings)
 	prefill = min(prefill, c.MaxPositionEmbeddings)
-	const bs = 16
+	const bs = engine.DefaultBlockSize
 	blocks := (c.MaxPositionEmbeddings+bs-1)/bs + 1
 	kv, err := kvcache.NewStorage(m.KVLayout(blocks, bs))
 	if err != nil {

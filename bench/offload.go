@@ -70,13 +70,14 @@ func parallelCopy(dst, src []float32, threads int) time.Duration {
 	return time.Since(t0)
 }
 
-// stories15mKV is the KV layout of one stories15m block of 16 tokens.
+// stories15mKV is the KV layout of blocks stories15m blocks (plus the null block) of the
+// engine's default block size.
 func stories15mKV(blocks int) (kvcache.Layout, error) {
 	cfg, err := model.PresetConfig("stories15m")
 	if err != nil {
 		return kvcache.Layout{}, err
 	}
-	return kvcache.Layout{NumLayers: cfg.NumHiddenLayers, NumBlocks: blocks + 1, BlockSize: 16, KVDim: cfg.KVDim()}, nil
+	return cfg.KVLayout(blocks+1, engine.DefaultBlockSize), nil
 }
 
 type offloadRig struct {
@@ -118,7 +119,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 	if err != nil {
 		return OffloadBandwidthResult{}, err
 	}
-	w := rig.conn.Worker()
+	_, w := rig.conn.TypedSides()
 	defer func() { _ = w.WaitIdle(context.Background()) }()
 	ids, ok := rig.pool.AllocateSlots("bench", blocks*l.BlockSize, nil)
 	if !ok {
@@ -151,7 +152,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 	bytes := float64(blocks * l.BlockBytes())
 	runStep := func(p *offload.Payload, flush []int64) (time.Duration, error) {
 		start := time.Now()
-		w.BindMetadata(kvconnector.Metadata{FlushJobIDs: flush, Payload: p})
+		w.BindMetadata(kvconnector.TypedMetadata[*offload.Payload]{FlushJobIDs: flush, Payload: p})
 		defer w.ClearMetadata()
 		if err := w.HandlePreemptions(ctx); err != nil {
 			return 0, err
@@ -164,7 +165,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 		}
 		el := time.Since(start)
 		_, _ = w.GetFinished(nil)
-		if wm, _ := w.BuildWorkerMeta().(*offload.WorkerMeta); wm != nil {
+		if wm := w.BuildWorkerMeta(); wm != nil {
 			for id, ok := range wm.Completed {
 				if !ok {
 					return 0, fmt.Errorf("bench: transfer %d failed", id)
@@ -236,9 +237,9 @@ type OffloadTTFTResult struct {
 // CPU tier, drops the engine's prefix cache only, and runs the same prompt again (CPU load).
 // The model needs a context longer than promptLen.
 func OffloadTTFT(ctx context.Context, w *model.Weights, preset string, promptLen, workers int) (OffloadTTFTResult, error) {
-	blockSize := 16
+	blockSize := engine.DefaultBlockSize
 	blocks := w.Config.MaxPositionEmbeddings/blockSize + 2
-	bb := int64(w.Config.NumHiddenLayers) * 2 * int64(blockSize) * int64(w.Config.KVDim()) * 4
+	bb := w.Config.KVBlockBytes(blockSize)
 	conn, err := offload.New(offload.Config{CPUBytes: int64(blocks) * bb, BlockSize: blockSize, BlockBytes: bb})
 	if err != nil {
 		return OffloadTTFTResult{}, err
@@ -380,7 +381,7 @@ func OffloadResetDrain(ctx context.Context, n int, delay time.Duration) (Offload
 // a context of ttftPrompt+64 tokens).
 func Offload(ctx context.Context, bwBlocks, bwRounds, ttftPrompt, resetJobs, workers int) (OffloadReport, error) {
 	var rep OffloadReport
-	bw, err := OffloadBandwidth(ctx, bwBlocks, 16, max(bwRounds, 1))
+	bw, err := OffloadBandwidth(ctx, bwBlocks, engine.DefaultBlockSize, max(bwRounds, 1))
 	if err != nil {
 		return rep, err
 	}

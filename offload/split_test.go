@@ -23,7 +23,7 @@ type splitRig struct {
 	pool    *kvcache.Manager
 	storage *kvcache.Storage
 	conn    *offload.Connector
-	w       kvconnector.Worker
+	w       kvconnector.TypedWorker[*offload.Payload, *offload.WorkerMeta]
 	ids     []int
 	nextID  int64
 }
@@ -39,7 +39,8 @@ func newSplitRig(t testing.TB, l kvcache.Layout, bpc, threads int, split int64) 
 	require.NoError(t, err)
 	conn.Scheduler().(kvconnector.PoolBinder).BindBlockPool(pool)
 	require.NoError(t, conn.Worker().(kvconnector.StorageBinder).BindKVStorage(st))
-	r := &splitRig{t: t, layout: l, pool: pool, storage: st, conn: conn, w: conn.Worker()}
+	r := &splitRig{t: t, layout: l, pool: pool, storage: st, conn: conn}
+	_, r.w = conn.TypedSides()
 	var ok bool
 	r.ids, ok = pool.AllocateSlots("r", (l.NumBlocks-1)*l.BlockSize, nil)
 	require.True(t, ok)
@@ -80,12 +81,12 @@ func (r *splitRig) step(p *offload.Payload) map[int64]bool {
 	for _, s := range p.Stores {
 		flush = append(flush, s.ID)
 	}
-	r.w.BindMetadata(kvconnector.Metadata{FlushJobIDs: flush, Payload: p})
+	r.w.BindMetadata(kvconnector.TypedMetadata[*offload.Payload]{FlushJobIDs: flush, Payload: p})
 	require.NoError(r.t, r.w.HandlePreemptions(ctx))
 	require.NoError(r.t, r.w.StartLoadKV(ctx))
 	require.NoError(r.t, r.w.WaitIdle(ctx))
 	_, _ = r.w.GetFinished(nil)
-	wm, _ := r.w.BuildWorkerMeta().(*offload.WorkerMeta)
+	wm := r.w.BuildWorkerMeta()
 	r.w.ClearMetadata()
 	require.NotNil(r.t, wm)
 	return wm.Completed

@@ -56,17 +56,17 @@ type workerSide struct {
 	failedRecv  []string // loads that completed without valid KV (subset of recv)
 
 	// Current step (engine goroutine only).
-	meta    kvconnector.Metadata
+	meta    kvconnector.TypedMetadata[*Payload]
 	payload *Payload
 	popped  map[int64]bool
 	loaded  bool // StartLoadKV submitted this step's loads
 }
 
 var (
-	_ kvconnector.Worker            = (*workerSide)(nil)
-	_ kvconnector.StorageBinder     = (*workerSide)(nil)
-	_ kvconnector.StepFailer        = (*workerSide)(nil)
-	_ kvconnector.LoadErrorReporter = (*workerSide)(nil)
+	_ kvconnector.TypedWorker[*Payload, *WorkerMeta] = (*workerSide)(nil)
+	_ kvconnector.StorageBinder                      = (*workerSide)(nil)
+	_ kvconnector.StepFailer                         = (*workerSide)(nil)
+	_ kvconnector.LoadErrorReporter                  = (*workerSide)(nil)
 )
 
 func newWorkerSide(c *Connector) *workerSide {
@@ -109,10 +109,10 @@ func (w *workerSide) ReleaseKVStorage() {
 	w.mu.Unlock()
 }
 
-// BindMetadata implements kvconnector.Worker.
-func (w *workerSide) BindMetadata(meta kvconnector.Metadata) {
+// BindMetadata implements kvconnector.TypedWorker.
+func (w *workerSide) BindMetadata(meta kvconnector.TypedMetadata[*Payload]) {
 	w.meta = meta
-	w.payload, _ = meta.Payload.(*Payload)
+	w.payload = meta.Payload
 	if w.payload == nil {
 		w.payload = &Payload{}
 	}
@@ -255,8 +255,8 @@ func (w *workerSide) GetFinished([]string) (finishedSending, finishedRecving []s
 	return slices.Clone(w.payload.Release), recv
 }
 
-// BuildWorkerMeta implements kvconnector.Worker.
-func (w *workerSide) BuildWorkerMeta() any {
+// BuildWorkerMeta implements kvconnector.TypedWorker.
+func (w *workerSide) BuildWorkerMeta() *WorkerMeta {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.completed) == 0 {
@@ -273,7 +273,7 @@ func (w *workerSide) ClearMetadata() {
 	if w.payload != nil && w.payload.FlushSpan != nil {
 		w.payload.FlushSpan.End()
 	}
-	w.meta, w.payload = kvconnector.Metadata{}, nil
+	w.meta, w.payload = kvconnector.TypedMetadata[*Payload]{}, nil
 }
 
 // WaitIdle implements kvconnector.Worker: deferred stores are submitted, then every transfer is

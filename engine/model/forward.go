@@ -181,7 +181,7 @@ func (m *Model) WeightBytes() int64 {
 
 // KVLayout returns the pool layout this model needs for numBlocks blocks of blockSize tokens.
 func (m *Model) KVLayout(numBlocks, blockSize int) kvcache.Layout {
-	return kvcache.Layout{NumLayers: m.Config.NumHiddenLayers, NumBlocks: numBlocks, BlockSize: blockSize, KVDim: m.Config.KVDim()}
+	return m.Config.KVLayout(numBlocks, blockSize)
 }
 
 type workspace struct {
