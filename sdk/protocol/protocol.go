@@ -502,8 +502,9 @@ type Heartbeat struct {
 	Build        string  `json:"build,omitempty"`
 	// Error is the last convergence failure, if any (e.g. a fetch that failed).
 	Error string `json:"error,omitempty"`
-	// PeerURL is the base of the server's read-only /weights/ route, where its peers fetch
-	// the versions it Holds (staged or serving, verified); empty when it serves none.
+	// PeerURL is the base of the server's read-only /weights/ route (empty: it has none),
+	// where its peers fetch the versions it Holds (staged or serving, verified) and the
+	// version it is fetching (relayed as it arrives).
 	PeerURL string  `json:"peer_url,omitempty"`
 	Holds   []int64 `json:"holds,omitempty"`
 	At      int64   `json:"at"`
