@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rolloutkit/rollout/engine/weights"
 	"github.com/rolloutkit/rollout/sdk/protocol"
@@ -46,8 +47,15 @@ type Server struct {
 	store  *weightstore.Store
 	mu     sync.Mutex
 	relays map[int64]*relay
+	begun  chan struct{} // closed and replaced when a fetch begins
 	served atomic.Int64
 }
+
+// beginWait bounds how long the route waits for a fetch of a version it neither holds nor
+// fetches yet: every server gets the same stage command at about the same time, so a child's
+// request can come a moment before its parent has begun. Shorter than a fetcher's
+// weights.DefaultHeaderTimeout, so the child still moves on by itself.
+const beginWait = weights.DefaultHeaderTimeout / 3
 
 // New opens (creating) the store in cfg.Dir.
 func New(ctx context.Context, cfg Config) (*Server, error) {
@@ -65,7 +73,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer: %w", err)
 	}
-	return &Server{cfg: cfg, store: st, relays: map[int64]*relay{}}, nil
+	return &Server{cfg: cfg, store: st, relays: map[int64]*relay{}, begun: make(chan struct{})}, nil
 }
 
 // Holds lists the versions the server serves to peers, oldest first.
@@ -110,6 +118,8 @@ func (s *Server) Begin(v int64, sha string) (*Fetch, error) {
 	}
 	r := &relay{sha: sha, files: map[string]*relayFile{}, wake: make(chan struct{})}
 	s.relays[v] = r
+	close(s.begun)
+	s.begun = make(chan struct{})
 	dir := filepath.Join(s.cfg.Dir, ".fetch-"+weightstore.VersionDir(v)+"-"+protocol.NewID()[:8])
 	return &Fetch{s: s, v: v, sha: sha, Dir: dir, r: r}, nil
 }
@@ -202,9 +212,7 @@ func (s *Server) Handler() http.Handler {
 			httpError(w, http.StatusNotFound, "not_found", "want "+Route+"vN/<file>")
 			return
 		}
-		s.mu.Lock()
-		rel := s.relays[v]
-		s.mu.Unlock()
+		rel := s.waitRelay(r.Context(), v)
 		sha := ""
 		if e, err := s.store.Get(v); err == nil {
 			sha = e.SHA256
@@ -224,6 +232,31 @@ func (s *Server) Handler() http.Handler {
 		}
 		inner.ServeHTTP(w, r)
 	})
+}
+
+// waitRelay returns the fetch of v in flight, waiting up to beginWait for one to begin when
+// the server does not hold v either (nil: none).
+func (s *Server) waitRelay(ctx context.Context, v int64) *relay {
+	timer := time.NewTimer(beginWait)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		rel, begun := s.relays[v], s.begun
+		s.mu.Unlock()
+		if rel != nil {
+			return rel
+		}
+		if _, err := s.store.Get(v); err == nil {
+			return nil
+		}
+		select {
+		case <-begun:
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // relayFile streams file of a fetch in flight as it is written, from the Range start when
@@ -266,8 +299,20 @@ func (s *Server) relayFile(w http.ResponseWriter, r *http.Request, rel *relay, n
 	}
 	fh, err := os.Open(rf.path)
 	if err != nil {
-		httpError(w, http.StatusServiceUnavailable, "fetch_failed", "the download is gone")
-		return true
+		// The fetch ended in between: End moved the download into the store before it marks
+		// the relay ended. Wait for that mark, then serve from the store.
+		for {
+			rel.mu.Lock()
+			ended, ok, wake := rel.ended, rel.ok, rel.wake
+			rel.mu.Unlock()
+			if ended && ok {
+				return false
+			}
+			if ended || !waitFor(ctx, wake) {
+				httpError(w, http.StatusServiceUnavailable, "fetch_failed", "this server's fetch of the version failed")
+				return true
+			}
+		}
 	}
 	defer fh.Close()
 	w.Header().Set("Content-Length", strconv.FormatInt(rf.size-off, 10))
