@@ -37,6 +37,9 @@ type Config struct {
 	Fleet  string
 	Secret []byte
 	Logger *slog.Logger
+	// BeginWait bounds how long a request for a version the server neither holds nor
+	// fetches waits for its fetch to begin (default DefaultBeginWait).
+	BeginWait time.Duration
 }
 
 // Server is a rollout server's peer side: the versions it holds, served read-only, and the
@@ -51,16 +54,19 @@ type Server struct {
 	served atomic.Int64
 }
 
-// beginWait bounds how long the route waits for a fetch of a version it neither holds nor
-// fetches yet: every server gets the same stage command at about the same time, so a child's
-// request can come a moment before its parent has begun. Shorter than a fetcher's
+// DefaultBeginWait bounds how long the route waits for a fetch of a version it neither holds
+// nor fetches yet: every server gets the same stage command at about the same time, so a
+// child's request can come a moment before its parent has begun. Shorter than a fetcher's
 // weights.DefaultHeaderTimeout, so the child still moves on by itself.
-const beginWait = weights.DefaultHeaderTimeout / 3
+const DefaultBeginWait = weights.DefaultHeaderTimeout / 3
 
 // New opens (creating) the store in cfg.Dir.
 func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.BeginWait <= 0 {
+		cfg.BeginWait = DefaultBeginWait
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("peer: %w", err)
@@ -234,10 +240,10 @@ func (s *Server) Handler() http.Handler {
 	})
 }
 
-// waitRelay returns the fetch of v in flight, waiting up to beginWait for one to begin when
+// waitRelay returns the fetch of v in flight, waiting up to Config.BeginWait for one to begin when
 // the server does not hold v either (nil: none).
 func (s *Server) waitRelay(ctx context.Context, v int64) *relay {
-	timer := time.NewTimer(beginWait)
+	timer := time.NewTimer(s.cfg.BeginWait)
 	defer timer.Stop()
 	for {
 		s.mu.Lock()
