@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 func ids(prefix string, n int) []string {
@@ -32,6 +34,7 @@ func checkTree(t *testing.T, need, holders []string, tree map[string]string, fan
 	}
 	children := map[string]int{}
 	depth := 0
+	level := map[string]int{} // the origin and holders are level 0
 	for i, id := range need {
 		src, ok := tree[id]
 		require.True(t, ok, "%s has no source", id)
@@ -42,12 +45,9 @@ func checkTree(t *testing.T, need, holders []string, tree map[string]string, fan
 			require.True(t, member, "%s's source %s is neither a holder nor a target", id, src)
 			require.Less(t, p, i, "%s's source %s is placed after it", id, src)
 		}
-		d := 1
-		for s := src; s != Origin && !isHolder[s]; s = tree[s] {
-			d++
-			require.LessOrEqual(t, d, len(need)+1, "cycle through %s", id)
-		}
-		depth = max(depth, d)
+		// Sources come earlier, so their level is known: no cycle is possible.
+		level[id] = level[src] + 1
+		depth = max(depth, level[id])
 	}
 	for src, n := range children {
 		limit := fanOut
@@ -111,4 +111,45 @@ func TestAssignSourcesNoPeers(t *testing.T) {
 	for _, src := range tree {
 		assert.Equal(t, Origin, src)
 	}
+}
+
+// UpdateWeights sends the tree in the signed stage command: with peer routes on every server,
+// the origin feeds one and that one the other two; a server that already holds the version
+// feeds before the origin.
+func TestUpdateWeightsSendsTheTree(t *testing.T) {
+	_, agents, c := newMemFleet(t, secret, 3, 0)
+	for _, a := range agents {
+		a.set(func(a *fakeAgent) { a.peerURL = "http://" + a.id + "/weights" })
+	}
+	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{})
+	require.NoError(t, err)
+	require.Len(t, res.Sources, 2)
+	var stage protocol.Stage
+	for _, env := range agents[0].got() {
+		if env.Kind == protocol.KindStage {
+			cmd, err := env.Command()
+			require.NoError(t, err)
+			stage = cmd.(protocol.Stage)
+		}
+	}
+	assert.Equal(t, res.Sources, stage.Sources, "the signed command carries the tree the result reports")
+	root := ""
+	for _, a := range agents {
+		if _, ok := stage.Sources[a.id]; !ok {
+			root = a.id
+		}
+	}
+	require.NotEmpty(t, root, "one server fetches from the origin")
+	for _, src := range stage.Sources {
+		assert.Equal(t, root, src)
+	}
+
+	agents[2].set(func(a *fakeAgent) { a.holds = []int64{2} })
+	res, err = c.UpdateWeights(t.Context(), ref(2), Plan{Targets: []string{"a", "b"}})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"a": "c", "b": "c"}, res.Sources, "the holder feeds both")
+
+	res, err = c.UpdateWeights(t.Context(), ref(3), Plan{PeerFanOut: -1})
+	require.NoError(t, err)
+	assert.Empty(t, res.Sources, "no peers: everyone from the origin")
 }
