@@ -124,7 +124,7 @@ func ReplayLoad(ctx context.Context, url string, pid int, l ControlLoad, update 
 			for j := range jobs {
 				if err := j(ctx); err != nil {
 					mu.Lock()
-					firstErr = cmp(firstErr, err)
+					firstErr = firstOf(firstErr, err)
 					mu.Unlock()
 				}
 			}
@@ -174,7 +174,7 @@ func ReplayLoad(ctx context.Context, url string, pid int, l ControlLoad, update 
 	return float64(after-before) / clockTicks / float64(secs), nil
 }
 
-func cmp(a, b error) error {
+func firstOf(a, b error) error {
 	if a != nil {
 		return a
 	}

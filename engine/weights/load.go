@@ -461,7 +461,7 @@ func (d *downloader) fetch(ctx context.Context, name string, f *os.File, off, li
 	if size > limit {
 		return 0, fmt.Errorf("%w: %s: %d bytes exceeds the remaining download limit of %d", ErrFetch, u.Redacted(), size, limit)
 	}
-	cw := &countWriter{w: f, d: d, ctx: ctx, file: name, peer: s.peer, written: off, size: size}
+	cw := &countWriter{w: f, emit: func(e FetchEvent) { d.event(ctx, e) }, file: name, peer: s.peer, written: off, size: size}
 	_, err = io.Copy(cw, io.LimitReader(resp.Body, limit-off+1))
 	switch {
 	case err != nil:
@@ -477,8 +477,7 @@ func (d *downloader) fetch(ctx context.Context, name string, f *os.File, off, li
 // countWriter writes a download and reports each write.
 type countWriter struct {
 	w       io.Writer
-	d       *downloader
-	ctx     context.Context
+	emit    func(FetchEvent)
 	file    string
 	peer    bool
 	written int64
@@ -489,7 +488,7 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	if n > 0 {
 		c.written += int64(n)
-		c.d.event(c.ctx, FetchEvent{Kind: EventBytes, Peer: c.peer, File: c.file, Bytes: int64(n), Written: c.written, Size: c.size})
+		c.emit(FetchEvent{Kind: EventBytes, Peer: c.peer, File: c.file, Bytes: int64(n), Written: c.written, Size: c.size})
 	}
 	return n, err
 }

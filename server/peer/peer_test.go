@@ -38,7 +38,7 @@ func gatedOrigin(t *testing.T) (*httptest.Server, weightstore.Entry, chan struct
 			inner.ServeHTTP(w, r)
 			return
 		}
-		inner.ServeHTTP(&halting{ResponseWriter: w, half: half, release: release, ctx: r.Context()}, r)
+		inner.ServeHTTP(&halting{ResponseWriter: w, half: half, release: release, gone: r.Context().Done()}, r)
 	}))
 	t.Cleanup(srv.Close)
 	return srv, e, half, release
@@ -47,7 +47,7 @@ func gatedOrigin(t *testing.T) (*httptest.Server, weightstore.Entry, chan struct
 // halting passes writes through until half the body is out, then waits for release.
 type halting struct {
 	http.ResponseWriter
-	ctx           context.Context
+	gone          <-chan struct{} // the request's end
 	half, release chan struct{}
 	n, size       int
 	stopped       bool
@@ -69,8 +69,8 @@ func (h *halting) Write(p []byte) (int, error) {
 		close(h.half)
 		select {
 		case <-h.release:
-		case <-h.ctx.Done():
-			return m, h.ctx.Err()
+		case <-h.gone:
+			return m, context.Canceled
 		}
 		n, err := h.ResponseWriter.Write(p[k:])
 		h.n += n
