@@ -229,7 +229,7 @@ func TestPeerSourceNotInFleetRefused(t *testing.T) {
 	raw, err := ghost.Encode()
 	require.NoError(t, err)
 	require.NoError(t, b.Set(t.Context(), names.Heartbeat("ghost"), raw, time.Minute))
-	env, err := protocol.NewEnvelope(f.Name, []string{"s1"}, protocol.Stage{Weights: protocol.WeightsRef(ref), Sources: map[string]string{"s1": "ghost"}},
+	env, err := protocol.NewEnvelope(f.Name, []string{"s1"}, protocol.Stage{Weights: ref, Sources: map[string]string{"s1": "ghost"}},
 		time.Now(), time.Minute)
 	require.NoError(t, err)
 	env.Sign([]byte(f.Secret))
