@@ -32,6 +32,8 @@ type fakeAgent struct {
 	staged   int64
 	paused   bool
 	url      string
+	peerURL  string                   // advertised peer route (empty: none)
+	holds    []int64                  // versions it advertises for peers
 	fail     map[protocol.Kind]string // kind → failure code
 	silent   map[protocol.Kind]bool   // kinds never acked
 	received []protocol.Envelope
@@ -65,7 +67,8 @@ func (a *fakeAgent) set(f func(a *fakeAgent)) {
 func (a *fakeAgent) heartbeat() {
 	a.mu.Lock()
 	hb := protocol.Heartbeat{V: protocol.Version, Fleet: a.fleet, ServerID: a.id, State: protocol.StateRunning,
-		WeightVersion: a.version, StagedVersion: a.staged, InRotation: !a.paused, AdvertiseURL: a.url, At: time.Now().UnixMilli()}
+		WeightVersion: a.version, StagedVersion: a.staged, InRotation: !a.paused, AdvertiseURL: a.url, At: time.Now().UnixMilli(),
+		PeerURL: a.peerURL, Holds: a.holds}
 	if a.paused {
 		hb.State = protocol.StatePaused
 	}

@@ -106,6 +106,10 @@ type Plan struct {
 	StageTimeout, CommitTimeout time.Duration
 	// Targets limits the update to these servers (default: every live server).
 	Targets []string
+	// PeerFanOut is how many servers one server feeds at most in the distribution tree
+	// (0: DefaultPeerFanOut; negative: no peers, every server fetches from the origin);
+	// OriginFanOut how many fetch from the origin itself (0: DefaultOriginFanOut).
+	PeerFanOut, OriginFanOut int
 }
 
 // Outcome says how an update ended.
@@ -183,6 +187,13 @@ type UpdateResult struct {
 	Duration   time.Duration `json:"duration"`
 	// MaxBubble is the largest per-server bubble.
 	MaxBubble time.Duration `json:"max_bubble"`
+	// OriginBytes and PeerBytes are what the servers' stage acks say they fetched from the
+	// origin (the trainer's egress for this update) and from peers.
+	OriginBytes int64 `json:"origin_bytes"`
+	PeerBytes   int64 `json:"peer_bytes"`
+	// Sources is the distribution tree the stage command carried: server id to the peer it
+	// fetched from first (absent: the origin).
+	Sources map[string]string `json:"sources,omitempty"`
 }
 
 // Server returns the named server's entry (nil when it was not a target).
@@ -199,6 +210,8 @@ func (r *UpdateResult) Server(id string) *ServerUpdate {
 type resolvedPlan struct {
 	kind          policyKind
 	k             int
+	fanOut        int
+	originFanOut  int
 	mode          string
 	clearCache    bool
 	sleepLevel    int
@@ -212,7 +225,16 @@ func resolvePlan(p Plan) (resolvedPlan, error) {
 		return resolvedPlan{}, err
 	}
 	r := resolvedPlan{kind: kind, k: k, mode: p.Mode.orDefault(), clearCache: true, sleepLevel: DefaultSleepLevel,
-		stageTimeout: p.StageTimeout, commitTimeout: p.CommitTimeout}
+		stageTimeout: p.StageTimeout, commitTimeout: p.CommitTimeout, fanOut: p.PeerFanOut, originFanOut: p.OriginFanOut}
+	if r.fanOut == 0 {
+		r.fanOut = DefaultPeerFanOut
+	}
+	if r.originFanOut == 0 {
+		r.originFanOut = DefaultOriginFanOut
+	}
+	if r.originFanOut < 0 {
+		return resolvedPlan{}, invalid("origin fan-out must be >= 0")
+	}
 	if p.ClearCache != nil {
 		r.clearCache = *p.ClearCache
 	}
@@ -366,7 +388,7 @@ func (d *updateDriver) server(id string) *ServerUpdate { return d.res.Server(id)
 func (d *updateDriver) stage(ctx context.Context, targets []string) action {
 	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.stage")
 	defer span.End()
-	s, err := d.c.publish(ctx, targets, protocol.Stage{Weights: d.ref}, d.rp.stageTimeout)
+	s, err := d.c.publish(ctx, targets, protocol.Stage{Weights: d.ref, Sources: d.sources(ctx, targets)}, d.rp.stageTimeout)
 	if err != nil {
 		d.desErr = err
 		span.RecordError(err)
@@ -397,10 +419,44 @@ func (d *updateDriver) stage(ctx context.Context, targets []string) action {
 	return d.t.stageTimeout()
 }
 
+// sources assigns each target its first source (AssignSources over the live heartbeats):
+// members that hold the version feed first, then the origin, then the targets relay.
+func (d *updateDriver) sources(ctx context.Context, targets []string) map[string]string {
+	hbs, err := d.c.readHeartbeats(ctx, false)
+	if err != nil {
+		d.c.log.Warn("sdk: no heartbeats to build the distribution tree from; every server fetches from the origin", "err", err)
+		return nil
+	}
+	var holders []string
+	for id, hb := range hbs {
+		if hb.HoldsVersion(d.ref.Version) {
+			holders = append(holders, id)
+		}
+	}
+	slices.Sort(holders) // map order is random; the tree should not be
+	relay := func(id string) bool { hb, ok := hbs[id]; return ok && hb.PeerURL != "" }
+	tree := AssignSources(targets, relay, holders, d.rp.fanOut, d.rp.originFanOut)
+	out := make(map[string]string, len(tree))
+	for id, src := range tree {
+		if src != Origin {
+			out[id] = src
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	d.res.Sources = out
+	return out
+}
+
 func (d *updateDriver) recordStage(r ServerResult) {
 	su := d.server(r.ServerID)
 	if su == nil {
 		return
+	}
+	for _, p := range r.Phases {
+		d.res.OriginBytes += p.Detail["origin_bytes"]
+		d.res.PeerBytes += p.Detail["peer_bytes"]
 	}
 	rr := r
 	su.Stage = &rr

@@ -23,6 +23,7 @@ import (
 	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/server/agent"
 	"github.com/rolloutkit/rollout/server/api"
+	"github.com/rolloutkit/rollout/server/peer"
 )
 
 // tracerName is the instrumentation scope of the server's own spans (engine, fleet agent).
@@ -75,6 +76,11 @@ type Config struct {
 	Bus                                               bus.Bus
 	// FleetHeartbeat and FleetHeartbeatTTL pace the agent's heartbeat (0: 1s and 5s).
 	FleetHeartbeat, FleetHeartbeatTTL time.Duration
+	// PeerDir holds the versions a fleet server serves its peers at /weights/ (default: a
+	// temporary directory removed when the server stops); NoPeers turns the route off (the
+	// server then fetches only from the origin and feeds nobody).
+	PeerDir string
+	NoPeers bool
 	// AdminToken guards the admin routes; APIKey the generation routes. Without an admin
 	// token the admin routes answer only direct local clients (loopback, no forwarding
 	// headers, a Host naming the listener, or the admin unix socket), and New refuses a
@@ -134,6 +140,10 @@ type Server struct {
 	// they stop after HTTP has drained and before the engine does.
 	parts []part
 	agent *agent.Agent
+	// peer is the fleet's peer route (nil without one); peerTmp its directory when the
+	// server made it.
+	peer    *peer.Server
+	peerTmp string
 }
 
 // part is a long-lived component of the server.
@@ -311,6 +321,11 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 	if adv == "" {
 		adv = advertiseURL(s.ln.Addr())
 	}
+	if !cfg.NoPeers {
+		if err := s.startPeer(); err != nil {
+			return nil, err
+		}
+	}
 	acfg := agent.Config{Bus: cfg.Bus, Fleet: cfg.Fleet, ServerID: id, AdvertiseURL: adv, Build: cfg.Version,
 		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps},
 		Stage: func(ctx context.Context, ref protocol.WeightsRef) (int64, error) {
@@ -318,6 +333,13 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		},
 		ErrorCode: api.ErrorCode, HeartbeatInterval: cfg.FleetHeartbeat, HeartbeatTTL: cfg.FleetHeartbeatTTL,
 		Logger: cfg.Logger, Tracer: cfg.Tracer, Metrics: metrics}
+	if s.peer != nil {
+		acfg.PeerURL = strings.TrimSuffix(adv, "/") + strings.TrimSuffix(peer.Route, "/")
+		acfg.Holds = s.peer.Holds
+		acfg.StagePeers = func(ctx context.Context, req agent.StageRequest) (agent.StageReport, error) {
+			return s.stagePeers(ctx, req, metrics)
+		}
+	}
 	if acfg.Bus == nil {
 		url, log := cfg.Redis, cfg.Logger
 		acfg.Dial = func(ctx context.Context) (bus.Bus, error) { return dialRedis(ctx, url, id, log) }
@@ -465,6 +487,7 @@ func (s *Server) API() *api.API { return s.api }
 // Close releases a server that was never run: its listener and its engine's workers.
 func (s *Server) Close() error {
 	s.closeEngine()
+	s.removePeerDir()
 	if s.adm != nil {
 		_ = s.adm.Close()
 	}
@@ -529,8 +552,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}()
 	}
 
+	defer s.removePeerDir()
 	conns := &connTracker{states: map[net.Conn]http.ConnState{}}
-	srv := &http.Server{Handler: s.api.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ConnState: conns.track,
+	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ConnState: conns.track,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- srv.Serve(s.ln) }()

@@ -28,6 +28,7 @@ func newBenchFleetCmd() *cobra.Command {
 		requests    int
 		maxTokens   int
 		figures     []string
+		sim         simFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "fleet",
@@ -42,6 +43,9 @@ func newBenchFleetCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log := loggerFrom(cmd)
+			if len(sim.sizes) > 0 {
+				return runSimulate(ctx, cmd.OutOrStdout(), log, &sim, redisURL, asJSON)
+			}
 			if os.Getenv(gin.EnvGinMode) == "" {
 				gin.SetMode(gin.ReleaseMode) // as serve does: the fleets' servers log through slog
 			}
@@ -151,6 +155,7 @@ func newBenchFleetCmd() *cobra.Command {
 	f.IntVar(&concurrency, "concurrency", 64, "concurrent requests of the Generate figure")
 	f.IntVar(&requests, "requests", 256, "requests per Generate run")
 	f.IntVar(&maxTokens, "max-tokens", 32, "tokens per request of the Generate figure")
+	sim.register(cmd)
 	f.StringSliceVar(&figures, "figures", []string{"control", "bubble", "generate"}, "which figures to measure: control, bubble, generate")
 	return cmd
 }

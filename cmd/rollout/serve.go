@@ -115,6 +115,8 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&cfg.AllowUnverifiedWeights, "allow-unverified-weights", false, "accept http(s) weight sources without a sha256")
 	f.BoolVar(&cfg.WeightsAllowPrivate, "weights-allow-private", false,
 		"let http(s) weight fetches reach loopback, private and link-local addresses (loopback is allowed when --addr is loopback)")
+	f.StringVar(&cfg.PeerDir, "peer-dir", "", "directory of the versions this fleet server serves its peers at /weights/ (default: a temporary one)")
+	f.BoolVar(&cfg.NoPeers, "no-peers", false, "no /weights/ peer route: fetch weight updates from the origin only and feed no peer")
 	f.StringVar(&cfg.OTel, "otel", "", "trace exporter: none, stdout or otlp (default: OTEL_TRACES_EXPORTER, else none; OTLP reads the standard OTEL_EXPORTER_OTLP_* variables)")
 	f.IntVar(&cfg.MaxConcurrent, "max-concurrent", api.DefaultMaxConcurrent, "generation requests served at once")
 	f.IntVar(&cfg.MaxQueue, "max-queue", api.DefaultMaxQueue, "generation requests waiting for a slot before 429")

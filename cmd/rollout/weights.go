@@ -10,6 +10,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/rolloutkit/rollout/engine/weights"
@@ -65,6 +67,19 @@ func newWeightsDigestCmd() *cobra.Command {
 	return cmd
 }
 
+// weightsServeMux is the store's handler plus /metrics, whose
+// rollout_weights_served_bytes_total is the egress a fleet's peer distribution keeps at about
+// one checkpoint per update.
+func weightsServeMux(store *weightstore.Store) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rollout_weights_served_bytes_total",
+		Help: "Checkpoint file bytes this weight server sent (its egress)."}, func() float64 { return float64(store.BytesServed()) }))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/", store.Handler())
+	return mux
+}
+
 func newWeightsServeCmd() *cobra.Command {
 	var addr string
 	cmd := &cobra.Command{
@@ -72,7 +87,8 @@ func newWeightsServeCmd() *cobra.Command {
 		Short: "Serve the versioned checkpoints in DIR/vN/ over HTTP, with their digests, for weight updates to fetch",
 		Long: "Serve DIR, a weight store: version N is the Hugging Face checkpoint in DIR/vN/. GET /\n" +
 			"(or /index.json) lists every version with its SHA-256 (rescanning DIR, so versions a\n" +
-			"trainer publishes meanwhile appear), /vN/ is one version's entry, and /vN/<file> its files.\n" +
+			"trainer publishes meanwhile appear), /vN/ is one version's entry, and /vN/<file> its files;\n" +
+			"/metrics counts the checkpoint bytes served (rollout_weights_served_bytes_total: the trainer's egress).\n" +
 			"A weight update's source is then http://ADDR/vN/ with the listed sha256. Runs until SIGINT\n" +
 			"or SIGTERM.",
 		Args: cobra.ExactArgs(1),
@@ -95,7 +111,7 @@ func newWeightsServeCmd() *cobra.Command {
 			for _, e := range store.Versions() {
 				fmt.Fprintf(out, "  version %d: --source %s%s --sha256 %s\n", e.Version, base, e.Path, e.SHA256)
 			}
-			srv := &http.Server{Handler: store.Handler(), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+			srv := &http.Server{Handler: weightsServeMux(store), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 			done := make(chan error, 1)
 			go func() { done <- srv.Serve(ln) }()
 			select {

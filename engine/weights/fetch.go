@@ -208,6 +208,8 @@ func publicFetchError(ctx context.Context, uri string, err error) error {
 	case ctx.Err() != nil:
 		// The caller gave up: that, not the fetch, is the error.
 		return fmt.Errorf("%s: %w", r, ctx.Err())
+	case errors.Is(err, ErrDigestMismatch):
+		return err // digests only: nothing about the source to hide
 	case errors.Is(err, ErrAddressRefused):
 		return fmt.Errorf("%w: %s: the address is not allowed by the fetch policy", ErrAddressRefused, r)
 	case errors.Is(err, ErrFetch):

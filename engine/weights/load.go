@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/rolloutkit/rollout/engine/model"
@@ -62,6 +64,15 @@ type Options struct {
 	// TempDir holds downloads while they are loaded; "" means os.TempDir(). They are removed
 	// before Load returns.
 	TempDir string
+	// KeepDir, when set, is the directory (it must not exist yet) an http(s) download is
+	// written to and left in after a verified load, for the caller to serve; it is removed
+	// when the load fails.
+	KeepDir string
+	// Mirrors are tried before an http(s) ref's URI, in order (see Mirror).
+	Mirrors []Mirror
+	// Observe receives the progress of an http(s) fetch (nil: none); it runs on the
+	// fetching goroutine.
+	Observe func(ctx context.Context, e FetchEvent)
 }
 
 // Checkpoint formats reported in Info.
@@ -105,7 +116,7 @@ func LoadWithInfo(ctx context.Context, ref Ref, opts Options) (*model.Weights, I
 	scheme, _, hasScheme := strings.Cut(ref.URI, "://")
 	switch s := strings.ToLower(scheme); {
 	case hasScheme && (s == "http" || s == "https"):
-		w, info, err = loadHTTP(ctx, ref.URI, opts)
+		w, info, err = loadHTTP(ctx, ref.URI, ref.SHA256, opts)
 		err = publicFetchError(ctx, ref.URI, err)
 	case hasScheme && s == "file":
 		var u *url.URL
@@ -185,45 +196,88 @@ func loadLocal(ctx context.Context, path, root string) (*model.Weights, Info, er
 	return nil, Info{}, fmt.Errorf("%w: %s is neither a checkpoint directory nor a llama2.c .bin file", ErrUnsupportedSource, path)
 }
 
-// loadHTTP downloads the checkpoint into a private temporary directory and loads that copy.
-func loadHTTP(ctx context.Context, raw string, opts Options) (*model.Weights, Info, error) {
+// loadHTTP downloads the checkpoint into a private temporary directory (or opts.KeepDir) and
+// loads that copy. The sources are opts.Mirrors, then raw (the origin): a file whose download
+// breaks resumes from the next source (HTTP Range, or from its start when that source ignores
+// ranges), and a checkpoint whose digest is not sha is fetched again, from scratch, from the
+// next source; only when every source has failed is the last error returned.
+func loadHTTP(ctx context.Context, raw, sha string, opts Options) (*model.Weights, Info, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("%w: %w", ErrUnsupportedSource, err)
 	}
-	dl := &downloader{client: opts.HTTPClient, left: opts.MaxDownloadBytes}
+	srcs := make([]source, 0, len(opts.Mirrors)+1)
+	for _, m := range opts.Mirrors {
+		mu, err := url.Parse(m.URL)
+		if err != nil || !IsHTTP(m.URL) {
+			return nil, Info{}, fmt.Errorf("%w: mirror %q", ErrUnsupportedSource, RedactURI(m.URL))
+		}
+		srcs = append(srcs, source{base: mu, header: m.Header, peer: true})
+	}
+	srcs = append(srcs, source{base: u})
+	dl := &downloader{client: opts.HTTPClient, limit: opts.MaxDownloadBytes, srcs: srcs, observe: opts.Observe}
 	if dl.client == nil {
 		dl.client = NewHTTPClient(FetchPolicy{})
 	}
-	if dl.left <= 0 {
-		dl.left = DefaultMaxDownloadBytes
+	if dl.limit <= 0 {
+		dl.limit = DefaultMaxDownloadBytes
 	}
-	dir, err := os.MkdirTemp(opts.TempDir, "rollout-weights-*")
-	if err != nil {
+	dir := opts.KeepDir
+	if dir == "" {
+		if dir, err = os.MkdirTemp(opts.TempDir, "rollout-weights-*"); err != nil {
+			return nil, Info{}, fmt.Errorf("weights: %w", err)
+		}
+		defer os.RemoveAll(dir)
+	} else if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, Info{}, fmt.Errorf("weights: %w", err)
 	}
-	defer os.RemoveAll(dir)
+	for {
+		w, info, err := dl.attempt(ctx, u, dir)
+		if err == nil && sha != "" && !strings.EqualFold(sha, info.Digest) {
+			err = fmt.Errorf("%w: sha256 %s, want %s", ErrDigestMismatch, info.Digest, strings.ToLower(sha))
+			dl.event(ctx, FetchEvent{Kind: EventDigestMismatch, Err: err})
+		}
+		if err == nil {
+			return w, info, nil
+		}
+		// A bad checkpoint (bytes that do not parse or hash right) is the source's fault
+		// too: start again from the next one. A refused address or a cancelled fetch is not.
+		if ctx.Err() != nil || dl.cur+1 >= len(dl.srcs) || !(errors.Is(err, ErrDigestMismatch) || errors.Is(err, ErrBadCheckpoint)) {
+			if opts.KeepDir != "" {
+				_ = os.RemoveAll(dir)
+			}
+			if errors.Is(err, ErrDigestMismatch) && len(dl.srcs) > 1 {
+				err = fmt.Errorf("%w (from every one of %d sources)", err, len(dl.srcs))
+			}
+			return nil, Info{}, err
+		}
+		dl.failover(ctx, "", err)
+		if err := clearDir(dir); err != nil {
+			return nil, Info{}, err
+		}
+		dl.left = dl.limit
+	}
+}
 
+// attempt downloads every file of the checkpoint at u's layout (from the current source on)
+// into dir and loads it.
+func (d *downloader) attempt(ctx context.Context, u *url.URL, dir string) (*model.Weights, Info, error) {
+	d.left = d.limit
 	if strings.HasSuffix(u.Path, ".bin") {
+		name := path.Base(u.Path)
 		p := filepath.Join(dir, "model.bin")
-		if err := dl.get(ctx, u, p); err != nil {
+		if err := d.get(ctx, name, p, d.left); err != nil {
 			return nil, Info{}, err
 		}
 		return loadLlama2C(ctx, osOpener{}, p)
 	}
-	base := *u
-	if !strings.HasSuffix(base.Path, "/") {
-		base.Path += "/"
-		base.RawPath = ""
-	}
-	at := func(name string) *url.URL { return base.ResolveReference(&url.URL{Path: name}) }
-	if err := dl.getSmall(ctx, at(ConfigFile), filepath.Join(dir, ConfigFile)); err != nil {
+	if err := d.get(ctx, ConfigFile, filepath.Join(dir, ConfigFile), min(d.left, maxJSONBytes)); err != nil {
 		return nil, Info{}, err
 	}
-	err = dl.get(ctx, at(SafetensorsFile), filepath.Join(dir, SafetensorsFile))
+	err := d.get(ctx, SafetensorsFile, filepath.Join(dir, SafetensorsFile), d.left)
 	if errors.Is(err, errNotFound) {
 		idxPath := filepath.Join(dir, IndexFile)
-		if err := dl.getSmall(ctx, at(IndexFile), idxPath); err != nil {
+		if err := d.get(ctx, IndexFile, idxPath, min(d.left, maxJSONBytes)); err != nil {
 			return nil, Info{}, err
 		}
 		idx, err := os.ReadFile(idxPath)
@@ -235,7 +289,7 @@ func loadHTTP(ctx context.Context, raw string, opts Options) (*model.Weights, In
 			return nil, Info{}, err
 		}
 		for _, s := range shards {
-			if err := dl.get(ctx, at(s), filepath.Join(dir, s)); err != nil {
+			if err := d.get(ctx, s, filepath.Join(dir, s), d.left); err != nil {
 				return nil, Info{}, err
 			}
 		}
@@ -245,58 +299,198 @@ func loadHTTP(ctx context.Context, raw string, opts Options) (*model.Weights, In
 	return loadHF(ctx, osOpener{}, dir)
 }
 
+func clearDir(dir string) error {
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("weights: %w", err)
+	}
+	for _, de := range des {
+		if err := os.RemoveAll(filepath.Join(dir, de.Name())); err != nil {
+			return fmt.Errorf("weights: %w", err)
+		}
+	}
+	return nil
+}
+
 var errNotFound = fmt.Errorf("%w: 404 not found", ErrFetch)
 
-// downloader fetches files under a shared byte budget.
+// Mirror is a source tried before a ref's URI: the base URL of the same checkpoint's files
+// (a peer server's /weights/vN/), with the headers its requests carry (its token).
+type Mirror struct {
+	URL    string
+	Header http.Header
+}
+
+// Kinds of FetchEvent.
+const (
+	// EventBytes: Bytes more bytes of File were written (Written in all), from a peer or the
+	// origin; Size is the file's length when known.
+	EventBytes = "bytes"
+	// EventRestart: File starts again from its first byte (a source ignored a Range
+	// request, or a fresh attempt began): what was written of it is void.
+	EventRestart = "restart"
+	// EventSourceFailed: a source died or answered wrongly; the fetch goes on from the next.
+	EventSourceFailed = "source_failed"
+	// EventDigestMismatch: the whole checkpoint did not hash to the digest.
+	EventDigestMismatch = "digest_mismatch"
+)
+
+// FetchEvent reports the progress of an http(s) fetch to Options.Observe.
+type FetchEvent struct {
+	Kind string
+	// Source is the redacted base URL of the source involved; Peer says it is a mirror.
+	Source string
+	Peer   bool
+	File   string
+	// Bytes is the increment of an EventBytes, Written the file's bytes so far, Size its
+	// length (-1: unknown).
+	Bytes, Written, Size int64
+	// Resumed says an EventSourceFailed's file continues with a Range request elsewhere.
+	Resumed bool
+	Err     error
+}
+
+// source is one place the checkpoint's files can be fetched from.
+type source struct {
+	base   *url.URL
+	header http.Header
+	peer   bool
+}
+
+// downloader fetches files under a shared byte budget, from srcs[cur] on.
 type downloader struct {
-	client *http.Client
-	left   int64
+	client      *http.Client
+	limit, left int64
+	srcs        []source
+	cur         int
+	observe     func(context.Context, FetchEvent)
 }
 
-// getSmall fetches a JSON file, which is also held to maxJSONBytes.
-func (d *downloader) getSmall(ctx context.Context, u *url.URL, dst string) error {
-	return d.fetch(ctx, u, dst, min(d.left, maxJSONBytes))
+func (d *downloader) event(ctx context.Context, e FetchEvent) {
+	if d.observe != nil {
+		d.observe(ctx, e)
+	}
 }
 
-func (d *downloader) get(ctx context.Context, u *url.URL, dst string) error {
-	return d.fetch(ctx, u, dst, d.left)
+// failover moves on to the next source after err (on file, "" for the whole checkpoint).
+func (d *downloader) failover(ctx context.Context, file string, err error) {
+	s := d.srcs[d.cur]
+	d.cur++
+	d.event(ctx, FetchEvent{Kind: EventSourceFailed, Source: RedactURI(s.base.String()), Peer: s.peer, File: file, Resumed: file != "", Err: err})
 }
 
-// fetch downloads u to dst, refusing more than limit bytes, and charges the budget.
-func (d *downloader) fetch(ctx context.Context, u *url.URL, dst string, limit int64) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrFetch, err)
-	}
-	resp, err := d.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrFetch, err)
-	}
-	defer resp.Body.Close()
-	switch {
-	case resp.StatusCode == http.StatusNotFound:
-		return fmt.Errorf("%w: %s", errNotFound, u.Redacted())
-	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("%w: %s: status %s", ErrFetch, u.Redacted(), resp.Status)
-	case resp.ContentLength > limit:
-		return fmt.Errorf("%w: %s: %d bytes exceeds the remaining download limit of %d", ErrFetch, u.Redacted(), resp.ContentLength, limit)
-	}
+// get downloads file name to dst, refusing more than limit bytes, and charges the budget. A
+// source that fails midway is replaced by the next, which continues where it stopped.
+func (d *downloader) get(ctx context.Context, name, dst string, limit int64) error {
 	f, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("weights: %w", err)
 	}
-	n, err := io.Copy(f, io.LimitReader(resp.Body, limit+1))
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	defer f.Close()
+	var written int64
+	for {
+		pos, err := d.fetch(ctx, name, f, written, limit)
+		written = pos
+		if err == nil {
+			d.left -= written
+			return f.Close()
+		}
+		// A 404 answers the question (the file is not part of this checkpoint); the other
+		// failures are the source's.
+		if errors.Is(err, errNotFound) || ctx.Err() != nil || errors.Is(err, ErrAddressRefused) && !d.srcs[d.cur].peer || d.cur+1 >= len(d.srcs) {
+			_ = f.Close()
+			_ = os.Remove(dst) // no file rather than a partial one the loader would read
+			return err
+		}
+		d.failover(ctx, name, err)
 	}
+}
+
+// fetch appends name from the current source to f, which holds off bytes of it already
+// (asking for the rest with a Range request), and returns how many bytes f holds after it.
+func (d *downloader) fetch(ctx context.Context, name string, f *os.File, off, limit int64) (int64, error) {
+	s := d.srcs[d.cur]
+	u := s.base.ResolveReference(&url.URL{Path: name})
+	if strings.HasSuffix(s.base.Path, ".bin") {
+		u = s.base
+	} else if !strings.HasSuffix(s.base.Path, "/") {
+		b := *s.base
+		b.Path += "/"
+		b.RawPath = ""
+		u = b.ResolveReference(&url.URL{Path: name})
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrFetch, u.Redacted(), err)
+		return 0, fmt.Errorf("%w: %w", ErrFetch, err)
 	}
-	if n > limit {
-		return fmt.Errorf("%w: %s: exceeds the download limit", ErrFetch, u.Redacted())
+	for k, v := range s.header {
+		req.Header[k] = v
 	}
-	d.left -= n
-	return nil
+	if off > 0 {
+		req.Header.Set("Range", "bytes="+strconv.FormatInt(off, 10)+"-")
+	}
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrFetch, err)
+	}
+	defer resp.Body.Close()
+	size := int64(-1)
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return 0, fmt.Errorf("%w: %s", errNotFound, u.Redacted())
+	case off > 0 && resp.StatusCode == http.StatusPartialContent:
+		if resp.ContentLength >= 0 {
+			size = off + resp.ContentLength
+		}
+	case resp.StatusCode == http.StatusOK:
+		if off > 0 {
+			// The source ignores ranges: start this file again.
+			if _, err := f.Seek(0, io.SeekStart); err != nil {
+				return 0, fmt.Errorf("weights: %w", err)
+			}
+			if err := f.Truncate(0); err != nil {
+				return 0, fmt.Errorf("weights: %w", err)
+			}
+			d.event(ctx, FetchEvent{Kind: EventRestart, File: name})
+			off = 0
+		}
+		size = resp.ContentLength
+	default:
+		return 0, fmt.Errorf("%w: %s: status %s", ErrFetch, u.Redacted(), resp.Status)
+	}
+	if size > limit {
+		return 0, fmt.Errorf("%w: %s: %d bytes exceeds the remaining download limit of %d", ErrFetch, u.Redacted(), size, limit)
+	}
+	cw := &countWriter{w: f, emit: func(e FetchEvent) { d.event(ctx, e) }, file: name, peer: s.peer, written: off, size: size}
+	_, err = io.Copy(cw, io.LimitReader(resp.Body, limit-off+1))
+	switch {
+	case err != nil:
+		return cw.written, fmt.Errorf("%w: %s: %w", ErrFetch, u.Redacted(), err)
+	case cw.written > limit:
+		return cw.written, fmt.Errorf("%w: %s: exceeds the download limit", ErrFetch, u.Redacted())
+	case size >= 0 && cw.written != size:
+		return cw.written, fmt.Errorf("%w: %s: %d of %d bytes", ErrFetch, u.Redacted(), cw.written, size)
+	}
+	return cw.written, nil
+}
+
+// countWriter writes a download and reports each write.
+type countWriter struct {
+	w       io.Writer
+	emit    func(FetchEvent)
+	file    string
+	peer    bool
+	written int64
+	size    int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	if n > 0 {
+		c.written += int64(n)
+		c.emit(FetchEvent{Kind: EventBytes, Peer: c.peer, File: c.file, Bytes: int64(n), Written: c.written, Size: c.size})
+	}
+	return n, err
 }
 
 // Digest returns the hex SHA-256 digest of the checkpoint at path, as Load verifies it:

@@ -13,6 +13,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -133,6 +134,11 @@ type Reset struct {
 // Stage fetches, verifies and stages Weights while the server keeps serving.
 type Stage struct {
 	Weights WeightsRef `json:"weights"`
+	// Sources assigns each target (by server id) the fleet member it fetches Weights from
+	// first (a peer's /weights/ route); a target without an entry, or whose source fails,
+	// fetches from Weights.URI (the origin). The receiving server checks that its source is a
+	// member of the fleet (a verified heartbeat advertising a peer URL) before it connects.
+	Sources map[string]string `json:"sources,omitempty"`
 }
 
 // Commit swaps in the staged Version: pause(Mode, ClearCache) → sleep(SleepLevel, when > 0)
@@ -178,8 +184,18 @@ func (w Wake) Validate() error {
 	return nil
 }
 
-// Validate checks the ref.
-func (s Stage) Validate() error { return s.Weights.Validate() }
+// Validate checks the ref and the source assignment (no empty ids, no server its own source).
+func (s Stage) Validate() error {
+	if err := s.Weights.Validate(); err != nil {
+		return err
+	}
+	for target, src := range s.Sources {
+		if target == "" || src == "" || target == src {
+			return fmt.Errorf("%w: stage source %q for target %q", ErrInvalid, src, target)
+		}
+	}
+	return nil
+}
 
 // Validate checks the commit's version, mode and level.
 func (c Commit) Validate() error {
@@ -486,9 +502,17 @@ type Heartbeat struct {
 	Build        string  `json:"build,omitempty"`
 	// Error is the last convergence failure, if any (e.g. a fetch that failed).
 	Error string `json:"error,omitempty"`
-	At    int64  `json:"at"`
-	Sig   string `json:"sig,omitempty"`
+	// PeerURL is the base of the server's read-only /weights/ route (empty: it has none),
+	// where its peers fetch the versions it Holds (staged or serving, verified) and the
+	// version it is fetching (relayed as it arrives).
+	PeerURL string  `json:"peer_url,omitempty"`
+	Holds   []int64 `json:"holds,omitempty"`
+	At      int64   `json:"at"`
+	Sig     string  `json:"sig,omitempty"`
 }
+
+// HoldsVersion reports whether the heartbeat says the server holds version v for its peers.
+func (h *Heartbeat) HoldsVersion(v int64) bool { return h.PeerURL != "" && slices.Contains(h.Holds, v) }
 
 // Canonical is what a heartbeat's Sig signs.
 func (h *Heartbeat) Canonical() []byte {
@@ -509,6 +533,15 @@ func (h *Heartbeat) Canonical() []byte {
 	c.str(h.Build)
 	c.str(h.Error)
 	c.int(h.At)
+	if h.PeerURL != "" || len(h.Holds) > 0 {
+		// Appended only when set, so heartbeats without peers sign as before.
+		c.str("peer")
+		c.str(h.PeerURL)
+		c.int(int64(len(h.Holds)))
+		for _, v := range h.Holds {
+			c.int(v)
+		}
+	}
 	return c.b.Bytes()
 }
 
@@ -615,6 +648,35 @@ func DecodeDesiredState(b []byte) (*DesiredState, error) {
 		return nil, fmt.Errorf("%w: v=%d, want %d", ErrVersion, d.V, Version)
 	}
 	return &d, nil
+}
+
+// PeerToken is the bearer token a server presents to a peer's /weights/ route for version v
+// with digest sha: an HMAC of the fleet secret, so every member can compute it, nobody
+// without the secret can, and it opens that one version only. Empty when the fleet is
+// unsigned (peer routes then take no token, as the rest of an unsigned fleet).
+func PeerToken(secret []byte, fleet string, v int64, sha string) string {
+	if len(secret) == 0 {
+		return ""
+	}
+	var c canon
+	c.str("rollout.peer")
+	c.str(fleet)
+	c.int(v)
+	c.str(strings.ToLower(sha))
+	return mac(secret, c.b.Bytes())
+}
+
+// CheckPeerToken reports whether tok is PeerToken(secret, fleet, v, sha), in constant time.
+func CheckPeerToken(secret []byte, fleet string, v int64, sha, tok string) bool {
+	if len(secret) == 0 {
+		return true
+	}
+	var c canon
+	c.str("rollout.peer")
+	c.str(fleet)
+	c.int(v)
+	c.str(strings.ToLower(sha))
+	return checkMAC(secret, c.b.Bytes(), tok)
 }
 
 // CheckSecret refuses a secret too short to sign with; an empty secret means unsigned.

@@ -215,6 +215,13 @@ func mutations(v any, skip ...string) map[string]func() {
 				out[path] = func() { f.SetBytes([]byte(`{"mode":"wait","clear_cache":false}`)) }
 				return
 			}
+			if f.Type().Elem().Kind() == reflect.Int64 { // Holds
+				out[path+"+"] = func() { f.Set(reflect.Append(f, reflect.ValueOf(int64(7)))) }
+				if f.Len() > 0 {
+					out[path+"[0]"] = func() { f.Index(0).SetInt(f.Index(0).Int() + 1) }
+				}
+				return
+			}
 			out[path+"+"] = func() { f.Set(reflect.Append(f, reflect.ValueOf("extra"))) }
 			if f.Len() > 0 {
 				out[path+"[0]"] = func() { f.Index(0).SetString(f.Index(0).String() + "x") }
@@ -307,7 +314,7 @@ func heartbeat() *protocol.Heartbeat {
 	return &protocol.Heartbeat{
 		V: protocol.Version, Fleet: "f", ServerID: "s1", State: protocol.StateRunning,
 		WeightVersion: 3, StagedVersion: 4, Epoch: 9, InRotation: true, Running: 5, Waiting: 2,
-		KVUsage: 0.375, AdvertiseURL: "http://10.0.0.1:8000", Build: "v1.2.3", Error: "fetch: 404",
+		KVUsage: 0.375, AdvertiseURL: "http://10.0.0.1:8000", Build: "v1.2.3", Error: "fetch: 404", PeerURL: "http://10.0.0.1:8000/weights", Holds: []int64{3, 4},
 		At: t0.UnixMilli(),
 	}
 }
@@ -634,4 +641,23 @@ func TestErrorsAreDistinct(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestPeerToken(t *testing.T) {
+	sha := strings.Repeat("ab", 32)
+	tok := protocol.PeerToken(secret, "f", 3, sha)
+	require.Len(t, tok, 64)
+	require.True(t, protocol.CheckPeerToken(secret, "f", 3, strings.ToUpper(sha), tok))
+	require.False(t, protocol.CheckPeerToken(secret, "f", 4, sha, tok), "a token opens one version only")
+	require.False(t, protocol.CheckPeerToken(secret, "g", 3, sha, tok), "nor another fleet's")
+	require.False(t, protocol.CheckPeerToken(secret, "f", 3, sha, ""))
+	require.Empty(t, protocol.PeerToken(nil, "f", 3, sha), "unsigned fleets take no token")
+	require.True(t, protocol.CheckPeerToken(nil, "f", 3, sha, ""))
+}
+
+func TestStageSources(t *testing.T) {
+	ref := protocol.WeightsRef{Version: 1, URI: "http://o/v1/"}
+	require.NoError(t, protocol.Stage{Weights: ref, Sources: map[string]string{"a": "b"}}.Validate())
+	require.ErrorIs(t, protocol.Stage{Weights: ref, Sources: map[string]string{"a": "a"}}.Validate(), protocol.ErrInvalid)
+	require.ErrorIs(t, protocol.Stage{Weights: ref, Sources: map[string]string{"a": ""}}.Validate(), protocol.ErrInvalid)
 }

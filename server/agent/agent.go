@@ -63,6 +63,13 @@ type Config struct {
 	// Stage fetches, verifies and stages a weights version while the server keeps serving,
 	// and returns the bytes it read.
 	Stage func(ctx context.Context, ref protocol.WeightsRef) (bytes int64, err error)
+	// StagePeers, when set, replaces Stage: it gets the peer the stage command assigned this
+	// server (checked against the fleet's heartbeats) and reports where the bytes came from.
+	StagePeers func(ctx context.Context, req StageRequest) (StageReport, error)
+	// PeerURL is the base of this server's /weights/ route its heartbeat advertises, and
+	// Holds the versions it can serve there (both empty: no peer route).
+	PeerURL string
+	Holds   func() []int64
 	// ErrorCode maps an engine or stage error to the short code of its ack (nil: generic
 	// codes).
 	ErrorCode func(error) string
@@ -92,8 +99,8 @@ func (c *Config) validate() error {
 	if c.ServerID == "" {
 		errs = append(errs, field("ServerID", "required"))
 	}
-	if c.Engine == nil || c.Stage == nil {
-		errs = append(errs, field("Engine, Stage", "both required"))
+	if c.Engine == nil || c.Stage == nil && c.StagePeers == nil {
+		errs = append(errs, field("Engine, Stage", "an Engine and a Stage or StagePeers func are required"))
 	}
 	if err := protocol.CheckSecret(c.Secret); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", "Secret", err))
@@ -154,7 +161,12 @@ type Agent struct {
 	// worker goroutine touches it, one Work at a time).
 	stagedSHA     string
 	stagedVersion int64
+
+	// bus is the loop's bus once connected: the worker reads a peer's heartbeat through it.
+	bus atomic.Pointer[busBox]
 }
+
+type busBox struct{ b bus.Bus }
 
 // New validates cfg and returns an agent that has not joined yet.
 func New(cfg Config) (*Agent, error) {
@@ -191,7 +203,7 @@ func (a *Agent) Ready() error {
 	a.mu.Lock()
 	known, v, paused, stopping := a.desiredKnown, a.desiredVersion, a.desiredPaused, a.stopping || a.draining
 	a.mu.Unlock()
-	st := a.cfg.Engine.State()
+	st := a.engineState()
 	switch {
 	case stopping:
 		return errors.New("leaving the fleet")
@@ -205,6 +217,15 @@ func (a *Agent) Ready() error {
 		return errors.New("engine is " + st.State)
 	}
 	return nil
+}
+
+// engineState is the engine's snapshot with the versions the peer route holds.
+func (a *Agent) engineState() EngineState {
+	st := a.cfg.Engine.State()
+	if a.cfg.Holds != nil {
+		st.Holds = a.cfg.Holds()
+	}
+	return st
 }
 
 func (a *Agent) publish(c *Core, stopping bool) {
@@ -222,7 +243,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !a.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
-	l := &loop{a: a, core: NewCore(CoreConfig{Fleet: a.cfg.Fleet, ServerID: a.cfg.ServerID, AdvertiseURL: a.cfg.AdvertiseURL,
+	l := &loop{a: a, core: NewCore(CoreConfig{Fleet: a.cfg.Fleet, ServerID: a.cfg.ServerID, AdvertiseURL: a.cfg.AdvertiseURL, PeerURL: a.cfg.PeerURL,
 		Build: a.cfg.Build, Secret: a.cfg.Secret, Start: a.cfg.Now(), ClockSkew: a.cfg.ClockSkew, MaxLifetime: a.cfg.MaxLifetime,
 		RetryMin: a.cfg.HeartbeatInterval}), done: make(chan workDone, 1)}
 	return l.run(ctx)
@@ -316,7 +337,7 @@ func (l *loop) run(ctx context.Context) (err error) {
 			l.heartbeat(ctx)
 		case d := <-l.done:
 			l.working = false
-			l.core.Done(d.res, a.cfg.Engine.State(), a.cfg.Now())
+			l.core.Done(d.res, a.engineState(), a.cfg.Now())
 			beat = true
 		}
 		l.flush(ctx)
@@ -341,6 +362,7 @@ func (l *loop) connect(ctx context.Context) error {
 			}
 			l.b = b
 		}
+		l.a.bus.Store(&busBox{l.b})
 	}
 	sctx, cancel := context.WithTimeout(ctx, max(5*time.Second, l.a.cfg.HeartbeatTTL))
 	defer cancel()
@@ -363,7 +385,7 @@ func backoff(fails int, base time.Duration) time.Duration {
 // resync reads the engine and the desired state into the core and asks it to converge.
 func (l *loop) resync(ctx context.Context) error {
 	a := l.a
-	l.core.Engine(a.cfg.Engine.State())
+	l.core.Engine(a.engineState())
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval+time.Second)
 	raw, err := l.b.Get(rctx, a.names.Desired())
 	cancel()
@@ -406,7 +428,7 @@ func (l *loop) busOK() {
 // heartbeat writes the heartbeat key (and retries acks that could not be pushed).
 func (l *loop) heartbeat(ctx context.Context) {
 	a := l.a
-	l.core.Engine(a.cfg.Engine.State())
+	l.core.Engine(a.engineState())
 	hb := l.core.Heartbeat(a.cfg.Now())
 	l.writeHeartbeat(ctx, &hb)
 }
@@ -535,7 +557,7 @@ func (l *loop) stop(ctx context.Context, runErr error) {
 	if l.working {
 		d := <-l.done
 		l.working = false
-		l.core.Done(d.res, a.cfg.Engine.State(), a.cfg.Now())
+		l.core.Done(d.res, a.engineState(), a.cfg.Now())
 	}
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()

@@ -32,6 +32,9 @@ const (
 // CoreConfig configures the pure core.
 type CoreConfig struct {
 	Fleet, ServerID, AdvertiseURL, Build string
+	// PeerURL is the base of the server's /weights/ route (empty: none), advertised with the
+	// versions EngineState.Holds lists.
+	PeerURL string
 	// Secret signs heartbeats and verifies commands and the desired state (empty: unsigned).
 	Secret []byte
 	// Start is when the agent started: a command issued more than ClockSkew before it is
@@ -543,6 +546,9 @@ func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
 		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, Epoch: c.convEpoch, InRotation: c.InRotation(),
 		Running: c.eng.Running, Waiting: c.eng.Waiting, KVUsage: c.eng.KVUsage, AdvertiseURL: c.cfg.AdvertiseURL,
 		Build: c.cfg.Build, Error: joinErrs(c.desiredErr, c.convErr), At: now.UnixMilli()}
+	if c.cfg.PeerURL != "" {
+		hb.PeerURL, hb.Holds = c.cfg.PeerURL, c.eng.Holds
+	}
 	if len(c.cfg.Secret) > 0 {
 		hb.Sign(c.cfg.Secret)
 	}

@@ -48,6 +48,9 @@ type EngineState struct {
 	WeightVersion, StagedVersion int64
 	Running, Waiting             int
 	KVUsage                      float64
+	// Holds are the versions the server's peer route serves (filled by the agent, not the
+	// engine).
+	Holds []int64
 }
 
 // EngineAdapter implements Engine over the server's *engine.Engine.

@@ -41,7 +41,7 @@ func (a *Agent) execute(ctx context.Context, w *Work) Result {
 	} else {
 		res = a.converge(ctx, w)
 	}
-	st := a.cfg.Engine.State()
+	st := a.engineState()
 	res.WeightVersion, res.StagedVersion = st.WeightVersion, st.StagedVersion
 	if res.Err != nil {
 		if res.Code == "" {
@@ -179,7 +179,7 @@ func (a *Agent) command(ctx context.Context, w *Work) Result {
 			return nil
 		})
 	case protocol.Stage:
-		return a.stage(ctx, c.Weights)
+		return a.stage(ctx, c.Weights, c.Sources[a.cfg.ServerID])
 	case protocol.Commit:
 		return a.commit(ctx, c, w.StayPaused)
 	default:
@@ -199,7 +199,7 @@ func (a *Agent) converge(ctx context.Context, w *Work) Result {
 	var res Result
 	if w.Stage != nil {
 		a.log.Info("agent: converging: staging the fleet's desired version", "version", w.Stage.Version, "epoch", w.Epoch)
-		res = a.stage(ctx, *w.Stage)
+		res = a.stage(ctx, *w.Stage, "")
 		if res.Err != nil {
 			return res
 		}
@@ -213,9 +213,10 @@ func (a *Agent) converge(ctx context.Context, w *Work) Result {
 	return c
 }
 
-// stage fetches, verifies and stages ref while the engine keeps serving.
-func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef) Result {
-	st := a.cfg.Engine.State()
+// stage fetches, verifies and stages ref while the engine keeps serving, from peer (a
+// server id the stage command assigned; "" for the origin only) first.
+func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer string) Result {
+	st := a.engineState()
 	p := a.begin("stage")
 	p.detail("version", ref.Version)
 	switch {
@@ -233,8 +234,30 @@ func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef) Result {
 		p.detail("already_staged", 1)
 		return Result{Phases: []protocol.Phase{p.end(nil)}}
 	}
-	n, err := a.cfg.Stage(ctx, ref)
-	p.detail("bytes", n)
+	var err error
+	if a.cfg.StagePeers != nil {
+		req := StageRequest{Ref: ref}
+		if peer != "" {
+			req.Peer, req.PeerRefused = a.lookupPeer(ctx, peer, ref.Version)
+			if req.PeerRefused != nil {
+				a.log.Warn("agent: refusing the assigned weight source; fetching from the origin", "peer", peer, "err", req.PeerRefused)
+				p.detail("peer_refused", 1)
+			}
+		}
+		var rep StageReport
+		rep, err = a.cfg.StagePeers(ctx, req)
+		p.detail("bytes", rep.OriginBytes+rep.PeerBytes)
+		p.detail("origin_bytes", rep.OriginBytes)
+		p.detail("peer_bytes", rep.PeerBytes)
+		if rep.SourceFailures > 0 {
+			p.detail("source_failures", rep.SourceFailures)
+		}
+	} else {
+		var n int64
+		n, err = a.cfg.Stage(ctx, ref)
+		p.detail("bytes", n)
+		p.detail("origin_bytes", n)
+	}
 	if err == nil {
 		a.stagedVersion, a.stagedSHA = ref.Version, ref.SHA256
 	}

@@ -224,7 +224,7 @@ func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (upda
 				Message: fmt.Sprintf("no source given and version %d is not staged (staged: %d)", req.Version, st.StagedVersion)}
 		}
 	} else {
-		info, err := a.fetchAndStage(ctx, weights.Ref{Version: req.Version, URI: req.Source, SHA256: req.SHA256})
+		info, err := a.fetchAndStage(ctx, weights.Ref{Version: req.Version, URI: req.Source, SHA256: req.SHA256}, nil)
 		if err != nil {
 			return resp, err
 		}
@@ -253,7 +253,7 @@ func (a *API) updateWeights(ctx context.Context, req updateWeightsRequest) (upda
 
 // fetchAndStage fetches and verifies ref and stages it in the engine while the old weights
 // keep serving; /update_weights and the fleet agent's stage command share it.
-func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref) (weights.Info, error) {
+func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref, tweak func(*weights.Options)) (weights.Info, error) {
 	start := time.Now()
 	if ref.SHA256 == "" && weights.IsHTTP(ref.URI) && !a.cfg.AllowUnverifiedWeights {
 		return weights.Info{}, badRequest("digest_required", "sha256",
@@ -261,8 +261,11 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref) (weights.Info,
 	}
 	fctx, span := a.cfg.TracerProvider.Tracer(tracerName).Start(ctx, "weights.fetch", trace.WithAttributes(
 		attribute.Int64("rollout.weight_version", ref.Version), attribute.String("rollout.weights_uri", weights.RedactURI(ref.URI))))
-	w, info, err := weights.LoadWithInfo(fctx, ref, weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient,
-		MaxDownloadBytes: weights.DownloadLimit(a.cfg.ModelConfig)})
+	opts := weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient, MaxDownloadBytes: weights.DownloadLimit(a.cfg.ModelConfig)}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	w, info, err := weights.LoadWithInfo(fctx, ref, opts)
 	span.SetAttributes(attribute.Int64("rollout.bytes", info.Bytes))
 	if err != nil {
 		span.RecordError(err)
@@ -287,6 +290,12 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref) (weights.Info,
 // stage_only) and returns the bytes read. It is serialised with /update_weights. Errors
 // carry the codes ErrorCode reports.
 func (a *API) StageWeights(ctx context.Context, ref weights.Ref) (int64, error) {
+	return a.StageWeightsWith(ctx, ref, nil)
+}
+
+// StageWeightsWith is StageWeights with the fetch's options adjusted by tweak (the fleet's
+// peer sources, a download kept for peers, a progress observer).
+func (a *API) StageWeightsWith(ctx context.Context, ref weights.Ref, tweak func(*weights.Options)) (int64, error) {
 	if ref.Version <= 0 {
 		return 0, badRequest("invalid_value", "version", "version must be > 0 (got %d)", ref.Version)
 	}
@@ -295,7 +304,7 @@ func (a *API) StageWeights(ctx context.Context, ref weights.Ref) (int64, error) 
 	}
 	defer a.updateMu.unlock()
 	start := time.Now()
-	info, err := a.fetchAndStage(ctx, ref)
+	info, err := a.fetchAndStage(ctx, ref, tweak)
 	if err != nil {
 		a.log.Warn("api: staging weights failed; the old weights keep serving", "version", ref.Version, "source", weights.RedactURI(ref.URI), "err", err)
 		return info.Bytes, err

@@ -26,7 +26,23 @@ type Metrics struct {
 	updateWeights *prometheus.HistogramVec
 	commands      *prometheus.CounterVec
 	rejected      *prometheus.CounterVec
+	fetched       *prometheus.CounterVec
+	sourceFails   *prometheus.CounterVec
 }
+
+// Peer distribution label values (rollout_weights_fetched_bytes_total{source},
+// rollout_weights_source_failures_total{reason}).
+const (
+	SourceOrigin = "origin"
+	SourcePeer   = "peer"
+	// FailDied: a source broke off or answered wrongly; the fetch resumed elsewhere.
+	FailDied = "died"
+	// FailBadDigest: the checkpoint did not hash to its digest; it was fetched again.
+	FailBadDigest = "bad_digest"
+	// FailNotMember: the assigned peer is not a member of the fleet; nothing was fetched
+	// from it.
+	FailNotMember = "not_member"
+)
 
 // Control-plane label values exported at zero from the start, so a dashboard sees every
 // series before the first command (the fleet agent's kinds and reasons; see sdk/protocol).
@@ -64,11 +80,23 @@ func NewMetrics() *Metrics {
 	for _, r := range controlReasons {
 		m.rejected.WithLabelValues(r)
 	}
+	m.fetched = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_weights_fetched_bytes_total", Help: "Checkpoint bytes this server fetched, by source (origin, peer).",
+	}, []string{"source"})
+	m.sourceFails = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_weights_source_failures_total", Help: "Weight sources replaced during a fetch, by reason (died, bad_digest, not_member).",
+	}, []string{"reason"})
+	for _, s := range []string{SourceOrigin, SourcePeer} {
+		m.fetched.WithLabelValues(s)
+	}
+	for _, r := range []string{FailDied, FailBadDigest, FailNotMember} {
+		m.sourceFails.WithLabelValues(r)
+	}
 	m.resetToFlush = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "rollout_reset_to_flush_seconds", Help: "Time from a cache reset to the moment its flush set reached the offload workers and they waited on it.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 	})
-	m.reg.MustRegister(m.ttft, m.resetToFlush, m.updateWeights, m.commands, m.rejected, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.ttft, m.resetToFlush, m.updateWeights, m.commands, m.rejected, m.fetched, m.sourceFails, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -111,6 +139,13 @@ func observe(ctx context.Context, o prometheus.Observer, d time.Duration) {
 
 // CommandDone counts one fleet command this server executed (the fleet agent's hook).
 func (m *Metrics) CommandDone(kind, result string) { m.commands.WithLabelValues(kind, result).Inc() }
+
+// Fetched counts n checkpoint bytes fetched from source (SourceOrigin, SourcePeer).
+func (m *Metrics) Fetched(source string, n int64) { m.fetched.WithLabelValues(source).Add(float64(n)) }
+
+// SourceFailed counts one weight source replaced, by reason (FailDied, FailBadDigest,
+// FailNotMember).
+func (m *Metrics) SourceFailed(reason string) { m.sourceFails.WithLabelValues(reason).Inc() }
 
 // Rejected counts one fleet control message this server refused, by reason.
 func (m *Metrics) Rejected(reason string) { m.rejected.WithLabelValues(reason).Inc() }

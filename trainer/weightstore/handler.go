@@ -11,6 +11,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/rolloutkit/rollout/engine/weights"
@@ -94,7 +95,19 @@ func (s *Store) serveFile(w http.ResponseWriter, r *http.Request, name string) {
 		http.NotFound(w, r)
 		return
 	}
-	http.ServeContent(w, r, path.Base(name), st.ModTime(), f)
+	http.ServeContent(&countingWriter{ResponseWriter: w, n: &s.served}, r, path.Base(name), st.ModTime(), f)
+}
+
+// countingWriter counts the body bytes written through it.
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rolloutkit/rollout/engine/model"
@@ -26,6 +27,8 @@ var (
 	ErrNotFound = errors.New("weightstore: version not found")
 	// ErrInvalidVersion means a negative version number.
 	ErrInvalidVersion = errors.New("weightstore: invalid version")
+	// ErrDigest means Adopt was given a checkpoint that does not hash to its digest.
+	ErrDigest = errors.New("weightstore: digest mismatch")
 )
 
 // Entry describes one published version.
@@ -57,6 +60,8 @@ type Store struct {
 	dir     string
 	mu      sync.Mutex
 	entries map[int64]cached
+	// served counts the checkpoint bytes the handler wrote: the store's egress.
+	served atomic.Int64
 }
 
 type cached struct {
@@ -210,6 +215,53 @@ func (s *Store) Publish(ctx context.Context, v int64, w *model.Weights) (Entry, 
 	s.mu.Unlock()
 	return e, nil
 }
+
+// Adopt moves the checkpoint directory dir (on the store's file system) in as version v and
+// indexes it, recomputing its digest: the store serves only what it hashed itself, and a
+// digest other than sha (when set) refuses the version (ErrDigest) and removes it.
+func (s *Store) Adopt(ctx context.Context, v int64, dir, sha string) (Entry, error) {
+	if v < 0 {
+		return Entry{}, fmt.Errorf("%w: %d", ErrInvalidVersion, v)
+	}
+	final := filepath.Join(s.dir, VersionDir(v))
+	if _, err := os.Stat(final); err == nil {
+		return Entry{}, fmt.Errorf("%w: %d", ErrVersionExists, v)
+	}
+	if err := os.Rename(dir, final); err != nil {
+		return Entry{}, fmt.Errorf("weightstore: adopt %d: %w", v, err)
+	}
+	e, err := describe(ctx, final, v)
+	if err == nil && sha != "" && !strings.EqualFold(sha, e.SHA256) {
+		err = fmt.Errorf("%w: version %d hashes to %s, want %s", ErrDigest, v, e.SHA256, sha)
+	}
+	if err != nil {
+		_ = os.RemoveAll(final)
+		return Entry{}, fmt.Errorf("weightstore: adopt %d: %w", v, err)
+	}
+	info, err := os.Stat(final)
+	if err != nil {
+		return Entry{}, fmt.Errorf("weightstore: %w", err)
+	}
+	e.Published = info.ModTime()
+	s.mu.Lock()
+	s.entries[v] = cached{e, info.ModTime()}
+	s.mu.Unlock()
+	return e, nil
+}
+
+// Remove deletes version v (a no-op when absent). Downloads in flight keep their open files.
+func (s *Store) Remove(v int64) error {
+	s.mu.Lock()
+	delete(s.entries, v)
+	s.mu.Unlock()
+	if err := os.RemoveAll(filepath.Join(s.dir, VersionDir(v))); err != nil {
+		return fmt.Errorf("weightstore: %w", err)
+	}
+	return nil
+}
+
+// BytesServed is how many checkpoint file bytes the handler has written: the store's egress.
+func (s *Store) BytesServed() int64 { return s.served.Load() }
 
 // Versions lists the known versions, oldest first.
 func (s *Store) Versions() []Entry {

@@ -151,3 +151,41 @@ func TestHandler(t *testing.T) {
 
 // loopback fetches from the test's own listener, which the default fetch policy refuses.
 var loopback = weights.NewHTTPClient(weights.FetchPolicy{AllowLoopback: true})
+
+// Adopt takes a checkpoint directory in as a version only when it hashes to the digest
+// given; the handler counts the file bytes it serves (the egress a fleet keeps at one
+// checkpoint per update).
+func TestAdoptRemoveAndEgress(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, t.TempDir())
+	require.NoError(t, err)
+	src := filepath.Join(s.Dir(), ".incoming")
+	require.NoError(t, weights.SaveHF(src, tinyWeights(t, 5), weights.F32))
+	sum, err := weights.Digest(ctx, src)
+	require.NoError(t, err)
+
+	bad := filepath.Join(s.Dir(), ".bad")
+	require.NoError(t, weights.SaveHF(bad, tinyWeights(t, 6), weights.F32))
+	_, err = s.Adopt(ctx, 3, bad, sum)
+	require.ErrorIs(t, err, ErrDigest)
+	_, err = s.Get(3)
+	require.ErrorIs(t, err, ErrNotFound, "a checkpoint that does not hash right is not adopted")
+
+	e, err := s.Adopt(ctx, 3, src, sum)
+	require.NoError(t, err)
+	require.Equal(t, sum, e.SHA256)
+	sv, err := Serve("127.0.0.1:0", s)
+	require.NoError(t, err)
+	defer sv.Close(ctx)
+	for _, f := range e.Files {
+		resp, _ := get(t, sv.URL()+e.Path+f)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	require.Equal(t, e.Bytes, s.BytesServed(), "one checkpoint served, counted exactly")
+
+	require.NoError(t, s.Remove(3))
+	_, err = s.Get(3)
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = os.Stat(filepath.Join(s.Dir(), VersionDir(3)))
+	require.True(t, os.IsNotExist(err))
+}
