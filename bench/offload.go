@@ -95,7 +95,7 @@ func newOffloadRig(l kvcache.Layout, delay time.Duration) (*offloadRig, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := offload.New(offload.Config{CPUBytes: int64(l.NumBlocks) * int64(l.BlockBytes()), BlockSize: l.BlockSize, Delay: delay})
+	conn, err := offload.New(offload.Config{CPUBytes: int64(l.NumBlocks) * int64(l.BlockBytes()), BlockSize: l.BlockSize, Test: &offload.TestHooks{Delay: delay}})
 	if err != nil {
 		return nil, err
 	}

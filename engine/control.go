@@ -25,14 +25,12 @@ const (
 	numCtlPhases
 )
 
+// ctlPhaseNames are the phases as Stats.State reports them.
+var ctlPhaseNames = [numCtlPhases]string{ctlRunning: "running", ctlPaused: "paused", ctlAsleep: "sleeping"}
+
 func (p ctlPhase) String() string {
-	switch p {
-	case ctlRunning:
-		return "running"
-	case ctlPaused:
-		return "paused"
-	case ctlAsleep:
-		return "sleeping"
+	if p < numCtlPhases {
+		return ctlPhaseNames[p]
 	}
 	return fmt.Sprintf("phase(%d)", uint8(p))
 }
@@ -57,18 +55,12 @@ const (
 	numCtlEvents
 )
 
+// ctlEventNames name the events in errors and traces.
+var ctlEventNames = [numCtlEvents]string{evPause: "pause", evResume: "resume", evSleepPause: "sleep_pause", evSleep: "sleep", evWake: "wake_up"}
+
 func (k ctlEventKind) String() string {
-	switch k {
-	case evPause:
-		return "pause"
-	case evResume:
-		return "resume"
-	case evSleepPause:
-		return "sleep_pause"
-	case evSleep:
-		return "sleep"
-	case evWake:
-		return "wake_up"
+	if k < numCtlEvents {
+		return ctlEventNames[k]
 	}
 	return fmt.Sprintf("event(%d)", uint8(k))
 }

@@ -21,8 +21,8 @@ func TestConfigValidateNamesField(t *testing.T) {
 		{"CPUBytes", func(c *offload.Config) { c.CPUBytes = 0 }},
 		{"CPUBytes", func(c *offload.Config) { c.BlockBytes = 2 << 20 }},
 		{"Policy", func(c *offload.Config) { c.Policy = "fifo" }},
-		{"Delay", func(c *offload.Config) { c.Delay = -1 }},
-		{"BandwidthBytesPerSec", func(c *offload.Config) { c.BandwidthBytesPerSec = -1 }},
+		{"Test.Delay", func(c *offload.Config) { c.Test = &offload.TestHooks{Delay: -1} }},
+		{"Test.BandwidthBytesPerSec", func(c *offload.Config) { c.Test = &offload.TestHooks{BandwidthBytesPerSec: -1} }},
 		{"BlockBytes", func(c *offload.Config) { c.BlockBytes = -1 }},
 	} {
 		c := ok

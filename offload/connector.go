@@ -30,14 +30,6 @@ type Config struct {
 	BlocksPerChunk int
 	// Policy is the CPU eviction policy, "lru" (default) or "arc".
 	Policy string
-	// Delay is added to every transfer and BandwidthBytesPerSec (0: none) caps each transfer's
-	// rate, so copies stay in flight: for tests and benchmarks only.
-	Delay                time.Duration
-	BandwidthBytesPerSec float64
-	// TransferGate, if set, is called on a transfer's goroutine before it copies anything and
-	// may block: tests hold transfers in flight with it deterministically, where a Delay only
-	// makes that likely.
-	TransferGate func(t *Transfer)
 	// CopyThreads is how many goroutines share the copy of one transfer of at least
 	// SplitBytes (0: runtime.GOMAXPROCS(0); 1: each transfer copies on its own goroutine). The
 	// split is by block, so a transfer of one block never splits. Transfers stay FIFO per
@@ -45,6 +37,9 @@ type Config struct {
 	CopyThreads int
 	// SplitBytes is the smallest transfer that is split (0: DefaultSplitBytes).
 	SplitBytes int64
+	// Test holds the knobs that keep copies in flight, for tests and benchmarks only; nil (the
+	// production setting) turns them all off.
+	Test *TestHooks
 	// BlockBytes is the size of one pool block in bytes (all layers, K and V). Optional: when
 	// set, New checks CPUBytes against it; otherwise the check happens at BindKVStorage.
 	BlockBytes int64
@@ -65,6 +60,50 @@ type Config struct {
 	// (for exemplars). Now is the clock it measures with (time.Now).
 	OnFlushDelivered func(ctx context.Context, jobIDs []int64, sinceReset time.Duration)
 	Now              func() time.Time
+}
+
+// TestHooks slow or hold the connector's transfers so that copies stay in flight: black-box
+// reset tests (`rollout serve --offload-delay`), the offload benchmark's bandwidth cap and the
+// tests that catch a reset with jobs in flight. Nothing in production sets them. A TestHooks
+// belongs to one connector.
+type TestHooks struct {
+	// Delay is added to every transfer; BandwidthBytesPerSec (0: none) caps each transfer's
+	// rate.
+	Delay                time.Duration
+	BandwidthBytesPerSec float64
+	// TransferGate, if set, is called on a transfer's goroutine before it copies anything and
+	// may block: tests hold transfers in flight with it deterministically, where a Delay only
+	// makes that likely.
+	TransferGate func(t *Transfer)
+
+	delay atomic.Int64 // the current Delay: New sets it, SetDelay changes it
+}
+
+// SetDelay changes the per-transfer delay for transfers that start from now on.
+func (h *TestHooks) SetDelay(d time.Duration) { h.delay.Store(int64(d)) }
+
+// testDelay is the current per-transfer delay (0 without hooks).
+func (c *Connector) testDelay() time.Duration {
+	if c.cfg.Test == nil {
+		return 0
+	}
+	return time.Duration(c.cfg.Test.delay.Load())
+}
+
+// testBandwidth is the transfer rate cap in bytes per second (0: none).
+func (c *Connector) testBandwidth() float64 {
+	if c.cfg.Test == nil {
+		return 0
+	}
+	return c.cfg.Test.BandwidthBytesPerSec
+}
+
+// transferGate is the hook called before a transfer copies (nil: none).
+func (c *Connector) transferGate() func(*Transfer) {
+	if c.cfg.Test == nil {
+		return nil
+	}
+	return c.cfg.Test.TransferGate
 }
 
 // tracerName is the instrumentation scope of the connector's spans.
@@ -114,12 +153,7 @@ type Connector struct {
 	// engine drives them.
 	boundSched  kvconnector.Scheduler
 	boundWorker kvconnector.Worker
-	delay       atomic.Int64 // current per-transfer delay (Config.Delay, SetDelay)
 }
-
-// SetDelay changes the per-transfer delay for transfers that start from now on: for tests and
-// benchmarks only.
-func (c *Connector) SetDelay(d time.Duration) { c.delay.Store(int64(d)) }
 
 // counters are readable from any goroutine.
 type counters struct {
@@ -162,10 +196,10 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("%w: CPUBytes: %d, the CPU tier needs room for at least one chunk", ErrInvalidConfig, cfg.CPUBytes)
 	case cfg.Policy != "" && cfg.Policy != cpu.PolicyLRU && cfg.Policy != cpu.PolicyARC:
 		return fmt.Errorf("%w: Policy: %q, want lru or arc", ErrInvalidConfig, cfg.Policy)
-	case cfg.Delay < 0:
-		return fmt.Errorf("%w: Delay: %v is negative", ErrInvalidConfig, cfg.Delay)
-	case cfg.BandwidthBytesPerSec < 0:
-		return fmt.Errorf("%w: BandwidthBytesPerSec: %v is negative", ErrInvalidConfig, cfg.BandwidthBytesPerSec)
+	case cfg.Test != nil && cfg.Test.Delay < 0:
+		return fmt.Errorf("%w: Test.Delay: %v is negative", ErrInvalidConfig, cfg.Test.Delay)
+	case cfg.Test != nil && cfg.Test.BandwidthBytesPerSec < 0:
+		return fmt.Errorf("%w: Test.BandwidthBytesPerSec: %v is negative", ErrInvalidConfig, cfg.Test.BandwidthBytesPerSec)
 	case cfg.BlockBytes < 0:
 		return fmt.Errorf("%w: BlockBytes: %d is negative", ErrInvalidConfig, cfg.BlockBytes)
 	case cfg.CopyThreads < 0:
@@ -207,7 +241,9 @@ func New(cfg Config) (*Connector, error) {
 		return nil, err
 	}
 	c := &Connector{cfg: cfg, log: cfg.Logger, tracer: cfg.TracerProvider.Tracer(tracerName)}
-	c.delay.Store(int64(cfg.Delay))
+	if cfg.Test != nil {
+		cfg.Test.SetDelay(cfg.Test.Delay)
+	}
 	c.sched = newSchedSide(c)
 	c.worker = newWorkerSide(c)
 	c.boundSched, c.boundWorker = kvconnector.Bind[*Payload, *WorkerMeta](c.sched, c.worker)

@@ -119,7 +119,7 @@ func TestEngineRandomInterleaving(t *testing.T) {
 			require.NoError(t, s.e.WakeUp(ctx, nil))
 			require.NoError(t, s.e.Resume(ctx))
 		case r < 78:
-			s.conn.SetDelay([]time.Duration{0, time.Millisecond, 5 * time.Millisecond}[rng.IntN(3)])
+			s.hooks.SetDelay([]time.Duration{0, time.Millisecond, 5 * time.Millisecond}[rng.IntN(3)])
 		case r < 82:
 			// A sleep that keeps the requests (waiting, loading, landed): they recompute after
 			// the wake-up and must still produce the reference output.

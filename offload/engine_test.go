@@ -45,10 +45,11 @@ func (g *gate) onStep(int) {
 func (g *gate) arm(f func() bool) { g.mu.Lock(); g.armed = f; g.mu.Unlock() }
 
 type engineSetup struct {
-	e    *engine.Engine
-	conn *offload.Connector
-	w    *model.Weights
-	stop func()
+	e     *engine.Engine
+	conn  *offload.Connector
+	hooks *offload.TestHooks // conn's
+	w     *model.Weights
+	stop  func()
 }
 
 func startEngine(t *testing.T, delay time.Duration, hooks engine.Hooks) *engineSetup {
@@ -61,9 +62,9 @@ func startEngineGated(t *testing.T, delay time.Duration, xg *xferGate, hooks eng
 	t.Helper()
 	w, err := model.Preset("tiny", 1)
 	require.NoError(t, err)
-	cfg := offload.Config{CPUBytes: 8 << 20, BlockSize: 16, Delay: delay, CopyThreads: 3, SplitBytes: 1}
+	cfg := offload.Config{CPUBytes: 8 << 20, BlockSize: 16, CopyThreads: 3, SplitBytes: 1, Test: &offload.TestHooks{Delay: delay}}
 	if xg != nil {
-		cfg.TransferGate = xg.wait
+		cfg.Test.TransferGate = xg.wait
 	}
 	conn, err := offload.New(cfg)
 	require.NoError(t, err)
@@ -73,7 +74,7 @@ func startEngineGated(t *testing.T, delay time.Duration, xg *xferGate, hooks eng
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	s := &engineSetup{e: e, conn: conn, w: w}
+	s := &engineSetup{e: e, conn: conn, hooks: cfg.Test, w: w}
 	var once sync.Once
 	s.stop = func() { once.Do(func() { cancel(); require.NoError(t, <-done) }) }
 	t.Cleanup(s.stop)

@@ -35,6 +35,7 @@ type harness struct {
 	storage *kvcache.Storage
 	sched   *sched.Scheduler
 	conn    *offload.Connector // nil: no connector
+	hooks   *offload.TestHooks // conn's
 	worker  kvconnector.Worker
 	metas   []kvconnector.Metadata
 	outs    map[string][]int
@@ -128,9 +129,10 @@ func newHarness(t *testing.T, c harnessCfg) *harness {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if !c.noConnector {
+		h.hooks = &offload.TestHooks{Delay: c.delay, TransferGate: gate}
 		h.conn, err = offload.New(offload.Config{
 			CPUBytes: int64(c.cpuChunks * c.bpc * h.layout.BlockBytes()), BlockSize: c.blockSize, BlocksPerChunk: c.bpc,
-			Policy: c.policy, Delay: c.delay, Logger: logger, RecordEvents: c.recordEvents, TransferGate: gate,
+			Policy: c.policy, Logger: logger, RecordEvents: c.recordEvents, Test: h.hooks,
 			// Every transfer of two blocks or more is split across helpers, so the scenarios and
 			// the random interleavings run the split path with its tiny blocks.
 			CopyThreads: 3, SplitBytes: 1,

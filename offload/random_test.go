@@ -136,7 +136,7 @@ func TestRandomInterleaving(t *testing.T) {
 					version++
 					h.sched.SetWeightVersion(version)
 				case r < 38:
-					h.conn.SetDelay([]time.Duration{0, 0, time.Millisecond, 3 * time.Millisecond}[rng.IntN(4)])
+					h.hooks.SetDelay([]time.Duration{0, 0, time.Millisecond, 3 * time.Millisecond}[rng.IntN(4)])
 				default:
 					if h.sched.HasRequests() {
 						step()

@@ -54,7 +54,7 @@ func TestTraceDoubleResetOneDeliveredFlush(t *testing.T) {
 		cbTraces []trace.TraceID
 		cbJobs   [][]int64
 	)
-	conn, err := offload.New(offload.Config{CPUBytes: 8 << 20, BlockSize: 16, Delay: 150 * time.Millisecond, TracerProvider: tp,
+	conn, err := offload.New(offload.Config{CPUBytes: 8 << 20, BlockSize: 16, Test: &offload.TestHooks{Delay: 150 * time.Millisecond}, TracerProvider: tp,
 		OnFlushDelivered: func(ctx context.Context, ids []int64, _ time.Duration) {
 			cbMu.Lock()
 			defer cbMu.Unlock()

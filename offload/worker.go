@@ -341,7 +341,7 @@ func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) 
 		w.c.violation(x.t.ID, "transfer submitted without bound KV storage")
 		ok = false
 	default:
-		if g := w.c.cfg.TransferGate; g != nil {
+		if g := w.c.transferGate(); g != nil {
 			g(x.t)
 		}
 		w.throttle(x.t, storage.BlockFloats())
@@ -375,8 +375,8 @@ func boolDir(store bool) int {
 
 // throttle applies the test-only delay and bandwidth cap.
 func (w *workerSide) throttle(t *Transfer, blockFloats int) {
-	d := time.Duration(w.c.delay.Load())
-	if bw := w.c.cfg.BandwidthBytesPerSec; bw > 0 {
+	d := w.c.testDelay()
+	if bw := w.c.testBandwidth(); bw > 0 {
 		n := 0
 		for _, c := range t.Chunks {
 			n += len(c.Blocks)

@@ -33,8 +33,12 @@ func newConnector(cfg Config, mc model.Config, log *slog.Logger, tp trace.Tracer
 		blockSize = engine.DefaultBlockSize
 	}
 	blockBytes := mc.KVBlockBytes(blockSize)
-	c, err := offload.New(offload.Config{CPUBytes: cfg.OffloadCPUBytes, BlockSize: blockSize, Delay: cfg.OffloadDelay,
-		BlockBytes: blockBytes, Logger: log, TracerProvider: tp, OnFlushDelivered: onFlush})
+	ocfg := offload.Config{CPUBytes: cfg.OffloadCPUBytes, BlockSize: blockSize,
+		BlockBytes: blockBytes, Logger: log, TracerProvider: tp, OnFlushDelivered: onFlush}
+	if cfg.OffloadDelay > 0 { // --offload-delay, a test knob
+		ocfg.Test = &offload.TestHooks{Delay: cfg.OffloadDelay}
+	}
+	c, err := offload.New(ocfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --offload-cpu-bytes %d: %w", ErrInvalidConfig, cfg.OffloadCPUBytes, err)
 	}

@@ -91,6 +91,18 @@ func TestServeAndGenerateRefuseBadFlags(t *testing.T) {
 	assert.Contains(t, errb.String(), "--kv-bytes")
 }
 
+// TestServeHidesTestKnobs: --offload-delay, a test knob, is not in `serve --help` but is still
+// a flag: it is parsed and checked (it needs --offload-cpu-bytes).
+func TestServeHidesTestKnobs(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, run(t.Context(), []string{"serve", "--help"}, &out, &errb), errb.String())
+	assert.Contains(t, out.String(), "--offload-cpu-bytes")
+	assert.NotContains(t, out.String(), "offload-delay")
+	out.Reset()
+	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--offload-delay", "1ms", "--addr", "127.0.0.1:0"}, &out, &errb))
+	assert.Contains(t, errb.String(), "--offload-delay: needs --offload-cpu-bytes")
+}
+
 // TestServeRefusesBadFleetFlags: fleet flags are checked before anything starts, each with
 // one clear line.
 func TestServeRefusesBadFleetFlags(t *testing.T) {
