@@ -9,10 +9,10 @@ SHELL       := /bin/bash
 GO := $(or $(shell command -v go 2>/dev/null),/usr/local/go/bin/go)
 export PATH := $(dir $(GO)):$(PATH)
 
-# The engine kernels use the simd/archsimd experiment; everything builds and tests with it by
-# default. `make test` also runs the engine without it, which exercises the pure-Go fallback.
-# Override with `make GOEXPERIMENT= build` for a build without it.
-GOEXPERIMENT ?= simd
+# The default build needs no experiment: the engine kernels are Go assembly (AVX-512/AVX2 on
+# amd64, NEON on arm64). `make GOEXPERIMENT=simd build` selects the simd/archsimd kernels
+# instead; `make test` and `make lint` cover that mode and the portable one (-tags purego) too.
+GOEXPERIMENT ?=
 export GOEXPERIMENT
 
 BIN      := bin/rollout
@@ -23,40 +23,43 @@ TESTFLAGS ?=
 FUZZTIME ?= 100000x
 DEMO_STEPS ?= 40
 
-.PHONY: help build test race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e fuzz clean
+.PHONY: help build bench-kernels test race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e fuzz clean
 
 help: ## List the targets
-	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); override with GOEXPERIMENT=)"
+	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); GOEXPERIMENT=simd selects the archsimd kernels)"
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 build: ## Build the CLI into bin/rollout
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rollout
 
-test: ## Run all tests (SIMD build), the engine tests without GOEXPERIMENT=simd (fallback), and the tools module's
+test: ## Run all tests (default build), the engine tests with GOEXPERIMENT=simd and with -tags purego, and the tools module's
 	$(GO) test -timeout 15m $(TESTFLAGS) ./...
-	GOEXPERIMENT= $(GO) test -timeout 15m $(TESTFLAGS) ./engine/...
+	GOEXPERIMENT=simd $(GO) test -timeout 15m $(TESTFLAGS) ./engine/...
+	GOEXPERIMENT= $(GO) test -tags purego -timeout 15m $(TESTFLAGS) ./engine/...
 	$(GO) -C tools test -timeout 5m $(TESTFLAGS) ./...
 
 race: ## Run all tests in short mode under the race detector
 	$(GO) test -race -short -timeout 15m $(TESTFLAGS) ./...
 
-lint: lint-fmt lint-vet lint-golangci lint-arch ## gofmt check, go vet (both modes), golangci-lint, dependency rules
+lint: lint-fmt lint-vet lint-golangci lint-arch ## gofmt check, go vet (three kernel modes), golangci-lint, dependency rules
 
 lint-fmt: ## Fail listing the files gofmt would change
 	@files=$$(find . -name '*.go' -not -path './vendor/*' -not -path '*/testdata/*' -not -path './.git/*' -print0 | xargs -0 -r gofmt -l); \
 	if [ -n "$$files" ]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
 
-lint-vet: ## go vet with and without GOEXPERIMENT=simd
+lint-vet: ## go vet in the default build, with GOEXPERIMENT=simd and with -tags purego
 	$(GO) vet ./...
-	GOEXPERIMENT= $(GO) vet ./...
+	GOEXPERIMENT=simd $(GO) vet ./...
+	GOEXPERIMENT= $(GO) vet -tags purego ./...
 
 GOLANGCI := bin/golangci-lint
 
-lint-golangci: ## golangci-lint (pinned in tools/lint/go.mod, built into bin/) with and without GOEXPERIMENT=simd
+lint-golangci: ## golangci-lint (pinned in tools/lint/go.mod, built into bin/) in the default build, with GOEXPERIMENT=simd and with -tags purego
 	GOEXPERIMENT= $(GO) -C tools/lint build -o $(abspath $(GOLANGCI)) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
-	$(GOLANGCI) run ./...
 	GOEXPERIMENT= $(GOLANGCI) run ./...
+	GOEXPERIMENT=simd $(GOLANGCI) run ./...
+	GOEXPERIMENT= $(GOLANGCI) run --build-tags purego ./...
 
 lint-arch: ## The dependency rules of docs/architecture.md (internal/archtest)
 	$(GO) test -count=1 ./internal/archtest/
@@ -70,6 +73,13 @@ e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --o
 
 bench: build ## Run the engine benchmark (bin/rollout bench engine)
 	$(BIN) bench engine
+
+BENCH_KERNELS_FLAGS ?= --quick
+
+bench-kernels: ## bench engine (BENCH_KERNELS_FLAGS, default --quick) with the default build and the GOEXPERIMENT=simd build, in one run
+	GOEXPERIMENT= $(GO) build -ldflags '$(LDFLAGS)' -o bin/rollout-default ./cmd/rollout
+	GOEXPERIMENT=simd $(GO) build -ldflags '$(LDFLAGS)' -o bin/rollout-simd ./cmd/rollout
+	for b in default simd; do echo "== $$b build"; bin/rollout-$$b bench engine $(BENCH_KERNELS_FLAGS); echo; done
 
 demo: ## GRPO on an embedded 2-server fleet (examples/rl-loop): the reward rises within a minute
 	$(GO) build -o bin/rl-loop ./examples/rl-loop

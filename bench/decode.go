@@ -147,12 +147,16 @@ type EngineReport struct {
 	Kernel     string `json:"kernel"`
 	// KernelBuild is the kernel family built in (kernels.KernelBuild): "assembly",
 	// "archsimd, GOEXPERIMENT=simd", "portable, purego", …
-	KernelBuild      string             `json:"kernel_build"`
-	ReadBandwidthGBs float64            `json:"read_bandwidth_gb_per_s"`
-	Decode           []DecodeResult     `json:"decode"`
-	Concurrent       []ConcurrentResult `json:"concurrent,omitempty"`
-	Prefix           *PrefixResult      `json:"prefix_cache,omitempty"`
-	Pause            *PauseResult       `json:"pause_keep_clear_cache,omitempty"`
-	Updates          []UpdateResult     `json:"weight_update,omitempty"`
-	Idle             *IdleResult        `json:"idle,omitempty"`
+	KernelBuild      string  `json:"kernel_build"`
+	ReadBandwidthGBs float64 `json:"read_bandwidth_gb_per_s"`
+	// PeakGFLOPs is the register-only FMA throughput of the kernel in use on all workers
+	// (kernels.PeakFMA), the ceiling of MatMul and of the aggregate decode's MatMul share.
+	PeakGFLOPs float64            `json:"peak_gflop_per_s"`
+	MatMul     []MatMulResult     `json:"batched_matmul,omitempty"`
+	Decode     []DecodeResult     `json:"decode"`
+	Concurrent []ConcurrentResult `json:"concurrent,omitempty"`
+	Prefix     *PrefixResult      `json:"prefix_cache,omitempty"`
+	Pause      *PauseResult       `json:"pause_keep_clear_cache,omitempty"`
+	Updates    []UpdateResult     `json:"weight_update,omitempty"`
+	Idle       *IdleResult        `json:"idle,omitempty"`
 }

@@ -48,6 +48,11 @@ type ConcurrentResult struct {
 	TokensPerSec float64 `json:"tokens_per_s"`
 	// SpeedupVsBatch1 is TokensPerSec over the same run's concurrency-1 figure.
 	SpeedupVsBatch1 float64 `json:"speedup_vs_batch1"`
+	// MatMulGFLOPs is TokensPerSec × MatMulFlopsPerToken, and OfPeak that over
+	// EngineReport.PeakGFLOPs: how close the aggregate decode's matrix work is to the compute
+	// limit.
+	MatMulGFLOPs float64 `json:"matmul_gflop_per_s"`
+	OfPeak       float64 `json:"of_peak,omitempty"`
 }
 
 // Concurrent measures aggregate decode tokens/s with c concurrent greedy requests of tokens
@@ -76,7 +81,8 @@ func Concurrent(ctx context.Context, w *model.Weights, preset string, c, tokens,
 		}
 	}
 	el := time.Since(start).Seconds()
-	return ConcurrentResult{Preset: preset, Concurrency: c, Tokens: tokens, TokensPerSec: float64(c*tokens) / el}, nil
+	tps := float64(c*tokens) / el
+	return ConcurrentResult{Preset: preset, Concurrency: c, Tokens: tokens, TokensPerSec: tps, MatMulGFLOPs: tps * MatMulFlopsPerToken(w.Config) / 1e9}, nil
 }
 
 func generate(ctx context.Context, e *engine.Engine, id string, p []int, n int) (engine.Result, error) {

@@ -33,6 +33,7 @@ func newBenchEngineCmd() *cobra.Command {
 		bwBytes  int
 		workers  int
 		conc     []int
+		matmulN  int
 		concToks int
 		idleFor  time.Duration
 		quick    bool
@@ -49,6 +50,14 @@ func newBenchEngineCmd() *cobra.Command {
 			defer pool.Close()
 			rep := bench.EngineReport{GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
 			rep.ReadBandwidthGBs = kernels.StreamReadBandwidth(pool, bwBytes)
+			rep.PeakGFLOPs = kernels.PeakFMA(pool, peakPass)
+			for _, p := range presets {
+				mm, err := batchedMatMul(pool, p, matmulN, rep.PeakGFLOPs)
+				if err != nil {
+					return err
+				}
+				rep.MatMul = append(rep.MatMul, mm)
+			}
 			for _, p := range presets {
 				r, err := decodeFigures(cmd.Context(), pool, p, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
 				if err != nil {
@@ -67,7 +76,11 @@ func newBenchEngineCmd() *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(rep)
 			}
-			fmt.Fprintf(out, "kernels: %s (%s), %d workers, streaming read bandwidth %.1f GB/s\n\n", rep.Kernel, rep.KernelBuild, workers, rep.ReadBandwidthGBs)
+			fmt.Fprintf(out, "kernels: %s (%s), %d workers, streaming read bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s\n", rep.Kernel, rep.KernelBuild, workers, rep.ReadBandwidthGBs, rep.PeakGFLOPs)
+			for _, mm := range rep.MatMul {
+				fmt.Fprintf(out, "batched matmul %dx%d, n=%d: %.1f GFLOP/s = %.2f of peak\n", mm.Rows, mm.Cols, mm.N, mm.GFLOPs, mm.OfPeak)
+			}
+			fmt.Fprintln(out)
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "preset\tdecode tok/s\tllama2.c tok/s\tratio\tweights GB/s\tof bandwidth\tprefill tok/s")
 			for _, r := range rep.Decode {
@@ -96,6 +109,7 @@ func newBenchEngineCmd() *cobra.Command {
 	f.IntVar(&bwBytes, "bandwidth-bytes", 1<<30, "bytes streamed by the bandwidth probe")
 	f.IntVar(&workers, "workers", runtime.GOMAXPROCS(0), "kernel workers")
 	f.IntSliceVar(&conc, "concurrency", []int{1, 8, 32, 64}, "concurrent greedy requests for the aggregate decode figures")
+	f.IntVar(&matmulN, "matmul-batch", 64, "tokens of the batched matmul figure (each preset's FFN up-projection shape)")
 	f.IntVar(&concToks, "concurrent-tokens", 64, "tokens per request in the aggregate decode figures")
 	f.DurationVar(&idleFor, "idle", 5*time.Second, "how long to measure idle CPU")
 	f.BoolVar(&quick, "quick", false, "only batch-1 decode, prefill and bandwidth")
@@ -143,6 +157,19 @@ func decodeFigures(ctx context.Context, pool *kernels.Pool, preset string, token
 	return r, nil
 }
 
+// peakPass is the length of one pass of the FMA probe and of the batched matmul figure.
+const peakPass = 200 * time.Millisecond
+
+// batchedMatMul measures the batched MatMul at preset's FFN up-projection shape
+// (intermediate × hidden) on n tokens.
+func batchedMatMul(pool *kernels.Pool, preset string, n int, peak float64) (bench.MatMulResult, error) {
+	c, err := model.PresetConfig(preset)
+	if err != nil {
+		return bench.MatMulResult{}, err
+	}
+	return bench.MatMul(pool, c.IntermediateSize, c.HiddenSize, n, peakPass, peak)
+}
+
 // engineFigures adds the engine-level figures: aggregate decode at each concurrency, prefix
 // cache TTFT, pause latency and idle CPU.
 func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []string, conc []int, tokens, workers int, idle time.Duration) error {
@@ -162,6 +189,9 @@ func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []strin
 			}
 			if base > 0 {
 				r.SpeedupVsBatch1 = r.TokensPerSec / base
+			}
+			if rep.PeakGFLOPs > 0 {
+				r.OfPeak = r.MatMulGFLOPs / rep.PeakGFLOPs
 			}
 			rep.Concurrent = append(rep.Concurrent, r)
 		}
@@ -217,9 +247,9 @@ func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
 	if len(rep.Concurrent) > 0 {
 		fmt.Fprintln(out, "\naggregate greedy decode (engine, 8-token prompts)")
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "preset\tconcurrent\ttok/s\tvs batch 1")
+		fmt.Fprintln(tw, "preset\tconcurrent\ttok/s\tvs batch 1\tmatmul GFLOP/s\tof peak")
 		for _, r := range rep.Concurrent {
-			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2fx\n", r.Preset, r.Concurrency, r.TokensPerSec, r.SpeedupVsBatch1)
+			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2fx\t%.1f\t%.2f\n", r.Preset, r.Concurrency, r.TokensPerSec, r.SpeedupVsBatch1, r.MatMulGFLOPs, r.OfPeak)
 		}
 		_ = tw.Flush()
 	}

@@ -1,0 +1,64 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/model"
+)
+
+// MatMulResult is the batched MatMul's throughput at one shape, against the probed FMA peak.
+type MatMulResult struct {
+	Rows   int     `json:"rows"`
+	Cols   int     `json:"cols"`
+	N      int     `json:"n"`
+	GFLOPs float64 `json:"gflop_per_s"`
+	// OfPeak is GFLOPs over EngineReport.PeakGFLOPs.
+	OfPeak float64 `json:"of_peak"`
+}
+
+// MatMul measures kernels' batched MatMul of a random rows×cols matrix on n tokens through
+// pool, in GFLOP/s (2·rows·cols·n flops per call): the fastest of three passes of about d after
+// a warm-up pass.
+func MatMul(pool *kernels.Pool, rows, cols, n int, d time.Duration, peak float64) (MatMulResult, error) {
+	r := rand.New(rand.NewPCG(uint64(rows), uint64(cols)))
+	w := make([]float32, rows*cols)
+	for i := range w {
+		w[i] = float32(r.NormFloat64())
+	}
+	m, err := kernels.NewMatrix(w, rows, cols)
+	if err != nil {
+		return MatMulResult{}, fmt.Errorf("bench: matmul %dx%d: %w", rows, cols, err)
+	}
+	x, y := make([]float32, n*cols), make([]float32, n*rows)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	start := time.Now()
+	m.MatMul(pool, y, x, n)
+	calls := max(1, int(d/max(time.Since(start), time.Microsecond)))
+	best := time.Duration(1<<63 - 1)
+	for range 3 {
+		start := time.Now()
+		for range calls {
+			m.MatMul(pool, y, x, n)
+		}
+		best = min(best, time.Since(start))
+	}
+	res := MatMulResult{Rows: rows, Cols: cols, N: n, GFLOPs: 2 * float64(rows*cols*n*calls) / best.Seconds() / 1e9}
+	if peak > 0 {
+		res.OfPeak = res.GFLOPs / peak
+	}
+	return res, nil
+}
+
+// MatMulFlopsPerToken is the MatMul flops of one decoded token of c: every layer's QKV,
+// output, gate, up and down projections and the classifier (attention and the vector kernels
+// are not counted).
+func MatMulFlopsPerToken(c model.Config) float64 {
+	h, f, kv := float64(c.HiddenSize), float64(c.IntermediateSize), float64(c.KVDim())
+	perLayer := h*(h+2*kv) + h*h + 3*h*f
+	return 2 * (float64(c.NumHiddenLayers)*perLayer + float64(c.VocabSize)*h)
+}
