@@ -272,9 +272,15 @@ func addTo[F float](dst, a, b []F) {
 }
 
 // rmsNorm is the engine's RMSNorm: the mean square in float64, the scale rounded to F. It
-// returns the scale.
+// returns the scale. In float32 it is kernels.RMSNorm itself (eps is float64(float32(eps))
+// there, as in the engine), so the trainer's forward is bit-identical to the engine's.
 func rmsNorm[F float](dst, x, g []F, eps float64) F {
 	kernels.ClearUpper()
+	if x32, ok := any(x).([]float32); ok {
+		inv := kernels.RMSNorm(any(dst).([]float32), x32, any(g).([]float32), float32(eps))
+		kernels.ClearUpper()
+		return F(inv)
+	}
 	var ss float64
 	for _, v := range x {
 		ss += float64(v) * float64(v)
@@ -292,16 +298,17 @@ func rmsNormRows[F float](dst, inv, x, g []F, n, h int, eps float64) {
 	}
 }
 
-// swiglu writes a = silu(g)·u exactly as the engine does (e^-|x| from the vector exponential).
+// swiglu writes a = silu(g)·u exactly as the engine does: kernels.SwiGLU in float32, the same
+// formula with math.Exp in float64.
 func swiglu[F float](a, g, u []F) {
 	kernels.ClearUpper()
-	for i, x := range g {
-		a[i] = -F(math.Abs(float64(x)))
+	if a32, ok := any(a).([]float32); ok {
+		kernels.SwiGLU(a32, any(g).([]float32), any(u).([]float32))
+		kernels.ClearUpper()
+		return
 	}
-	expShifted(a, a, 0)
-	kernels.ClearUpper()
 	for i, x := range g {
-		e := a[i]
+		e := F(math.Exp(-math.Abs(float64(x))))
 		if x >= 0 {
 			a[i] = x / (1 + e) * u[i]
 		} else {

@@ -5,13 +5,13 @@ import "fmt"
 // The attention kernels work on one (token, head) and one block of cached positions at a time:
 // rows s = 0..n-1 of a block live at k[s*stride+off:][:len(q)] (likewise v), which is how a
 // paged KV block stores a head (stride = kv_dim, off = kv_head*head_dim). Results depend only on
-// q, the rows and n, never on how many tokens or heads a step processes. The SIMD paths
-// vectorise over the head dimension (AVX-512 when it is a multiple of 16, AVX2 for multiples of
-// 8; other widths use the portable loops).
+// q, the rows and n, never on how many tokens or heads a step processes, nor on the kernel
+// path: every path computes the canonical order of the package doc, bit for bit.
 
 // AttnScores writes scores[s] = scale · Σ_i q[i]·k[s*stride+off+i] for s < n. Each score is
-// reduced in one fixed order (per-lane FMA chains over the head, then a fixed lane tree), the
-// same for every s and every n.
+// reduced in the canonical order: element i goes into FMA chain i mod 16 (in increasing i,
+// from zero), the 16 chains are added in the canonical tree, and the sum is multiplied by
+// scale; the same for every s and every n.
 func AttnScores(scores, q, k []float32, stride, off, n int, scale float32) {
 	if n <= 0 {
 		return
@@ -21,8 +21,8 @@ func AttnScores(scores, q, k []float32, stride, off, n int, scale float32) {
 }
 
 // AttnAccum adds Σ_s p[s]·v[s*stride+off+i] over s < n to out[i], for i < len(out) (the head
-// width). The order is fixed by n: the SIMD paths keep four partial sums (slots s mod 4, each
-// in slot order) and add them to out as ((a0+a1)+(a2+a3)).
+// width). The order is canonical: per element, four FMA chains a0..a3 (slot s into chain
+// s mod 4, in slot order, from zero), then out[i] + ((a0+a1)+(a2+a3)).
 func AttnAccum(out, p, v []float32, stride, off, n int) {
 	if n <= 0 {
 		return
@@ -49,31 +49,42 @@ func attnScoresGeneric(scores, q, k []float32, stride, off, n int, scale float32
 	}
 }
 
-// dotGeneric uses four accumulators in a fixed pattern: the order depends only on len(a).
+// dotGeneric is the canonical dot product: 16 FMA chains (element i into chain i mod 16)
+// folded by fold16.
 func dotGeneric(a, b []float32) float32 {
 	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
+	var acc [16]float32
 	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
+	for ; i+16 <= len(a); i += 16 {
+		x, y := (*[16]float32)(a[i:]), (*[16]float32)(b[i:])
+		for j := range acc {
+			acc[j] = fma32(x[j], y[j], acc[j])
+		}
 	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
+	for j := range a[i:] {
+		acc[j] = fma32(a[i+j], b[i+j], acc[j])
 	}
-	return (s0 + s1) + (s2 + s3)
+	return fold16(&acc)
 }
 
-// attnAccumGeneric is AttnAccum in portable Go: one axpy per slot, in slot order.
+// attnAccumGeneric is AttnAccum in portable Go, 16 output elements at a time so that the four
+// chains of each element stay in registers or L1.
 func attnAccumGeneric(out, p, v []float32, stride, off, n int) {
 	hd := len(out)
-	for s := range n {
-		ps := p[s]
-		row := v[s*stride+off : s*stride+off+hd]
-		for i := range out {
-			out[i] += ps * row[i]
+	p = p[:n]
+	for i0 := 0; i0 < hd; i0 += 16 {
+		w := min(16, hd-i0)
+		var acc [4][16]float32
+		for s, ps := range p {
+			row := v[s*stride+off+i0 : s*stride+off+i0+w]
+			a := &acc[s&3]
+			for j, x := range row {
+				a[j] = fma32(ps, x, a[j])
+			}
+		}
+		o := out[i0 : i0+w]
+		for j := range o {
+			o[j] += (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j])
 		}
 	}
 }

@@ -10,22 +10,23 @@ import (
 // finite while such a value still takes all the mass.
 
 // MaxF32 returns the largest element of x with NaN read as -Inf and +Inf as math.MaxFloat32;
-// it is -Inf when x is empty or holds only NaN and -Inf. The maximum is exact, so every
-// implementation returns the same bits.
+// it is -Inf when x is empty or holds only NaN and -Inf, and +0 when the maximum is a zero of
+// either sign. The maximum is exact, so every implementation returns the same bits.
 func MaxF32(x []float32) float32 { return maxF32(x) }
 
 // SumExpShifted returns Σ exp(x_i − shift) over the elements of x that are neither NaN nor
-// -Inf, each argument clamped to [-87, 0] as ExpNeg clamps it (a term 87 below the shift weighs
-// under 2e-38 and cannot move a sum that includes the maximum). shift is meant to be MaxF32(x):
-// elements above it count as exp(0) = 1, and +Inf counts as 1. The SIMD paths evaluate the
-// exponential in float32 (relative error below 2.5e-7 per term, plus the rounding of the
-// float32 difference x_i − shift) and add the terms in float64; the portable path is
-// ExpNeg's float64 loop. The summation order depends only on len(x), so the result does too.
-func SumExpShifted(x []float32, shift float32) float64 { return expShifted(nil, x, shift) }
+// -Inf, each term the canonical float32 exponential of the package doc (argument x_i − shift
+// clamped to [-87, 0], relative error below 2.5e-7, plus the rounding of the float32
+// difference) and the terms added in float64 in the canonical 16-lane order. shift is meant to
+// be MaxF32(x): elements above it count as exp(0) = 1, and +Inf counts as 1; a NaN shift is
+// read as -Inf and +Inf as MaxFloat32, like the elements. The result depends only on x and
+// shift, bit for bit, on every kernel path.
+func SumExpShifted(x []float32, shift float32) float64 { return expShifted(nil, x, cleanF32(shift)) }
 
 // ExpShifted writes dst[i] = exp(x_i − shift) with SumExpShifted's clamping and special values
-// (0 for NaN and -Inf) and returns the float64 sum of the float32 values written. dst may be x
-// (in place); it must be at least as long as x.
+// (0 for NaN and -Inf) and returns the float64 sum of the float32 values written, in
+// SumExpShifted's order (so it equals SumExpShifted(x, shift)). dst may be x (in place); it
+// must be at least as long as x.
 func ExpShifted(dst, x []float32, shift float32) float64 {
 	if len(dst) < len(x) {
 		panic(fmt.Sprintf("kernels: ExpShifted: len(dst)=%d < len(x)=%d", len(dst), len(x)))
@@ -33,7 +34,7 @@ func ExpShifted(dst, x []float32, shift float32) float64 {
 	if len(x) == 0 {
 		return 0
 	}
-	return expShifted(dst[:len(x)], x, shift)
+	return expShifted(dst[:len(x)], x, cleanF32(shift))
 }
 
 // cleanF32 maps NaN to -Inf and +Inf to MaxFloat32, the sampler's convention.
@@ -44,7 +45,8 @@ func cleanF32(x float32) float32 {
 	return min(x, math.MaxFloat32)
 }
 
-// maxF32Generic is MaxF32 in portable Go.
+// maxF32Generic is MaxF32 in portable Go. A zero maximum is returned as +0 so that the result
+// does not depend on which of -0 and +0 a vector lane met first.
 func maxF32Generic(x []float32) float32 {
 	m := float32(math.Inf(-1))
 	for _, v := range x {
@@ -52,33 +54,85 @@ func maxF32Generic(x []float32) float32 {
 			m = v
 		}
 	}
+	if m == 0 {
+		return 0
+	}
 	return min(m, math.MaxFloat32)
 }
 
+// The canonical float32 exponential (see the package doc): d = k·ln2 + r with
+// k = roundeven(d·log2 e) and |r| <= ln2/2 (ln2 split in two so that k·ln2 is exact to float32
+// precision), then Cephes' expf polynomial e^r ≈ 1 + r + r²·P(r) (about 1 ulp) by Horner's rule
+// in fused multiply-adds, and an exact scale by 2^k. d is clamped to [-87, 0], so k is in
+// [-126, 0] and the result is a normal float32 (k = -126 only when r > 0.3).
+const (
+	expLo   = -87
+	expLn2H = 0.693359375
+	expLn2L = -2.12194440e-4
+	expP0   = 1.9875691500e-4
+	expP1   = 1.3981999507e-3
+	expP2   = 8.3334519073e-3
+	expP3   = 4.1665795894e-2
+	expP4   = 1.6666665459e-1
+	expP5   = 5.0000001201e-1
+)
+
+// exp32 is the canonical exponential of d, which the caller has clamped to [-87, 0]. Every
+// operation is one float32 rounding (fma32 for the fused ones; the explicit conversions keep
+// the compiler from fusing anything else), which is what each vector lane does.
+func exp32(d float32) float32 {
+	k := float32(math.RoundToEven(float64(float32(d * float32(math.Log2E)))))
+	r := fma32(k, -expLn2H, d)
+	r = fma32(k, -expLn2L, r)
+	p := fma32(expP0, r, expP1)
+	p = fma32(p, r, expP2)
+	p = fma32(p, r, expP3)
+	p = fma32(p, r, expP4)
+	p = fma32(p, r, expP5)
+	e := fma32(p, float32(r*r), float32(r+1))
+	return float32(e * math.Float32frombits(uint32(int32(k)+127)<<23))
+}
+
+// expTerm is one canonical term of ExpShifted: 0 for NaN and -Inf, else exp32 of the clamped
+// difference. shift is clean (never NaN or +Inf), so v - shift is never NaN.
+func expTerm(v, shift float32) float32 {
+	if !(v >= -math.MaxFloat32) { // NaN and -Inf
+		return 0
+	}
+	return exp32(min(max(float32(v-shift), expLo), 0))
+}
+
+// fold16 adds 16 partial sums in the canonical tree: lanes j and j+8, then j and j+4, then j
+// and j+2, then 0 and 1. It is what folding one AVX-512 vector in halves does, and what the
+// narrower vector sets reproduce.
+func fold16[F float32 | float64](a *[16]F) F {
+	var b [8]F
+	for j := range b {
+		b[j] = a[j] + a[j+8]
+	}
+	for j := range 4 {
+		b[j] += b[j+4]
+	}
+	return (b[0] + b[2]) + (b[1] + b[3])
+}
+
 // expShiftedGeneric is ExpShifted (dst != nil) or SumExpShifted (dst == nil) in portable Go:
-// the float64 difference and ExpNeg, summed left to right (the float64 terms for
-// SumExpShifted, the stored float32 ones for ExpShifted).
+// element i goes to partial sum i mod 16, and fold16 adds the partials.
 func expShiftedGeneric(dst, x []float32, shift float32) float64 {
-	m := float64(shift)
-	ninf := float32(math.Inf(-1))
-	sum := 0.0
+	var acc [16]float64
 	if dst == nil {
-		for _, v := range x {
-			if v = cleanF32(v); v != ninf {
-				sum += ExpNeg(min(float64(v)-m, 0))
-			}
+		for i, v := range x {
+			acc[i&15] += float64(expTerm(v, shift))
 		}
-		return sum
+		return fold16(&acc)
 	}
+	dst = dst[:len(x)]
 	for i, v := range x {
-		e := float32(0)
-		if v = cleanF32(v); v != ninf {
-			e = float32(ExpNeg(min(float64(v)-m, 0)))
-		}
+		e := expTerm(v, shift)
 		dst[i] = e
-		sum += float64(e)
+		acc[i&15] += float64(e)
 	}
-	return sum
+	return fold16(&acc)
 }
 
 // FirstAtLeast returns the lowest index i with x[i] >= v, or -1 if there is none (NaN is never

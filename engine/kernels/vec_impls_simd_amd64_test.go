@@ -16,7 +16,10 @@ func vecImpls() []vecImpl {
 			scores: func(sc, q, k []float32, stride, off, n int, scale float32) {
 				attnScoresISA(isa, sc, q, k, stride, off, n, scale)
 			},
-			accum: func(out, p, v []float32, stride, off, n int) { attnAccumISA(isa, out, p, v, stride, off, n) },
+			accum:  func(out, p, v []float32, stride, off, n int) { attnAccumISA(isa, out, p, v, stride, off, n) },
+			sumSq:  func(x []float32) float64 { return sumSquaresISA(isa, x) },
+			scale:  func(dst, x, g []float32, s float32) { scaleMulISA(isa, dst, x, g, s) },
+			swiglu: func(a, g, u []float32) { swigluISA(isa, a, g, u) },
 		})
 	}
 	if vecActive >= isaAVX2 {

@@ -106,52 +106,32 @@ func max256(p unsafe.Pointer, blocks int, out *[8]float32) {
 	archsimd.ClearAVXUpperBits()
 }
 
-// The float32 exponential of the SIMD kernels: d = k·ln2 + r with k = round(d·log2 e) and
-// |r| <= ln2/2 (ln2 split in two so that k·ln2 is exact to float32 precision), then Cephes'
-// expf polynomial e^r ≈ 1 + r + r²·P(r) (about 1 ulp) and a scale by 2^k. d is clamped to
-// [-87, 0], so k is in [-126, 0] and the result is a normal float32.
-const (
-	expLo   = -87
-	expLn2H = 0.693359375
-	expLn2L = -2.12194440e-4
-	expP0   = 1.9875691500e-4
-	expP1   = 1.3981999507e-3
-	expP2   = 8.3334519073e-3
-	expP3   = 4.1665795894e-2
-	expP4   = 1.6666665459e-1
-	expP5   = 5.0000001201e-1
-)
-
-// expShiftedISA is ExpShifted (dst != nil) or SumExpShifted (dst == nil) on isa. A tail
-// shorter than a vector is padded with -Inf (which contributes exactly 0) and goes through the
-// same kernel, so every element gets the same exponential wherever it sits.
+// expShiftedISA is ExpShifted (dst != nil) or SumExpShifted (dst == nil) on isa, in the
+// canonical order: the kernels take 16 elements per step (one AVX-512 vector, two AVX2 ones)
+// into 16 float64 partial sums, which fold16 adds. A tail shorter than 16 is padded with -Inf
+// (which contributes exactly 0) and goes through the same kernel, so every element gets the
+// same exponential and the same partial sum wherever it sits.
 func expShiftedISA(isa vecISA, dst, x []float32, shift float32) float64 {
-	var lanes int
-	switch isa {
-	case isaAVX512:
-		lanes = 16
-	case isaAVX2:
-		lanes = 8
-	default:
+	if isa == isaGeneric {
 		return expShiftedGeneric(dst, x, shift)
 	}
-	blocks := len(x) / lanes
-	run := func(src, d unsafe.Pointer, blocks int, out *[8]float64) {
+	run := func(src, d unsafe.Pointer, blocks int, acc *[16]float64) {
 		if isa == isaAVX512 {
-			exp512(src, d, blocks, shift, out)
+			exp512(src, d, blocks, shift, acc)
 		} else {
-			exp256(src, d, blocks, shift, out)
+			exp256(src, d, blocks, shift, acc)
 		}
 	}
-	var sums, tailSums [8]float64
+	blocks := len(x) / 16
+	var acc [16]float64
 	var dp unsafe.Pointer
 	if dst != nil {
 		dp = unsafe.Pointer(unsafe.SliceData(dst))
 	}
 	if blocks > 0 {
-		run(unsafe.Pointer(unsafe.SliceData(x)), dp, blocks, &sums)
+		run(unsafe.Pointer(unsafe.SliceData(x)), dp, blocks, &acc)
 	}
-	if rest := x[blocks*lanes:]; len(rest) > 0 {
+	if rest := x[blocks*16:]; len(rest) > 0 {
 		var buf [16]float32
 		for i := range buf {
 			buf[i] = float32(math.Inf(-1))
@@ -159,33 +139,27 @@ func expShiftedISA(isa vecISA, dst, x []float32, shift float32) float64 {
 		copy(buf[:], rest)
 		bp := unsafe.Pointer(&buf)
 		if dst == nil {
-			run(bp, nil, 1, &tailSums)
+			run(bp, nil, 1, &acc)
 		} else {
-			run(bp, bp, 1, &tailSums)
-			copy(dst[blocks*lanes:len(x)], buf[:len(rest)])
+			run(bp, bp, 1, &acc)
+			copy(dst[blocks*16:len(x)], buf[:len(rest)])
 		}
 	}
-	s := 0.0
-	for i := range sums {
-		s += sums[i]
-	}
-	for i := range tailSums {
-		s += tailSums[i]
-	}
-	return s
+	return fold16(&acc)
 }
 
-// exp512 computes e_i = exp(clamp(x_i - shift)) (0 for NaN and -Inf) for blocks×16 floats at
-// x, stores them at dst unless it is nil, and adds them in float64 into two 8-lane sums
-// (lower and upper halves of each vector), written to out.
-func exp512(x, dst unsafe.Pointer, blocks int, shift float32, out *[8]float64) {
+// exp512 computes e_i = exp32(clamp(x_i - shift)) (0 for NaN and -Inf) for blocks×16 floats
+// at x, stores them at dst unless it is nil, and adds lane j into the float64 partial sum
+// acc[j] (lanes 0-7 and 8-15 in two float64 vectors).
+func exp512(x, dst unsafe.Pointer, blocks int, shift float32, acc *[16]float64) {
 	bc := archsimd.BroadcastFloat32x16
 	sh := bc(shift)
 	var zero archsimd.Float32x16 // not bc(0): that is a legacy-SSE XORPS after AVX-512 code
 	lo, negMax := bc(expLo), bc(-math.MaxFloat32)
 	log2e, ln2h, ln2l := bc(math.Log2E), bc(-expLn2H), bc(-expLn2L)
 	p0, p1, p2, p3, p4, p5, one := bc(expP0), bc(expP1), bc(expP2), bc(expP3), bc(expP4), bc(expP5), bc(1)
-	var s0, s1 archsimd.Float64x8
+	s0 := archsimd.LoadFloat64x8((*[8]float64)(acc[:8]))
+	s1 := archsimd.LoadFloat64x8((*[8]float64)(acc[8:]))
 	for i := range blocks {
 		v := archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(x, i*64)))
 		valid := v.GreaterEqual(negMax) // false for NaN and -Inf
@@ -205,13 +179,14 @@ func exp512(x, dst unsafe.Pointer, blocks int, shift float32, out *[8]float64) {
 		s0 = s0.Add(e.GetLo().ConvertToFloat64())
 		s1 = s1.Add(e.GetHi().ConvertToFloat64())
 	}
-	s0.Add(s1).Store(out)
+	s0.Store((*[8]float64)(acc[:8]))
+	s1.Store((*[8]float64)(acc[8:]))
 	archsimd.ClearAVXUpperBits()
 }
 
-// exp256 is exp512 with AVX2 vectors: 2^k is built in the exponent field, and the sums are
-// two 4-lane vectors written to out[0:4].
-func exp256(x, dst unsafe.Pointer, blocks int, shift float32, out *[8]float64) {
+// exp256 is exp512 with AVX2 vectors, two per 16-element step: 2^k is built in the exponent
+// field, and the partial sums are four 4-lane float64 vectors.
+func exp256(x, dst unsafe.Pointer, blocks int, shift float32, acc *[16]float64) {
 	bc := archsimd.BroadcastFloat32x8
 	sh := bc(shift)
 	var zero archsimd.Float32x8
@@ -219,9 +194,7 @@ func exp256(x, dst unsafe.Pointer, blocks int, shift float32, out *[8]float64) {
 	log2e, ln2h, ln2l := bc(math.Log2E), bc(-expLn2H), bc(-expLn2L)
 	p0, p1, p2, p3, p4, p5, one := bc(expP0), bc(expP1), bc(expP2), bc(expP3), bc(expP4), bc(expP5), bc(1)
 	bias := archsimd.BroadcastInt32x8(127)
-	var s0, s1 archsimd.Float64x4
-	for i := range blocks {
-		v := archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(x, i*32)))
+	ex := func(v archsimd.Float32x8) archsimd.Float32x8 {
 		valid := v.GreaterEqual(negMax)
 		d := v.Sub(sh).Max(lo).Min(zero)
 		k := d.Mul(log2e).RoundToEven()
@@ -233,14 +206,27 @@ func exp256(x, dst unsafe.Pointer, blocks int, shift float32, out *[8]float64) {
 		p = p.MulAdd(r, p4)
 		p = p.MulAdd(r, p5)
 		scale := k.ConvertToInt32().Add(bias).ShiftAllLeft(23).AsFloat32x8()
-		e := p.MulAdd(r.Mul(r), r.Add(one)).Mul(scale).Masked(valid)
-		if dst != nil {
-			e.Store((*[8]float32)(unsafe.Add(dst, i*32)))
-		}
-		s0 = s0.Add(e.GetLo().ConvertToFloat64())
-		s1 = s1.Add(e.GetHi().ConvertToFloat64())
+		return p.MulAdd(r.Mul(r), r.Add(one)).Mul(scale).Masked(valid)
 	}
-	s0.Add(s1).Store((*[4]float64)(out[:4]))
+	ld := func(i int) *[4]float64 { return (*[4]float64)(acc[i*4:]) }
+	s0, s1 := archsimd.LoadFloat64x4(ld(0)), archsimd.LoadFloat64x4(ld(1))
+	s2, s3 := archsimd.LoadFloat64x4(ld(2)), archsimd.LoadFloat64x4(ld(3))
+	for i := range blocks {
+		e0 := ex(archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(x, i*64))))
+		e1 := ex(archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(x, i*64+32))))
+		if dst != nil {
+			e0.Store((*[8]float32)(unsafe.Add(dst, i*64)))
+			e1.Store((*[8]float32)(unsafe.Add(dst, i*64+32)))
+		}
+		s0 = s0.Add(e0.GetLo().ConvertToFloat64())
+		s1 = s1.Add(e0.GetHi().ConvertToFloat64())
+		s2 = s2.Add(e1.GetLo().ConvertToFloat64())
+		s3 = s3.Add(e1.GetHi().ConvertToFloat64())
+	}
+	s0.Store(ld(0))
+	s1.Store(ld(1))
+	s2.Store(ld(2))
+	s3.Store(ld(3))
 	archsimd.ClearAVXUpperBits()
 }
 
@@ -293,3 +279,19 @@ func firstGE256(p unsafe.Pointer, blocks int, v float32) int {
 	archsimd.ClearAVXUpperBits()
 	return i
 }
+
+func sumSquares(x []float32) float64 { return sumSquaresISA(vecActive, x) }
+
+func scaleMul(dst, x, g []float32, s float32) { scaleMulISA(vecActive, dst, x, g, s) }
+
+func swiglu(a, g, u []float32) { swigluISA(vecActive, a, g, u) }
+
+// sumSquaresISA is the RMSNorm sum of squares on isa (the portable loop in this build; the
+// default amd64 build has it in assembly).
+func sumSquaresISA(_ vecISA, x []float32) float64 { return sumSquaresGeneric(x) }
+
+// scaleMulISA is the RMSNorm scaling on isa (portable in this build, as sumSquaresISA).
+func scaleMulISA(_ vecISA, dst, x, g []float32, s float32) { scaleMulGeneric(dst, x, g, s) }
+
+// swigluISA is SwiGLU on isa (portable in this build, as sumSquaresISA).
+func swigluISA(_ vecISA, a, g, u []float32) { swigluGeneric(a, g, u) }

@@ -333,35 +333,18 @@ func addInto(y, x []float32) {
 	}
 }
 
-// swiglu writes a = silu(g)·u with silu(x) = x·sigmoid(x), using e^-|x| from the vector exp
-// kernel for both signs (a scalar exp per activation was a quarter of a batched decode step).
+// swiglu writes a = silu(g)·u: kernels.SwiGLU, after the scalar code before it (see
+// kernels.ClearUpper).
 func swiglu(a, g, u []float32) {
 	kernels.ClearUpper()
-	for i, x := range g {
-		a[i] = -float32(math.Abs(float64(x)))
-	}
-	kernels.ExpShifted(a, a, 0)
+	kernels.SwiGLU(a, g, u)
 	kernels.ClearUpper()
-	for i, x := range g {
-		e := a[i]
-		if x >= 0 {
-			a[i] = x / (1 + e) * u[i]
-		} else {
-			a[i] = x * e / (1 + e) * u[i]
-		}
-	}
 }
 
 func rmsNorm(dst, x, g []float32, eps float32) {
 	kernels.ClearUpper()
-	var ss float64
-	for _, v := range x {
-		ss += float64(v) * float64(v)
-	}
-	inv := float32(1 / math.Sqrt(ss/float64(len(x))+float64(eps)))
-	for i, v := range x {
-		dst[i] = v * inv * g[i]
-	}
+	kernels.RMSNorm(dst, x, g, eps)
+	kernels.ClearUpper()
 }
 
 func rmsNormRows(dst, x, g []float32, n, h int, eps float32) {
