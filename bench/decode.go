@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/kvcache"
 	"github.com/rolloutkit/rollout/engine/model"
@@ -78,7 +79,7 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, tokens, pref
 	c := m.Config
 	tokens = min(tokens, c.MaxPositionEmbeddings)
 	prefill = min(prefill, c.MaxPositionEmbeddings)
-	const bs = 16
+	const bs = engine.DefaultBlockSize
 	blocks := (c.MaxPositionEmbeddings+bs-1)/bs + 1
 	kv, err := kvcache.NewStorage(m.KVLayout(blocks, bs))
 	if err != nil {
@@ -142,8 +143,11 @@ func argmax(x []float32) int {
 
 // EngineReport is what `rollout bench engine` prints.
 type EngineReport struct {
-	GOMAXPROCS       int                `json:"gomaxprocs"`
-	Kernel           string             `json:"kernel"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	Kernel     string `json:"kernel"`
+	// KernelBuild is the kernel family built in (kernels.KernelBuild): "assembly",
+	// "archsimd, GOEXPERIMENT=simd", "portable, purego", …
+	KernelBuild      string             `json:"kernel_build"`
 	ReadBandwidthGBs float64            `json:"read_bandwidth_gb_per_s"`
 	Decode           []DecodeResult     `json:"decode"`
 	Concurrent       []ConcurrentResult `json:"concurrent,omitempty"`

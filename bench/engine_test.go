@@ -40,7 +40,7 @@ func TestEngineFigures(t *testing.T) {
 
 func TestWeightUpdateFigures(t *testing.T) {
 	for _, d := range []weights.DType{weights.F32, weights.BF16} {
-		r, err := WeightUpdate(context.Background(), "tiny", 4, 2, d, t.TempDir())
+		r, err := WeightUpdate(context.Background(), "tiny", 4, 2, 2, d, t.TempDir())
 		require.NoError(t, err, d)
 		assert.Equal(t, int64(3), r.Version, "two updates")
 		assert.True(t, r.NewVersionTokens, "every running request continues on the new version")
@@ -48,6 +48,8 @@ func TestWeightUpdateFigures(t *testing.T) {
 		assert.Positive(t, r.LoadGBs)
 		assert.Positive(t, r.ReadGBs)
 		assert.Positive(t, r.SHA256GBs)
+		require.Len(t, r.Rounds, 2)
+		assert.Equal(t, r.Rounds[0].StageMs, r.FirstStageMs)
 		assert.LessOrEqual(t, r.CutSteps, int64(2), "the cut (pause keep, commit, resume) waits for one step boundary")
 	}
 }

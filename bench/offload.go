@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/rolloutkit/rollout/engine"
@@ -22,28 +24,60 @@ type OffloadReport struct {
 }
 
 // OffloadBandwidthResult compares the worker's store and load copies (generation checks and
-// CRC-32C included) with a plain copy() of the same bytes, in the same run.
+// CRC-32C included) with a plain copy() of the same bytes on one goroutine and with the
+// machine's multi-threaded copy bandwidth (CopyThreads goroutines copying disjoint parts of
+// the same number of bytes), in the same run.
 type OffloadBandwidthResult struct {
 	Shape          string  `json:"shape"`
 	BlockBytes     int     `json:"block_bytes"`
 	Blocks         int     `json:"blocks"`
 	ChunksPerJob   int     `json:"chunks_per_job"`
+	CopyThreads    int     `json:"copy_threads"`
 	StoreGBs       float64 `json:"store_gb_per_s"`
 	LoadGBs        float64 `json:"load_gb_per_s"`
 	PlainCopyGBs   float64 `json:"plain_copy_gb_per_s"`
+	ParallelGBs    float64 `json:"parallel_copy_gb_per_s"`
 	StoreRatio     float64 `json:"store_vs_copy"`
 	LoadRatio      float64 `json:"load_vs_copy"`
+	StoreShare     float64 `json:"store_vs_parallel_copy"`
+	LoadShare      float64 `json:"load_vs_parallel_copy"`
 	Violations     int64   `json:"safety_violations"`
 	StoredVerified bool    `json:"loaded_bytes_identical"`
 }
 
-// stories15mKV is the KV layout of one stories15m block of 16 tokens.
+// parallelCopy copies src into dst (equal lengths) on threads goroutines, each a contiguous
+// part, and returns the time from their start to the last one's end: the machine's
+// multi-threaded memcpy bandwidth, the ceiling for a split offload copy.
+func parallelCopy(dst, src []float32, threads int) time.Duration {
+	var ready, done sync.WaitGroup
+	start := make(chan struct{})
+	part := (len(src) + threads - 1) / threads
+	for i := range threads {
+		lo, hi := min(i*part, len(src)), min((i+1)*part, len(src))
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			ready.Done()
+			<-start
+			copy(dst[lo:hi], src[lo:hi])
+		}()
+	}
+	ready.Wait()
+	t0 := time.Now()
+	close(start)
+	done.Wait()
+	return time.Since(t0)
+}
+
+// stories15mKV is the KV layout of blocks stories15m blocks (plus the null block) of the
+// engine's default block size.
 func stories15mKV(blocks int) (kvcache.Layout, error) {
 	cfg, err := model.PresetConfig("stories15m")
 	if err != nil {
 		return kvcache.Layout{}, err
 	}
-	return kvcache.Layout{NumLayers: cfg.NumHiddenLayers, NumBlocks: blocks + 1, BlockSize: 16, KVDim: cfg.KVDim()}, nil
+	return cfg.KVLayout(blocks+1, engine.DefaultBlockSize), nil
 }
 
 type offloadRig struct {
@@ -74,7 +108,8 @@ func newOffloadRig(l kvcache.Layout, delay time.Duration) (*offloadRig, error) {
 
 // OffloadBandwidth stores blocks pool blocks of stories15m's KV shape into CPU slots and loads
 // them back through the worker side, in jobs of chunksPerJob chunks, and times a plain copy()
-// of the same bytes; each figure is the best of rounds.
+// of the same bytes and the same copy split across GOMAXPROCS goroutines; each figure is the
+// best of rounds.
 func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (OffloadBandwidthResult, error) {
 	l, err := stories15mKV(blocks)
 	if err != nil {
@@ -84,7 +119,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 	if err != nil {
 		return OffloadBandwidthResult{}, err
 	}
-	w := rig.conn.Worker()
+	_, w := rig.conn.TypedSides()
 	defer func() { _ = w.WaitIdle(context.Background()) }()
 	ids, ok := rig.pool.AllocateSlots("bench", blocks*l.BlockSize, nil)
 	if !ok {
@@ -117,7 +152,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 	bytes := float64(blocks * l.BlockBytes())
 	runStep := func(p *offload.Payload, flush []int64) (time.Duration, error) {
 		start := time.Now()
-		w.BindMetadata(kvconnector.Metadata{FlushJobIDs: flush, Payload: p})
+		w.BindMetadata(kvconnector.TypedMetadata[*offload.Payload]{FlushJobIDs: flush, Payload: p})
 		defer w.ClearMetadata()
 		if err := w.HandlePreemptions(ctx); err != nil {
 			return 0, err
@@ -130,7 +165,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 		}
 		el := time.Since(start)
 		_, _ = w.GetFinished(nil)
-		if wm, _ := w.BuildWorkerMeta().(*offload.WorkerMeta); wm != nil {
+		if wm := w.BuildWorkerMeta(); wm != nil {
 			for id, ok := range wm.Completed {
 				if !ok {
 					return 0, fmt.Errorf("bench: transfer %d failed", id)
@@ -139,8 +174,10 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 		}
 		return el, nil
 	}
-	res := OffloadBandwidthResult{Shape: "stories15m (6 layers, kv dim 288, 16-token blocks)", BlockBytes: l.BlockBytes(), Blocks: blocks, ChunksPerJob: chunksPerJob}
+	res := OffloadBandwidthResult{Shape: "stories15m (6 layers, kv dim 288, 16-token blocks)", BlockBytes: l.BlockBytes(), Blocks: blocks,
+		ChunksPerJob: chunksPerJob, CopyThreads: runtime.GOMAXPROCS(0)}
 	plain := make([]float32, len(orig))
+	par := make([]float32, len(orig))
 	for range rounds {
 		st := jobs(true)
 		var flush []int64
@@ -163,9 +200,11 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 			copy(plain[i*l.BlockFloats():(i+1)*l.BlockFloats()], rig.storage.Block(b))
 		}
 		dp := time.Since(start)
+		dm := parallelCopy(par, orig, res.CopyThreads)
 		res.StoreGBs = max(res.StoreGBs, bytes/ds.Seconds()/1e9)
 		res.LoadGBs = max(res.LoadGBs, bytes/dl.Seconds()/1e9)
 		res.PlainCopyGBs = max(res.PlainCopyGBs, bytes/dp.Seconds()/1e9)
+		res.ParallelGBs = max(res.ParallelGBs, bytes/dm.Seconds()/1e9)
 	}
 	res.StoredVerified = true
 	for i, b := range ids {
@@ -177,6 +216,7 @@ func OffloadBandwidth(ctx context.Context, blocks, chunksPerJob, rounds int) (Of
 		}
 	}
 	res.StoreRatio, res.LoadRatio = res.StoreGBs/res.PlainCopyGBs, res.LoadGBs/res.PlainCopyGBs
+	res.StoreShare, res.LoadShare = res.StoreGBs/res.ParallelGBs, res.LoadGBs/res.ParallelGBs
 	res.Violations = rig.conn.Violations()
 	return res, nil
 }
@@ -197,9 +237,9 @@ type OffloadTTFTResult struct {
 // CPU tier, drops the engine's prefix cache only, and runs the same prompt again (CPU load).
 // The model needs a context longer than promptLen.
 func OffloadTTFT(ctx context.Context, w *model.Weights, preset string, promptLen, workers int) (OffloadTTFTResult, error) {
-	blockSize := 16
+	blockSize := engine.DefaultBlockSize
 	blocks := w.Config.MaxPositionEmbeddings/blockSize + 2
-	bb := int64(w.Config.NumHiddenLayers) * 2 * int64(blockSize) * int64(w.Config.KVDim()) * 4
+	bb := w.Config.KVBlockBytes(blockSize)
 	conn, err := offload.New(offload.Config{CPUBytes: int64(blocks) * bb, BlockSize: blockSize, BlockBytes: bb})
 	if err != nil {
 		return OffloadTTFTResult{}, err
@@ -336,11 +376,12 @@ func OffloadResetDrain(ctx context.Context, n int, delay time.Duration) (Offload
 	return res, nil
 }
 
-// Offload runs the three offload figures; ttftPrompt is the prompt length of the TTFT figure
-// (on the stories15m shape with a context of ttftPrompt+64 tokens).
-func Offload(ctx context.Context, bwBlocks, ttftPrompt, resetJobs, workers int) (OffloadReport, error) {
+// Offload runs the three offload figures; the bandwidth figures are the best of bwRounds
+// rounds, and ttftPrompt is the prompt length of the TTFT figure (on the stories15m shape with
+// a context of ttftPrompt+64 tokens).
+func Offload(ctx context.Context, bwBlocks, bwRounds, ttftPrompt, resetJobs, workers int) (OffloadReport, error) {
 	var rep OffloadReport
-	bw, err := OffloadBandwidth(ctx, bwBlocks, 16, 3)
+	bw, err := OffloadBandwidth(ctx, bwBlocks, engine.DefaultBlockSize, max(bwRounds, 1))
 	if err != nil {
 		return rep, err
 	}

@@ -31,6 +31,8 @@ type UpdateResult struct {
 	StageMs   float64 `json:"stage_ms"`
 	// FirstStageMs is the first update's stage, which has no retired weight set to pack into.
 	FirstStageMs float64 `json:"first_stage_ms"`
+	// Rounds are every update's figures, the first included.
+	Rounds []UpdateRound `json:"rounds"`
 	// ServedSteps is the engine steps run while the checkpoint loaded and staged: serving
 	// does not stop for a weight update until the cut.
 	ServedSteps int64 `json:"steps_served_during_load_and_stage"`
@@ -47,10 +49,29 @@ type UpdateResult struct {
 	NewVersionTokens bool `json:"new_version_tokens"`
 }
 
+// UpdateRound is one update's load and stage, with the single-stream SHA-256 rate of the
+// checkpoint's bytes (already in memory) measured just before the load: the load reads, hashes
+// and decodes the same bytes, so it cannot beat hashing them once.
+type UpdateRound struct {
+	Version   int64   `json:"version"`
+	LoadMs    float64 `json:"load_ms"`
+	LoadGBs   float64 `json:"load_gb_per_s"`
+	SHA256GBs float64 `json:"sha256_gb_per_s"`
+	StageMs   float64 `json:"stage_ms"`
+}
+
+// LoadVsSHA256 is the load rate as a share of the hash rate (goal >= 0.9).
+func (u UpdateRound) LoadVsSHA256() float64 { return u.LoadGBs / u.SHA256GBs }
+
+// StageVsLoad is the stage time as a share of the load time (goal <= 0.5).
+func (u UpdateRound) StageVsLoad() float64 { return u.StageMs / u.LoadMs }
+
 // WeightUpdate writes preset's seed-2 weights as an HF checkpoint of dtype d under dir and
-// measures UpdateResult with running requests decoding on the seed-1 weights.
-func WeightUpdate(ctx context.Context, preset string, running, workers int, d weights.DType, dir string) (UpdateResult, error) {
+// measures UpdateResult over updates updates (at least two) with running requests (0: none)
+// decoding on the seed-1 weights.
+func WeightUpdate(ctx context.Context, preset string, running, updates, workers int, d weights.DType, dir string) (UpdateResult, error) {
 	r := UpdateResult{Preset: preset, Running: running, DType: d.String()}
+	updates = max(updates, 2)
 	w1, err := model.Preset(preset, 1)
 	if err != nil {
 		return r, err
@@ -59,11 +80,15 @@ func WeightUpdate(ctx context.Context, preset string, running, workers int, d we
 	if err := writeCheckpoint(ckpt, preset, 2, d); err != nil {
 		return r, err
 	}
+	raw, err := os.ReadFile(filepath.Join(ckpt, weights.SafetensorsFile))
+	if err != nil {
+		return r, err
+	}
 	if r.ReadGBs, r.SHA256GBs, err = readAndHash(filepath.Join(ckpt, weights.SafetensorsFile)); err != nil {
 		return r, err
 	}
 
-	e, stop, err := runEngine(ctx, engine.Config{Weights: w1, MaxNumSeqs: running, MaxBatchedTokens: 2048, Workers: workers})
+	e, stop, err := runEngine(ctx, engine.Config{Weights: w1, MaxNumSeqs: max(running, 1), MaxBatchedTokens: 2048, Workers: workers})
 	if err != nil {
 		return r, err
 	}
@@ -79,29 +104,37 @@ func WeightUpdate(ctx context.Context, preset string, running, workers int, d we
 		}
 	}()
 
-	// Two updates, versions 2 and 3 (the same file): the first packs into new memory, the
-	// second into the set the first retired, as every later update of an RL run does. The
-	// figures are the second's; load is the better of the two.
+	// Versions 2, 3, ... (the same file): the first update packs into new memory, the later
+	// ones into the set the one before retired, as every later update of an RL run does. The
+	// summary figures are the last update's; load is the best of all.
 	r.NewVersionTokens = true
-	for v := int64(2); v <= 3; v++ {
-		steps0 := e.Metrics().Steps
+	for v := int64(2); v < int64(2+updates); v++ {
 		t0 := time.Now()
+		_ = sha256.Sum256(raw)
+		round := UpdateRound{Version: v, SHA256GBs: float64(len(raw)) / time.Since(t0).Seconds() / 1e9}
+		steps0 := e.Metrics().Steps
+		t0 = time.Now()
 		w, info, err := weights.LoadWithInfo(ctx, weights.Ref{Version: v, URI: ckpt}, weights.Options{})
 		if err != nil {
 			return r, err
 		}
-		ms := time.Since(t0).Seconds() * 1e3
-		if r.LoadMs == 0 || ms < r.LoadMs {
-			r.Bytes, r.LoadMs, r.LoadGBs = info.Bytes, ms, float64(info.Bytes)/ms/1e6
+		round.LoadMs = time.Since(t0).Seconds() * 1e3
+		round.LoadGBs = float64(info.Bytes) / round.LoadMs / 1e6
+		if r.LoadMs == 0 || round.LoadMs < r.LoadMs {
+			r.Bytes, r.LoadMs, r.LoadGBs = info.Bytes, round.LoadMs, round.LoadGBs
 		}
 		t0 = time.Now()
 		if err := e.StageWeights(ctx, w, v); err != nil {
 			return r, err
 		}
-		r.FirstStageMs, r.StageMs = r.StageMs, time.Since(t0).Seconds()*1e3
+		round.StageMs = time.Since(t0).Seconds() * 1e3
+		r.Rounds = append(r.Rounds, round)
+		r.FirstStageMs, r.StageMs = r.Rounds[0].StageMs, round.StageMs
 		r.ServedSteps = e.Metrics().Steps - steps0
 
-		r.StepMillis = meanStepMillis(e)
+		if running > 0 {
+			r.StepMillis = meanStepMillis(e)
+		}
 
 		before := e.Metrics().Steps
 		t0 = time.Now()

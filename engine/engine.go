@@ -36,23 +36,36 @@ var (
 	ErrAsleep          = errors.New("engine: asleep")
 )
 
+// Defaults of the Config fields a zero value stands for.
+const (
+	// DefaultBlockSize is the KV block size in tokens.
+	DefaultBlockSize = 16
+	// DefaultMaxNumSeqs bounds the running batch.
+	DefaultMaxNumSeqs = 64
+	// DefaultMaxBatchedTokens bounds the tokens of one step.
+	DefaultMaxBatchedTokens = 2048
+	// DefaultMaxQueued bounds the requests waiting to be scheduled.
+	DefaultMaxQueued = 4096
+)
+
 // Config configures an Engine. Zero values take the documented defaults.
 type Config struct {
 	// Weights is the initial weight set (required) and WeightVersion its version. The engine
 	// serves it until a swap, and a level-2 sleep releases it (New does not keep Config.Weights).
 	Weights       *model.Weights
 	WeightVersion int64
-	// BlockSize is the KV block size in tokens (default 16).
+	// BlockSize is the KV block size in tokens (default DefaultBlockSize).
 	BlockSize int
 	// NumBlocks is the size of the KV pool including the null block; 0 derives it from
 	// KVBytes, or, with both 0, sizes the pool for MaxNumSeqs full contexts (capped at 1 GiB).
 	NumBlocks int
 	KVBytes   int64
-	// MaxNumSeqs bounds the running batch (default 64); MaxBatchedTokens the tokens per step
-	// (default 2048).
+	// MaxNumSeqs bounds the running batch (default DefaultMaxNumSeqs); MaxBatchedTokens the
+	// tokens per step (default DefaultMaxBatchedTokens).
 	MaxNumSeqs       int
 	MaxBatchedTokens int
-	// MaxQueued bounds the requests waiting to be scheduled, in every state (default 4096):
+	// MaxQueued bounds the requests waiting to be scheduled, in every state (default
+	// DefaultMaxQueued):
 	// a running engine that is behind must refuse work too, or one burst of requests grows
 	// the queue without bound.
 	MaxQueued int
@@ -83,21 +96,54 @@ type Hooks struct {
 	BeforeForward func(step uint64) error
 }
 
-func (c *Config) defaults() error {
+// maxBlockSize bounds Config.BlockSize.
+const maxBlockSize = 1024
+
+// invalidField is a Config error in the style every config of the module uses: the sentinel,
+// the field, why.
+func invalidField(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalidArgument, field, fmt.Sprintf(format, args...))
+}
+
+// Validate reports the first field New would refuse, as "engine: invalid argument: Field:
+// reason" (errors.Is ErrInvalidArgument). Zero values stand for their defaults and are valid;
+// a KV pool derived from KVBytes too small to hold a block is found by New only.
+func (c Config) Validate() error {
 	if c.Weights == nil {
-		return fmt.Errorf("%w: Config.Weights is nil", ErrInvalidArgument)
+		return invalidField("Weights", "required")
+	}
+	if c.BlockSize < 0 || c.BlockSize > maxBlockSize {
+		return invalidField("BlockSize", "%d tokens is outside 1..%d", c.BlockSize, maxBlockSize)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"MaxNumSeqs", c.MaxNumSeqs}, {"MaxBatchedTokens", c.MaxBatchedTokens}, {"MaxQueued", c.MaxQueued}, {"Workers", c.Workers}} {
+		if f.v < 0 {
+			return invalidField(f.name, "%d is negative", f.v)
+		}
+	}
+	if c.NumBlocks < 0 || c.NumBlocks == 1 {
+		return invalidField("NumBlocks", "%d blocks (the null block included) hold nothing", c.NumBlocks)
+	}
+	return nil
+}
+
+func (c *Config) defaults() error {
+	if err := c.Validate(); err != nil {
+		return err
 	}
 	if c.BlockSize == 0 {
-		c.BlockSize = 16
+		c.BlockSize = DefaultBlockSize
 	}
 	if c.MaxNumSeqs == 0 {
-		c.MaxNumSeqs = 64
+		c.MaxNumSeqs = DefaultMaxNumSeqs
 	}
 	if c.MaxBatchedTokens == 0 {
-		c.MaxBatchedTokens = 2048
+		c.MaxBatchedTokens = DefaultMaxBatchedTokens
 	}
 	if c.MaxQueued == 0 {
-		c.MaxQueued = 4096
+		c.MaxQueued = DefaultMaxQueued
 	}
 	if c.Workers == 0 {
 		c.Workers = runtime.GOMAXPROCS(0)
@@ -108,12 +154,8 @@ func (c *Config) defaults() error {
 	if c.Tracer == nil {
 		c.Tracer = noop.NewTracerProvider().Tracer("engine")
 	}
-	if c.BlockSize < 1 || c.BlockSize > 1024 || c.MaxNumSeqs < 1 || c.MaxBatchedTokens < 1 || c.MaxQueued < 1 || c.Workers < 1 {
-		return fmt.Errorf("%w: block size %d, max seqs %d, max batched tokens %d, max queued %d, workers %d",
-			ErrInvalidArgument, c.BlockSize, c.MaxNumSeqs, c.MaxBatchedTokens, c.MaxQueued, c.Workers)
-	}
 	mc := c.Weights.Config
-	blockBytes := int64(mc.NumHiddenLayers) * 2 * int64(c.BlockSize) * int64(mc.KVDim()) * 4
+	blockBytes := mc.KVBlockBytes(c.BlockSize)
 	if c.NumBlocks == 0 {
 		if c.KVBytes > 0 {
 			c.NumBlocks = int(c.KVBytes / blockBytes)
@@ -124,7 +166,7 @@ func (c *Config) defaults() error {
 	}
 	minBlocks := (mc.MaxPositionEmbeddings+c.BlockSize-1)/c.BlockSize + 1
 	if c.NumBlocks < 2 {
-		return fmt.Errorf("%w: KV pool of %d blocks (%d bytes each) holds nothing", ErrInvalidArgument, c.NumBlocks, blockBytes)
+		return invalidField("KVBytes", "%d bytes make a KV pool of %d blocks (%d bytes each), which holds nothing", c.KVBytes, c.NumBlocks, blockBytes)
 	}
 	if c.NumBlocks < minBlocks {
 		c.Logger.Warn("KV pool smaller than one full context: long requests will be cut at the pool size",
@@ -210,20 +252,14 @@ type Engine struct {
 	// spare is a packed model no step runs any more (retired by a commit or replaced while
 	// staged), whose memory the next StageWeights packs into instead of allocating a new
 	// weight-sized set: an RL run updates weights every step. Sleep drops it.
-	spare  atomic.Pointer[model.Model]
-	reqs   map[string]*reqState
-	idle   []idleTask
-	paused PauseMode // "" when not paused
-	// sleep state: level and which tags are asleep; pausedBySleep says sleep paused the
-	// engine itself, so waking resumes it.
-	sleepLevel    int
-	sleep0        bool
-	sleepWeights  bool
-	sleepKV       bool
-	pausedBySleep bool
-	logits        []float32
-	seedCounter   uint64
-	closeOnce     sync.Once
+	spare atomic.Pointer[model.Model]
+	reqs  map[string]*reqState
+	idle  []idleTask
+	// ctl is the pause and sleep state; only transition changes it (control.go).
+	ctl         controlState
+	logits      []float32
+	seedCounter uint64
+	closeOnce   sync.Once
 }
 
 type staged struct {

@@ -39,19 +39,55 @@ import (
 // is not paused, every live request counts. Every other run of same-version tokens is checked
 // against the reference forward of that version's weights applied to prompt+previous tokens.
 
-// propState is the part of the engine's control state the model predicts.
+// propState is the part of the engine's state the model predicts. Ctl, the pause and sleep
+// state, is predicted with the engine's own transition table (controlState.next): the model
+// feeds it the events each operation must produce, so the test checks that the engine
+// produces exactly those, at the right time, and that what it holds (NoKV, NoModel) matches.
 type propState struct {
-	Paused        PauseMode
-	PausedBySleep bool
-	Sleep0        bool
-	SleepKV       bool
-	SleepWeights  bool
-	NoModel       bool
-	Version       int64
-	Staged        int64
+	Ctl controlState
+	// NoKV says the engine holds no KV storage; it must equal Ctl.KVReleased.
+	NoKV    bool
+	NoModel bool
+	Version int64
+	Staged  int64
 }
 
-func (s propState) asleep() bool { return s.Sleep0 || s.SleepKV || s.SleepWeights }
+func (s propState) asleep() bool  { return s.Ctl.Phase == ctlAsleep }
+func (s propState) running() bool { return s.Ctl.Phase == ctlRunning }
+
+// paused is paused and awake (Resume would succeed).
+func (s propState) paused() bool { return s.Ctl.Phase == ctlPaused }
+
+// after is the state ev leads to from s by the engine's table, and the error the call
+// returns; an illegal event means the model itself is wrong.
+func (h *propHarness) after(s propState, ev ctlEvent) (propState, error) {
+	h.rt.Helper()
+	next, err := s.Ctl.next(ev)
+	if errors.Is(err, errIllegalTransition) {
+		h.fatalf("model: %v", err)
+	}
+	s.Ctl = next
+	return s, err
+}
+
+// sameErr says the engine returned the error the table predicts: both nil, or the same message
+// (the table's errors wrap the sentinels callers branch on).
+func sameErr(got, want error) bool {
+	if got == nil || want == nil {
+		return got == nil && want == nil
+	}
+	return got.Error() == want.Error()
+}
+
+// mustAfter is after for an event the table accepts.
+func (h *propHarness) mustAfter(s propState, ev ctlEvent) propState {
+	h.rt.Helper()
+	next, err := h.after(s, ev)
+	if err != nil {
+		h.fatalf("model: %s in %+v: %v", ev.kind, s.Ctl, err)
+	}
+	return next
+}
 
 // testState reads the control state and the running batch from the loop.
 func (e *Engine) testState(ctx context.Context) (propState, []string, error) {
@@ -60,8 +96,7 @@ func (e *Engine) testState(ctx context.Context) (propState, []string, error) {
 		running []string
 	}
 	v, err := call(ctx, e, "test_state", func(_ context.Context, done func(snap, error)) {
-		s := propState{Paused: e.paused, PausedBySleep: e.pausedBySleep, Sleep0: e.sleep0, SleepKV: e.sleepKV,
-			SleepWeights: e.sleepWeights, NoModel: e.model == nil, Version: e.version}
+		s := propState{Ctl: e.ctl, NoKV: e.kv == nil, NoModel: e.model == nil, Version: e.version}
 		if e.staged != nil {
 			s.Staged = e.staged.version
 		}
@@ -406,6 +441,7 @@ func (h *propHarness) expect(op string, want propState) {
 	h.rt.Helper()
 	h.sync()
 	h.tracef("%s -> %+v", op, h.st)
+	want.NoKV = want.Ctl.KVReleased
 	if h.st != want {
 		h.fatalf("after %s: engine state %+v, model predicts %+v", op, h.st, want)
 	}
@@ -489,7 +525,7 @@ func (h *propHarness) opAdd() {
 
 	// A duplicate of a live id: only when the engine is frozen, so that it cannot finish
 	// between the check and the Add.
-	if h.st.Paused == PauseKeep && rapid.IntRange(0, 5).Draw(rt, "dup") == 0 {
+	if h.st.Ctl.Mode == PauseKeep && rapid.IntRange(0, 5).Draw(rt, "dup") == 0 {
 		if lv := h.live(); len(lv) > 0 {
 			r := lv[rapid.IntRange(0, len(lv)-1).Draw(rt, "dup_which")]
 			if !r.mayAbort {
@@ -530,12 +566,11 @@ func (h *propHarness) add(p []int, params sample.Params, seed int64, salt string
 // preempts. Most are seeded samples, which keeps the reference checks' cost bounded.
 func (h *propHarness) opBurst() {
 	rt := h.rt
-	if h.st.Paused == "" && !h.st.asleep() {
+	if h.st.running() {
 		// Hold the engine while the burst is added, so that it starts together however fast
 		// steps are: added one by one to a running engine, the first requests can finish
 		// before the last arrive, and nothing is preempted (seen in CI under load).
-		want := h.st
-		want.Paused, want.PausedBySleep = PauseKeep, false
+		want := h.mustAfter(h.st, ctlEvent{kind: evPause, mode: PauseKeep})
 		if _, err := h.e.Pause(h.ctx, PauseKeep, false); err != nil {
 			h.fatalf("pause(keep) for a burst: %v", err)
 		}
@@ -562,7 +597,7 @@ func (h *propHarness) opBurst() {
 			burst = append(burst, r.id)
 		}
 	}
-	if h.st.Paused != "" && !h.st.asleep() {
+	if h.st.paused() {
 		h.opResume()
 		h.waitBurst(burst, before)
 	}
@@ -621,8 +656,7 @@ func (h *propHarness) markAbortable() {
 func (h *propHarness) opPause() {
 	mode := h.drawMode("pause_mode")
 	clearCache := rapid.Bool().Draw(h.rt, "clear_cache")
-	want := h.st
-	want.Paused, want.PausedBySleep = mode, false
+	want := h.mustAfter(h.st, ctlEvent{kind: evPause, mode: mode})
 	if mode == PauseAbort {
 		h.markAbortable()
 	}
@@ -645,18 +679,15 @@ func (h *propHarness) opPause() {
 }
 
 func (h *propHarness) opResume() {
-	want := h.st
+	want, wantErr := h.after(h.st, ctlEvent{kind: evResume})
 	err := h.e.Resume(h.ctx)
-	if h.st.asleep() {
-		if !errors.Is(err, ErrAsleep) {
-			h.fatalf("resume while asleep: %v, want ErrAsleep", err)
-		}
+	if !sameErr(err, wantErr) {
+		h.fatalf("resume in %+v: %v, want %v", h.st.Ctl, err, wantErr)
+	}
+	if errors.Is(wantErr, ErrAsleep) {
 		h.countErr("resume_asleep")
-	} else {
-		if err != nil {
-			h.fatalf("resume: %v", err)
-		}
-		want.Paused, want.PausedBySleep = "", false
+	} else if wantErr != nil {
+		h.fatalf("model: resume refused with %v", wantErr)
 	}
 	h.expect("resume", want)
 }
@@ -664,20 +695,12 @@ func (h *propHarness) opResume() {
 func (h *propHarness) opSleep() {
 	level := rapid.IntRange(0, 2).Draw(h.rt, "sleep_level")
 	mode := h.drawMode("sleep_mode")
-	want := h.st
-	if want.Paused == "" {
-		want.Paused, want.PausedBySleep = mode, true
-		if mode == PauseAbort {
-			h.markAbortable()
-		}
+	if h.st.running() && mode == PauseAbort {
+		h.markAbortable()
 	}
-	switch level {
-	case 0:
-		want.Sleep0 = true
-	case 1:
-		want.SleepKV = true
-	case 2:
-		want.SleepKV, want.SleepWeights, want.NoModel = true, true, true
+	want := h.mustAfter(h.mustAfter(h.st, ctlEvent{kind: evSleepPause, mode: mode}), ctlEvent{kind: evSleep, level: level})
+	if level == 2 {
+		want.NoModel = true
 		h.tot.add(func(tt *propTotals) { tt.sleep2Cases++ })
 	}
 	if err := h.e.Sleep(h.ctx, level, mode); err != nil {
@@ -695,30 +718,13 @@ func (h *propHarness) drawTags() []string {
 	return rapid.SampledFrom([][]string{nil, {TagWeights}, {TagKVCache}, {TagWeights, TagKVCache}}).Draw(h.rt, "tags")
 }
 
-// predictWake is WakeUp's effect on s, and the error it must return.
-func predictWake(s propState, tags []string) (propState, error) {
+// predictWake is WakeUp's effect on s by the engine's table, and the error it must return.
+func (h *propHarness) predictWake(s propState, tags []string) (propState, error) {
 	if len(tags) == 0 {
 		tags = []string{TagWeights, TagKVCache}
 	}
-	if slices.Contains(tags, TagWeights) && s.SleepWeights {
-		if s.NoModel {
-			return s, ErrNoWeights
-		}
-		s.SleepWeights = false
-	}
-	if slices.Contains(tags, TagKVCache) && s.SleepKV {
-		if s.NoModel {
-			return s, ErrNoWeights
-		}
-		s.SleepKV = false
-	}
-	if !s.SleepKV && !s.SleepWeights {
-		s.Sleep0 = false
-		if s.PausedBySleep {
-			s.Paused, s.PausedBySleep = "", false
-		}
-	}
-	return s, nil
+	return h.after(s, ctlEvent{kind: evWake, wakeWeights: slices.Contains(tags, TagWeights),
+		wakeKV: slices.Contains(tags, TagKVCache), haveWeights: !s.NoModel})
 }
 
 func (h *propHarness) opWake() {
@@ -728,9 +734,9 @@ func (h *propHarness) opWake() {
 	if h.st.NoModel && rapid.IntRange(0, 3).Draw(h.rt, "commit_before_wake") > 0 {
 		h.updateWeights(false)
 	}
-	want, wantErr := predictWake(h.st, tags)
+	want, wantErr := h.predictWake(h.st, tags)
 	err := h.e.WakeUp(h.ctx, tags)
-	if !errors.Is(err, wantErr) {
+	if !sameErr(err, wantErr) {
 		h.fatalf("wake_up(%v) in %+v: %v, want %v", tags, h.st, err, wantErr)
 	}
 	if wantErr != nil {
@@ -743,8 +749,8 @@ func (h *propHarness) opReset() {
 	resetRunning := rapid.Bool().Draw(h.rt, "reset_running")
 	resetConn := rapid.Bool().Draw(h.rt, "reset_connector")
 	running := h.sync()
-	frozen := h.st.Paused == PauseKeep // PausedAll: the running batch cannot change
-	quiet := h.st.Paused != "" && len(running) == 0
+	frozen := h.st.Ctl.Mode == PauseKeep // PausedAll: the running batch cannot change
+	quiet := !h.st.running() && len(running) == 0
 	r, err := h.e.ResetPrefixCache(h.ctx, resetRunning, resetConn)
 	if err != nil {
 		h.fatalf("reset_prefix_cache: %v", err)
@@ -777,7 +783,7 @@ func (h *propHarness) opReset() {
 // It must be called before the commit: a request running at the commit can finish before the
 // call returns (the loop keeps stepping), so the live set read afterwards may miss it.
 func (h *propHarness) commitCandidates(running []string) []*propReq {
-	if h.st.Paused == "" {
+	if h.st.running() {
 		return h.live()
 	}
 	var who []*propReq
@@ -796,7 +802,7 @@ func (h *propHarness) taintForCommit(ver int64, running []string, who []*propReq
 		r.tainted[ver] = true
 		ids = append(ids, r.id)
 	}
-	h.tracef("commit %d (paused %q, running %v): tainted %v", ver, h.st.Paused, running, ids)
+	h.tracef("commit %d (paused %q, running %v): tainted %v", ver, h.st.Ctl.Mode, running, ids)
 	h.tot.add(func(tt *propTotals) {
 		if len(who) > 0 {
 			tt.dirtySwaps++
@@ -845,11 +851,11 @@ func (h *propHarness) opSwapUnderKeep() {
 	// Mostly clearing: only a clean swap (the requests hold no KV of the old version) gives
 	// two-version runs the reference can check; a dirty one taints the new run.
 	clearCache := rapid.IntRange(0, 3).Draw(h.rt, "swap_clear") > 0
-	if h.st.Paused != "" && !h.st.asleep() {
+	if h.st.paused() {
 		h.opResume()
 	}
 	greedyMid := func(r *propReq) bool { return r.params.Temperature == 0 && r.hasTokens() }
-	if h.st.Paused == "" && !slices.ContainsFunc(h.live(), greedyMid) {
+	if h.st.running() && !slices.ContainsFunc(h.live(), greedyMid) {
 		// Something greedy mid-generation (the reference checks greedy runs), so that its
 		// tokens span the two versions.
 		r := h.add(rapid.SliceOfN(rapid.IntRange(0, 255), 1, 40).Draw(h.rt, "swap_prompt"), greedy(60), 0, "")
@@ -858,8 +864,7 @@ func (h *propHarness) opSwapUnderKeep() {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
-	want := h.st
-	want.Paused, want.PausedBySleep = PauseKeep, false
+	want := h.mustAfter(h.st, ctlEvent{kind: evPause, mode: PauseKeep})
 	if _, err := h.e.Pause(h.ctx, PauseKeep, clearCache); err != nil {
 		h.fatalf("pause(keep): %v", err)
 	}
@@ -872,8 +877,7 @@ func (h *propHarness) opSwapUnderKeep() {
 	if err := h.e.Resume(h.ctx); err != nil {
 		h.fatalf("resume after a swap: %v", err)
 	}
-	want = h.st
-	want.Paused = ""
+	want = h.mustAfter(h.st, ctlEvent{kind: evResume})
 	h.expect("resume after a swap", want)
 	// Let what the swap caught produce a token of the new version (or end) before the next
 	// operation can abort it: on a slow machine it otherwise rarely gets that far, and the
@@ -1094,7 +1098,7 @@ func (h *propHarness) opPair() {
 	if rapid.Bool().Draw(h.rt, "pair_biased") {
 		c := rapid.SampledFrom(pairCombos).Draw(h.rt, "pair_combo")
 		ka, kb = c[0], c[1]
-		if len(h.live()) == 0 && h.st.Paused == "" {
+		if len(h.live()) == 0 && h.st.running() {
 			h.opAdd() // something in flight, so the first call may complete only later
 		}
 	}
@@ -1126,7 +1130,7 @@ func (h *propHarness) opPair() {
 		if errs[1] == nil && h.st.asleep() {
 			h.fatalf("pair %s, %s: the full wake-up succeeded but the engine sleeps: %+v", a.name, b.name, h.st)
 		}
-	case kb == pairResume && errs[1] == nil && h.st.Paused != "":
+	case kb == pairResume && errs[1] == nil && !h.st.running():
 		h.fatalf("pair %s, %s: resume succeeded but the engine is paused: %+v", a.name, b.name, h.st)
 	}
 	for v := before + 1; v <= h.st.Version; v++ {
@@ -1165,7 +1169,7 @@ func (h *propHarness) finish() {
 	}
 	h.expect("final wake+resume", func() propState {
 		s := h.st
-		s.Paused, s.PausedBySleep, s.Sleep0, s.SleepKV, s.SleepWeights = "", false, false, false, false
+		s.Ctl = controlState{}
 		return s
 	}())
 

@@ -145,9 +145,9 @@ func (e *Engine) CheckInvariants(ctx context.Context) (Stats, error) {
 }
 
 func (e *Engine) stats() Stats {
-	s := Stats{State: e.stateName(), WeightVersion: e.version, Paused: e.paused != "", PauseMode: string(e.paused),
-		SleepLevel: e.sleepLevel, Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting(),
-		KVBlocksUsed: e.usedBlocks(), KVBlocksTotal: e.blocks.NumBlocks() - 1, KVReleased: e.sleepKV,
+	s := Stats{State: e.stateName(), WeightVersion: e.version, Paused: e.ctl.Phase != ctlRunning, PauseMode: string(e.ctl.Mode),
+		SleepLevel: e.ctl.Level, Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting(),
+		KVBlocksUsed: e.usedBlocks(), KVBlocksTotal: e.blocks.NumBlocks() - 1, KVReleased: e.ctl.KVReleased,
 		Steps: e.metrics.steps.Load(), InvariantViolations: e.metrics.violations.Load(), Connector: e.conn.Stats()}
 	if e.staged != nil {
 		s.StagedVersion = e.staged.version
@@ -155,15 +155,7 @@ func (e *Engine) stats() Stats {
 	return s
 }
 
-func (e *Engine) stateName() string {
-	switch {
-	case e.asleep():
-		return "sleeping"
-	case e.paused != "":
-		return "paused"
-	}
-	return "running"
-}
+func (e *Engine) stateName() string { return e.ctl.Phase.String() }
 
 // Version returns the serving weight version.
 func (e *Engine) Version() int64 { return e.metrics.weightVersion.Load() }

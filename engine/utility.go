@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -65,7 +66,10 @@ func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (Re
 	}
 	return call(ctx, e, "pause", func(ctx context.Context, done func(ResetResult, error)) {
 		e.pause(mode)
-		e.pausedBySleep = false
+		if err := e.transition(ctlEvent{kind: evPause, mode: mode}); err != nil {
+			done(ResetResult{}, err)
+			return
+		}
 		span := trace.SpanFromContext(ctx)
 		span.SetAttributes(attribute.String("engine.pause_mode", string(mode)), attribute.Bool("engine.clear_cache", clearCache))
 		if e.hasWork() {
@@ -88,11 +92,12 @@ func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (Re
 	})
 }
 
+// pause applies a pause's effects on requests and the scheduler; the caller records it in the
+// control state.
 func (e *Engine) pause(mode PauseMode) {
 	if mode == PauseAbort {
 		e.deliver(e.sched.FinishAll(sched.FinishAbort))
 	}
-	e.paused = mode
 	if mode == PauseKeep {
 		e.sched.SetPauseState(sched.PausedAll)
 	} else {
@@ -136,26 +141,36 @@ func (e *Engine) resetCaches(ctx context.Context) ResetResult {
 func (e *Engine) Resume(ctx context.Context) error {
 	_, err := call(ctx, e, "resume", func(_ context.Context, done func(struct{}, error)) {
 		e.afterPending(func() {
-			if e.asleep() {
-				done(struct{}{}, fmt.Errorf("%w: wake up before resuming", ErrAsleep))
+			if err := e.transition(ctlEvent{kind: evResume}); err != nil {
+				done(struct{}{}, err)
 				return
 			}
-			e.unpause()
+			e.sched.SetPauseState(sched.Unpaused)
 			done(struct{}{}, nil)
 		}, func(err error) { done(struct{}{}, err) })
 	})
 	return err
 }
 
-func (e *Engine) unpause() {
-	e.paused = ""
-	e.pausedBySleep = false
-	e.sched.SetPauseState(sched.Unpaused)
+// transition moves the control state by ev (control.go's table). An event the table refuses
+// leaves the state as it is and returns the refusal; an illegal one is also counted as an
+// invariant violation, since the engine must never produce it.
+func (e *Engine) transition(ev ctlEvent) error {
+	next, err := e.ctl.next(ev)
+	if errors.Is(err, errIllegalTransition) {
+		e.metrics.violations.Add(1)
+		e.log.Error("engine: invariant violation", "err", err)
+	}
+	if err != nil {
+		return err
+	}
+	e.ctl = next
+	return nil
 }
 
 // IsPaused reports whether scheduling is paused (by Pause or by Sleep).
 func (e *Engine) IsPaused(ctx context.Context) (bool, error) {
-	return call(ctx, e, "is_paused", func(_ context.Context, done func(bool, error)) { done(e.paused != "", nil) })
+	return call(ctx, e, "is_paused", func(_ context.Context, done func(bool, error)) { done(e.ctl.Phase != ctlRunning, nil) })
 }
 
 // IsSleeping reports whether the engine sleeps at any level. Unlike vLLM, a plain Pause does
@@ -164,7 +179,7 @@ func (e *Engine) IsSleeping(ctx context.Context) (bool, error) {
 	return call(ctx, e, "is_sleeping", func(_ context.Context, done func(bool, error)) { done(e.asleep(), nil) })
 }
 
-func (e *Engine) asleep() bool { return e.sleep0 || e.sleepKV || e.sleepWeights }
+func (e *Engine) asleep() bool { return e.ctl.Phase == ctlAsleep }
 
 // Sleep pauses the engine (with mode, unless it is paused already, in which case the existing
 // pause stands) and then, for level ≥ 1, resets every cache, keeps stepping until every flush
@@ -184,14 +199,16 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 		return err
 	}
 	_, err := call(ctx, e, "sleep", func(ctx context.Context, done func(struct{}, error)) {
-		if e.paused == "" {
+		if e.ctl.Phase == ctlRunning {
 			e.pause(mode)
-			e.pausedBySleep = true
+		}
+		if err := e.transition(ctlEvent{kind: evSleepPause, mode: mode}); err != nil {
+			done(struct{}{}, err)
+			return
 		}
 		trace.SpanFromContext(ctx).SetAttributes(attribute.Int("engine.sleep_level", level))
 		if level == 0 {
-			e.sleep0 = true
-			done(struct{}{}, nil)
+			done(struct{}{}, e.transition(ctlEvent{kind: evSleep, level: 0}))
 			return
 		}
 		phase := 0
@@ -221,10 +238,8 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 				// Every weight set the engine serves or retired goes (the spare is gone
 				// above). A staged set stays: it is what the caller asked to serve next.
 				e.model, e.weights = nil, nil
-				e.sleepWeights = true
 			}
-			e.sleepLevel = max(e.sleepLevel, level)
-			done(struct{}{}, nil)
+			done(struct{}{}, e.transition(ctlEvent{kind: evSleep, level: level}))
 			return true
 		}
 		e.whenIdle(task, func(err error) { done(struct{}{}, err) })
@@ -235,9 +250,10 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 // releaseKV drops the KV pool's memory. Every request must have given its blocks up first
 // (Scheduler.DropAllKV); a block still owned here would resume on the zeroed pool a wake-up
 // allocates, so it is counted as an invariant violation, and the prefix cache is cleared so no
-// lookup can reach the old content either.
+// lookup can reach the old content either. The caller records the release in the control
+// state.
 func (e *Engine) releaseKV() {
-	if e.sleepKV {
+	if e.ctl.KVReleased {
 		return
 	}
 	if used := e.usedBlocks(); used > 0 {
@@ -249,7 +265,6 @@ func (e *Engine) releaseKV() {
 		b.ReleaseKVStorage()
 	}
 	e.kv = nil
-	e.sleepKV = true
 	e.metrics.kvReleased.Store(true)
 }
 
@@ -273,26 +288,22 @@ func (e *Engine) WakeUp(ctx context.Context, tags []string) error {
 
 // wakeUp is WakeUp's effect, on the engine goroutine.
 func (e *Engine) wakeUp(tags []string, done func(struct{}, error)) {
-	if slices.Contains(tags, TagWeights) && e.sleepWeights {
-		if e.model == nil {
-			done(struct{}{}, fmt.Errorf("%w: the level-2 sleep released them; commit new weights before waking", ErrNoWeights))
-			return
-		}
-		e.sleepWeights = false
+	next, err := e.ctl.next(ctlEvent{kind: evWake, wakeWeights: slices.Contains(tags, TagWeights),
+		wakeKV: slices.Contains(tags, TagKVCache), haveWeights: e.model != nil})
+	if err != nil {
+		done(struct{}{}, err)
+		return
 	}
-	if slices.Contains(tags, TagKVCache) && e.sleepKV {
+	if e.ctl.KVReleased && !next.KVReleased {
 		if err := e.allocKV(); err != nil {
 			done(struct{}{}, err)
 			return
 		}
 	}
-	if !e.sleepKV && !e.sleepWeights {
-		e.sleep0 = false
-		e.sleepLevel = 0
-		if e.pausedBySleep {
-			e.unpause()
-		}
+	if e.ctl.Phase != ctlRunning && next.Phase == ctlRunning {
+		e.sched.SetPauseState(sched.Unpaused)
 	}
+	e.ctl = next
 	done(struct{}{}, nil)
 }
 
@@ -311,7 +322,6 @@ func (e *Engine) allocKV() error {
 		}
 	}
 	e.kv = kv
-	e.sleepKV = false
 	e.metrics.kvReleased.Store(false)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,13 @@ type Config struct {
 	// may block: tests hold transfers in flight with it deterministically, where a Delay only
 	// makes that likely.
 	TransferGate func(t *Transfer)
+	// CopyThreads is how many goroutines share the copy of one transfer of at least
+	// SplitBytes (0: runtime.GOMAXPROCS(0); 1: each transfer copies on its own goroutine). The
+	// split is by block, so a transfer of one block never splits. Transfers stay FIFO per
+	// direction and complete as a whole either way.
+	CopyThreads int
+	// SplitBytes is the smallest transfer that is split (0: DefaultSplitBytes).
+	SplitBytes int64
 	// BlockBytes is the size of one pool block in bytes (all layers, K and V). Optional: when
 	// set, New checks CPUBytes against it; otherwise the check happens at BindKVStorage.
 	BlockBytes int64
@@ -102,7 +110,11 @@ type Connector struct {
 
 	sched  *schedSide
 	worker *workerSide
-	delay  atomic.Int64 // current per-transfer delay (Config.Delay, SetDelay)
+	// boundSched and boundWorker are the two sides bound together (kvconnector.Bind), as the
+	// engine drives them.
+	boundSched  kvconnector.Scheduler
+	boundWorker kvconnector.Worker
+	delay       atomic.Int64 // current per-transfer delay (Config.Delay, SetDelay)
 }
 
 // SetDelay changes the per-transfer delay for transfers that start from now on: for tests and
@@ -133,6 +145,40 @@ type counters struct {
 	checksumFailures  atomic.Int64
 }
 
+// Validate reports the first field New would refuse, as "offload: invalid config: Field:
+// reason" (errors.Is ErrInvalidConfig). Zero BlocksPerChunk and Policy stand for their
+// defaults and are valid.
+func (cfg Config) Validate() error {
+	bpc := cfg.BlocksPerChunk
+	if bpc == 0 {
+		bpc = 1
+	}
+	switch {
+	case cfg.BlockSize <= 0:
+		return fmt.Errorf("%w: BlockSize: %d tokens, need > 0", ErrInvalidConfig, cfg.BlockSize)
+	case bpc < 0:
+		return fmt.Errorf("%w: BlocksPerChunk: %d, need > 0", ErrInvalidConfig, cfg.BlocksPerChunk)
+	case cfg.CPUBytes <= 0:
+		return fmt.Errorf("%w: CPUBytes: %d, the CPU tier needs room for at least one chunk", ErrInvalidConfig, cfg.CPUBytes)
+	case cfg.Policy != "" && cfg.Policy != cpu.PolicyLRU && cfg.Policy != cpu.PolicyARC:
+		return fmt.Errorf("%w: Policy: %q, want lru or arc", ErrInvalidConfig, cfg.Policy)
+	case cfg.Delay < 0:
+		return fmt.Errorf("%w: Delay: %v is negative", ErrInvalidConfig, cfg.Delay)
+	case cfg.BandwidthBytesPerSec < 0:
+		return fmt.Errorf("%w: BandwidthBytesPerSec: %v is negative", ErrInvalidConfig, cfg.BandwidthBytesPerSec)
+	case cfg.BlockBytes < 0:
+		return fmt.Errorf("%w: BlockBytes: %d is negative", ErrInvalidConfig, cfg.BlockBytes)
+	case cfg.CopyThreads < 0:
+		return fmt.Errorf("%w: CopyThreads: %d is negative", ErrInvalidConfig, cfg.CopyThreads)
+	case cfg.SplitBytes < 0:
+		return fmt.Errorf("%w: SplitBytes: %d is negative", ErrInvalidConfig, cfg.SplitBytes)
+	}
+	if chunk := cfg.BlockBytes * int64(bpc); cfg.BlockBytes > 0 && cfg.CPUBytes < chunk {
+		return fmt.Errorf("%w: CPUBytes: %d is smaller than one chunk (%d bytes: %d blocks of %d)", ErrInvalidConfig, cfg.CPUBytes, chunk, bpc, cfg.BlockBytes)
+	}
+	return nil
+}
+
 // New validates cfg and builds a connector. The CPU tier is allocated when the worker side is
 // bound to the KV storage (the chunk size in bytes comes from it).
 func New(cfg Config) (*Connector, error) {
@@ -145,41 +191,41 @@ func New(cfg Config) (*Connector, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.CopyThreads == 0 {
+		cfg.CopyThreads = runtime.GOMAXPROCS(0)
+	}
+	if cfg.SplitBytes == 0 {
+		cfg.SplitBytes = DefaultSplitBytes
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	if cfg.TracerProvider == nil {
 		cfg.TracerProvider = noop.NewTracerProvider()
 	}
-	switch {
-	case cfg.BlockSize <= 0:
-		return nil, fmt.Errorf("%w: block size %d tokens", ErrInvalidConfig, cfg.BlockSize)
-	case cfg.BlocksPerChunk < 0:
-		return nil, fmt.Errorf("%w: %d blocks per chunk", ErrInvalidConfig, cfg.BlocksPerChunk)
-	case cfg.CPUBytes <= 0:
-		return nil, fmt.Errorf("%w: CPU bytes %d: the CPU tier needs room for at least one chunk", ErrInvalidConfig, cfg.CPUBytes)
-	case cfg.Policy != cpu.PolicyLRU && cfg.Policy != cpu.PolicyARC:
-		return nil, fmt.Errorf("%w: eviction policy %q: want lru or arc", ErrInvalidConfig, cfg.Policy)
-	case cfg.Delay < 0 || cfg.BandwidthBytesPerSec < 0:
-		return nil, fmt.Errorf("%w: negative delay %v or bandwidth %v", ErrInvalidConfig, cfg.Delay, cfg.BandwidthBytesPerSec)
-	}
-	if cfg.BlockBytes > 0 {
-		if chunk := cfg.BlockBytes * int64(cfg.BlocksPerChunk); cfg.CPUBytes < chunk {
-			return nil, fmt.Errorf("%w: CPU bytes %d smaller than one chunk (%d bytes: %d blocks of %d)", ErrInvalidConfig, cfg.CPUBytes, chunk, cfg.BlocksPerChunk, cfg.BlockBytes)
-		}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	c := &Connector{cfg: cfg, log: cfg.Logger, tracer: cfg.TracerProvider.Tracer(tracerName)}
 	c.delay.Store(int64(cfg.Delay))
 	c.sched = newSchedSide(c)
 	c.worker = newWorkerSide(c)
+	c.boundSched, c.boundWorker = kvconnector.Bind[*Payload, *WorkerMeta](c.sched, c.worker)
 	return c, nil
 }
 
 // Scheduler returns the scheduler side (engine.Config.Connector).
-func (c *Connector) Scheduler() kvconnector.Scheduler { return c.sched }
+func (c *Connector) Scheduler() kvconnector.Scheduler { return c.boundSched }
 
 // Worker returns the worker side (engine.Config.ConnectorWorker).
-func (c *Connector) Worker() kvconnector.Worker { return c.worker }
+func (c *Connector) Worker() kvconnector.Worker { return c.boundWorker }
+
+// TypedSides returns the two sides unbound, with their payload types, for code that drives the
+// connector step by step with payloads it builds itself (the offload benchmark, tests). What
+// the engine takes is Scheduler and Worker.
+func (c *Connector) TypedSides() (kvconnector.TypedScheduler[*Payload, *WorkerMeta], kvconnector.TypedWorker[*Payload, *WorkerMeta]) {
+	return c.sched, c.worker
+}
 
 // Err returns the binding error, if the bound pool or storage does not fit the configuration.
 func (c *Connector) Err() error {

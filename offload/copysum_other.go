@@ -2,6 +2,9 @@
 
 package offload
 
-// copySum copies src into dst (equal lengths) and extends crc by src's block checksum (see
-// checksumUpdate).
-func copySum(dst, src []float32, crc uint32) uint32 { return copyThenSum(dst, src, crc) }
+// copySum3 copies src into dst (dst at least as long) and returns the three part checksums of
+// src's block checksum (see checksumUpdate).
+func copySum3(dst, src []float32) (a, b, c uint32) {
+	copy(dst, src)
+	return sum3(src)
+}

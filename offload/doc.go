@@ -18,6 +18,10 @@
 // The worker side (Connector.Worker) copies real bytes between the KV pool and a CPU buffer on
 // goroutines, FIFO per direction. Stores built at step N are submitted at the start of step N+1;
 // HandlePreemptions submits them and waits on the step's flush set before anything can write KV.
+// A transfer of Config.SplitBytes or more shares its blocks with Config.CopyThreads-1 helper
+// goroutines (one copy thread alone is about a third of what the memory can move); each
+// block's checksum parts are computed on their own and folded in order, so the checksum, the
+// per-chunk checks and the transfer's completion are those of the one-goroutine copy.
 //
 // # Safety checks
 //

@@ -61,7 +61,7 @@ func startEngineGated(t *testing.T, delay time.Duration, xg *xferGate, hooks eng
 	t.Helper()
 	w, err := model.Preset("tiny", 1)
 	require.NoError(t, err)
-	cfg := offload.Config{CPUBytes: 8 << 20, BlockSize: 16, Delay: delay}
+	cfg := offload.Config{CPUBytes: 8 << 20, BlockSize: 16, Delay: delay, CopyThreads: 3, SplitBytes: 1}
 	if xg != nil {
 		cfg.TransferGate = xg.wait
 	}

@@ -131,6 +131,9 @@ func newHarness(t *testing.T, c harnessCfg) *harness {
 		h.conn, err = offload.New(offload.Config{
 			CPUBytes: int64(c.cpuChunks * c.bpc * h.layout.BlockBytes()), BlockSize: c.blockSize, BlocksPerChunk: c.bpc,
 			Policy: c.policy, Delay: c.delay, Logger: logger, RecordEvents: c.recordEvents, TransferGate: gate,
+			// Every transfer of two blocks or more is split across helpers, so the scenarios and
+			// the random interleavings run the split path with its tiny blocks.
+			CopyThreads: 3, SplitBytes: 1,
 		})
 		require.NoError(t, err)
 		sc, h.worker = h.conn.Scheduler(), h.conn.Worker()
@@ -286,7 +289,7 @@ func (h *harness) runIdle() {
 func (h *harness) stored(req string) []int {
 	var out []int
 	for _, m := range h.metas {
-		if p, ok := m.Payload.(*offload.Payload); ok {
+		if p, ok := h.payload(m); ok {
 			for _, t := range p.Stores {
 				if t.ReqID == req {
 					for _, c := range t.Chunks {
@@ -303,7 +306,7 @@ func (h *harness) stored(req string) []int {
 func (h *harness) loaded(req string) []int {
 	var out []int
 	for _, m := range h.metas {
-		if p, ok := m.Payload.(*offload.Payload); ok {
+		if p, ok := h.payload(m); ok {
 			for _, t := range p.Loads {
 				if t.ReqID == req {
 					for _, c := range t.Chunks {
@@ -314,6 +317,19 @@ func (h *harness) loaded(req string) []int {
 		}
 	}
 	return out
+}
+
+// payload opens the connector's payload of a recorded step.
+func (h *harness) payload(m kvconnector.Metadata) (*offload.Payload, bool) {
+	return kvconnector.Open[*offload.Payload](m.Payload, h.conn.Scheduler())
+}
+
+// mustPayload is payload for a step that must carry one.
+func (h *harness) mustPayload(m kvconnector.Metadata) *offload.Payload {
+	h.t.Helper()
+	p, ok := h.payload(m)
+	require.True(h.t, ok, "step %d carries no offload payload", m.Step)
+	return p
 }
 
 func (h *harness) flushed() [][]int64 {

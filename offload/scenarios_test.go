@@ -127,7 +127,7 @@ func TestRequestPreemptionFlushesItsStores(t *testing.T) {
 	assert.False(t, ok)
 	jobsOf := map[int64]string{}
 	for _, m := range h.metas {
-		if p, ok := m.Payload.(*offload.Payload); ok {
+		if p, ok := h.payload(m); ok {
 			for _, t := range p.Stores {
 				jobsOf[t.ID] = t.ReqID
 			}
@@ -213,7 +213,7 @@ func TestResetCacheWithLoadInFlight(t *testing.T) {
 	h.release() // the flushing step waits on the load
 	h.runIdle()
 	assert.Len(t, h.metas[i].FlushJobIDs, 1)
-	assert.Equal(t, []int64{h.metas[i-1].Payload.(*offload.Payload).Loads[0].ID}, h.metas[i].FlushJobIDs)
+	assert.Equal(t, []int64{h.mustPayload(h.metas[i-1]).Loads[0].ID}, h.metas[i].FlushJobIDs)
 	assert.Equal(t, 12, h.cached["b"], "the flushed load still landed")
 	assert.Len(t, h.outs["b"], 2)
 	assert.Equal(t, []int{0}, h.stored("b"), "surviving requests re-offload from chunk 0 after a reset")
@@ -227,7 +227,7 @@ func TestOneStoreJobPerNewlyCompleteChunkRun(t *testing.T) {
 	h.runIdle()
 	var jobs [][]int
 	for _, m := range h.metas {
-		if p, ok := m.Payload.(*offload.Payload); ok {
+		if p, ok := h.payload(m); ok {
 			for _, t := range p.Stores {
 				var c []int
 				for _, ch := range t.Chunks {
@@ -259,16 +259,16 @@ func TestHandlePreemptionsSubmitsAndWaitsOnFlushedStoreOfThisStep(t *testing.T) 
 	require.True(t, ok)
 	b := added[0]
 	tr := &offload.Transfer{ID: 1000, ReqID: "x", Store: true, Chunks: []offload.ChunkTransfer{{Slot: slotOf(0, 1), Blocks: []int{b}, Gens: []uint64{h.pool.Generation(b)}}}}
-	w := h.worker
-	w.BindMetadata(kvconnector.Metadata{FlushJobIDs: []int64{1000}, Payload: &offload.Payload{Stores: []*offload.Transfer{tr}}})
+	_, w := h.conn.TypedSides()
+	w.BindMetadata(kvconnector.TypedMetadata[*offload.Payload]{FlushJobIDs: []int64{1000}, Payload: &offload.Payload{Stores: []*offload.Transfer{tr}}})
 	require.NoError(t, w.HandlePreemptions(context.Background()))
 	_, _ = w.GetFinished(nil)
-	wm, ok := w.BuildWorkerMeta().(*offload.WorkerMeta)
-	require.True(t, ok)
+	wm := w.BuildWorkerMeta()
+	require.NotNil(t, wm)
 	assert.Equal(t, map[int64]bool{1000: true}, wm.Completed)
 	w.ClearMetadata()
 	// Not queued a second time.
-	w.BindMetadata(kvconnector.Metadata{})
+	w.BindMetadata(kvconnector.TypedMetadata[*offload.Payload]{})
 	require.NoError(t, w.HandlePreemptions(context.Background()))
 	_, _ = w.GetFinished(nil)
 	assert.Nil(t, w.BuildWorkerMeta())
@@ -283,14 +283,14 @@ func TestSafetyChecksDetectViolations(t *testing.T) {
 	added, ok := h.pool.AllocateSlots("x", 8, nil)
 	require.True(t, ok)
 	gens := []uint64{h.pool.Generation(added[0]), h.pool.Generation(added[1])}
-	w := h.worker
+	_, w := h.conn.TypedSides()
 	stepWith := func(p *offload.Payload, flush ...int64) map[int64]bool {
-		w.BindMetadata(kvconnector.Metadata{FlushJobIDs: flush, Payload: p})
+		w.BindMetadata(kvconnector.TypedMetadata[*offload.Payload]{FlushJobIDs: flush, Payload: p})
 		require.NoError(t, w.HandlePreemptions(context.Background()))
 		require.NoError(t, w.StartLoadKV(context.Background()))
 		_, _ = w.GetFinished(nil)
 		require.NoError(t, w.WaitIdle(context.Background()))
-		wm, _ := w.BuildWorkerMeta().(*offload.WorkerMeta)
+		wm := w.BuildWorkerMeta()
 		w.ClearMetadata()
 		if wm == nil {
 			return nil
@@ -324,16 +324,22 @@ func TestBadInput(t *testing.T) {
 	_, err = offload.New(offload.Config{CPUBytes: 100, BlockSize: 16, BlockBytes: 4096})
 	require.ErrorIs(t, err, offload.ErrInvalidConfig)
 	require.ErrorContains(t, err, "smaller than one chunk")
+	_, err = offload.New(offload.Config{CPUBytes: 1 << 20, BlockSize: 16, CopyThreads: -1})
+	require.ErrorIs(t, err, offload.ErrInvalidConfig)
+	_, err = offload.New(offload.Config{CPUBytes: 1 << 20, BlockSize: 16, SplitBytes: -1})
+	require.ErrorIs(t, err, offload.ErrInvalidConfig)
 
 	// Unknown and duplicate completions are harmless and counted.
 	h := newHarness(t, harnessCfg{blockSize: 4, numBlocks: 16})
-	s := h.conn.Scheduler()
-	s.UpdateConnectorOutput(kvconnector.Output{WorkerMeta: &offload.WorkerMeta{Completed: map[int64]bool{77: true}}})
-	s.UpdateConnectorOutput(kvconnector.Output{WorkerMeta: "not ours"})
+	s, _ := h.conn.TypedSides()
+	s.UpdateConnectorOutput(kvconnector.TypedOutput[*offload.WorkerMeta]{WorkerMeta: &offload.WorkerMeta{Completed: map[int64]bool{77: true}}})
+	// An output without a report (the engine's bound side passes another connector's report
+	// on as none) changes nothing.
+	h.conn.Scheduler().UpdateConnectorOutput(kvconnector.Output{})
 	assert.EqualValues(t, 1, h.stat("offload_unknown_completions_total"))
 	h.add("a", seq(8, 1), 2)
 	h.runIdle()
-	s.UpdateConnectorOutput(kvconnector.Output{WorkerMeta: &offload.WorkerMeta{Completed: map[int64]bool{0: true}}})
+	s.UpdateConnectorOutput(kvconnector.TypedOutput[*offload.WorkerMeta]{WorkerMeta: &offload.WorkerMeta{Completed: map[int64]bool{0: true}}})
 	assert.EqualValues(t, 2, h.stat("offload_unknown_completions_total"), "a duplicate completion of a finished job")
 	assert.EqualValues(t, 0, s.Stats()["safety_violations_total"])
 	// A lookup of unknown keys is a miss, counted.
@@ -372,7 +378,7 @@ func TestPendingTransferDefersPrefixLookup(t *testing.T) {
 	require.True(t, ok)
 	meta := s.BuildConnectorMeta(kvconnector.StepInfo{Step: 1, NumScheduledTokens: 8,
 		Scheduled: []kvconnector.ScheduledRequest{{Req: r, NumScheduledTokens: 8, NewBlockIDs: added, BlockIDs: added}}})
-	require.Len(t, meta.Payload.(*offload.Payload).Stores, 1, "a store job for chunks 0 and 1")
+	require.Len(t, h.mustPayload(meta).Stores, 1, "a store job for chunks 0 and 1")
 	n, async := s.GetNumNewMatchedTokens(r, 0)
 	assert.Equal(t, kvconnector.Defer, n)
 	assert.False(t, async)

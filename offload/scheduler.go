@@ -59,8 +59,8 @@ type schedSide struct {
 }
 
 var (
-	_ kvconnector.Scheduler  = (*schedSide)(nil)
-	_ kvconnector.PoolBinder = (*schedSide)(nil)
+	_ kvconnector.TypedScheduler[*Payload, *WorkerMeta] = (*schedSide)(nil)
+	_ kvconnector.PoolBinder                            = (*schedSide)(nil)
 )
 
 func newSchedSide(c *Connector) *schedSide {
@@ -203,8 +203,8 @@ func (s *schedSide) UpdateStateAfterAlloc(req kvconnector.Request, blockIDs []in
 	s.gauges()
 }
 
-// BuildConnectorMeta implements kvconnector.Scheduler.
-func (s *schedSide) BuildConnectorMeta(step kvconnector.StepInfo) kvconnector.Metadata {
+// BuildConnectorMeta implements kvconnector.TypedScheduler.
+func (s *schedSide) BuildConnectorMeta(step kvconnector.StepInfo) kvconnector.TypedMetadata[*Payload] {
 	for _, id := range step.PreemptedReqIDs {
 		// Its blocks are free again: its stores must finish before anyone reuses them, and it
 		// recomputes from scratch, so it stores from chunk 0 again (present keys are skipped).
@@ -250,7 +250,7 @@ func (s *schedSide) BuildConnectorMeta(step kvconnector.StepInfo) kvconnector.Me
 	}
 	flush := slices.Sorted(maps.Keys(s.flush))
 	s.c.stats.flushDelivered.Add(int64(len(flush)))
-	meta := kvconnector.Metadata{Step: step.Step, FlushJobIDs: flush, Payload: &Payload{
+	meta := kvconnector.TypedMetadata[*Payload]{Step: step.Step, FlushJobIDs: flush, Payload: &Payload{
 		Loads: s.loads, Stores: stores, Release: s.release, NumScheduledTokens: step.NumScheduledTokens,
 		ResetAt: s.resetAt, FlushSpan: s.deliverySpan(step.Step, flush),
 	}}
@@ -352,9 +352,9 @@ func (s *schedSide) maybeDrop(st *reqState) {
 	delete(s.reqs, st.req.RequestID())
 }
 
-// UpdateConnectorOutput implements kvconnector.Scheduler.
-func (s *schedSide) UpdateConnectorOutput(out kvconnector.Output) {
-	wm, _ := out.WorkerMeta.(*WorkerMeta)
+// UpdateConnectorOutput implements kvconnector.TypedScheduler.
+func (s *schedSide) UpdateConnectorOutput(out kvconnector.TypedOutput[*WorkerMeta]) {
+	wm := out.WorkerMeta
 	if wm == nil {
 		return
 	}

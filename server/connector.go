@@ -7,6 +7,7 @@ import (
 	"maps"
 	"time"
 
+	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/kvconnector"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/offload"
@@ -29,9 +30,9 @@ func newConnector(cfg Config, mc model.Config, log *slog.Logger, tp trace.Tracer
 	}
 	blockSize := cfg.BlockSize
 	if blockSize == 0 {
-		blockSize = 16
+		blockSize = engine.DefaultBlockSize
 	}
-	blockBytes := int64(mc.NumHiddenLayers) * 2 * int64(blockSize) * int64(mc.KVDim()) * 4
+	blockBytes := mc.KVBlockBytes(blockSize)
 	c, err := offload.New(offload.Config{CPUBytes: cfg.OffloadCPUBytes, BlockSize: blockSize, Delay: cfg.OffloadDelay,
 		BlockBytes: blockBytes, Logger: log, TracerProvider: tp, OnFlushDelivered: onFlush})
 	if err != nil {

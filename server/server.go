@@ -34,15 +34,24 @@ var (
 	ErrInvalidConfig = errors.New("server: invalid config")
 )
 
+// Defaults of the Config fields a zero value stands for (the engine's and the api package's
+// are theirs: engine.DefaultBlockSize, api.DefaultMaxConcurrent, ...).
+const (
+	// DefaultAddr is the listen address.
+	DefaultAddr = "127.0.0.1:8000"
+	// DefaultShutdownGrace bounds how long in-flight requests may run after a shutdown signal.
+	DefaultShutdownGrace = 30 * time.Second
+)
+
 // Config configures one rollout server. The zero value serves builtin:tiny on 127.0.0.1:8000.
 type Config struct {
-	// Model is a model spec for load.Open (default "builtin:tiny"); Tokenizer overrides the
+	// Model is a model spec for load.Open (default load.DefaultSpec); Tokenizer overrides the
 	// tokenizer beside it. ModelName is the id clients name (default: the spec for builtins,
 	// the base name of a path).
 	Model, Tokenizer, ModelName string
 	// WeightVersion is the version of the initial weights (default 0).
 	WeightVersion int64
-	// Addr is the listen address (default 127.0.0.1:8000); Listener, when set, is used instead.
+	// Addr is the listen address (default DefaultAddr); Listener, when set, is used instead.
 	Addr     string
 	Listener net.Listener
 	// Engine sizing: KV pool in blocks (or bytes), block size, batch bounds; zero takes the
@@ -352,13 +361,13 @@ func (s *Server) Agent() *agent.Agent { return s.agent }
 
 func (c *Config) defaults() error {
 	if c.Model == "" {
-		c.Model = "builtin:tiny"
+		c.Model = load.DefaultSpec
 	}
 	if c.Addr == "" {
-		c.Addr = "127.0.0.1:8000"
+		c.Addr = DefaultAddr
 	}
 	if c.ShutdownGrace <= 0 {
-		c.ShutdownGrace = 30 * time.Second
+		c.ShutdownGrace = DefaultShutdownGrace
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -369,17 +378,28 @@ func (c *Config) defaults() error {
 	if c.Tracer == nil {
 		c.Tracer = c.TracerProvider.Tracer(tracerName)
 	}
+	return c.Validate()
+}
+
+// Validate reports the first setting New would refuse, as "server: invalid config: --flag:
+// reason" (errors.Is ErrInvalidConfig). The server's fields are the flags of `rollout serve`,
+// so its errors name the flag a user sets; the engine's and the api package's own fields are
+// checked by their Validate when New builds them.
+func (c Config) Validate() error {
 	switch c.OTel {
 	case "", "none", "stdout", "otlp":
 		// The main package installs the exporter (sdk/telemetry) and passes Config.Tracer.
 	default:
-		return fmt.Errorf("%w: --otel %q: want none, stdout or otlp", ErrInvalidConfig, c.OTel)
+		return fmt.Errorf("%w: --otel: %q, want none, stdout or otlp", ErrInvalidConfig, c.OTel)
 	}
-	if c.OffloadCPUBytes < 0 || c.OffloadDelay < 0 {
-		return fmt.Errorf("%w: negative offload size or delay", ErrInvalidConfig)
+	if c.OffloadCPUBytes < 0 {
+		return fmt.Errorf("%w: --offload-cpu-bytes: %d is negative", ErrInvalidConfig, c.OffloadCPUBytes)
+	}
+	if c.OffloadDelay < 0 {
+		return fmt.Errorf("%w: --offload-delay: %v is negative", ErrInvalidConfig, c.OffloadDelay)
 	}
 	if c.OffloadDelay > 0 && c.OffloadCPUBytes == 0 {
-		return fmt.Errorf("%w: --offload-delay needs --offload-cpu-bytes", ErrInvalidConfig)
+		return fmt.Errorf("%w: --offload-delay: needs --offload-cpu-bytes", ErrInvalidConfig)
 	}
 	return c.fleetDefaults()
 }

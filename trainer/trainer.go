@@ -85,9 +85,13 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+// Validate reports the first field New would refuse, as "trainer: invalid config: field:
+// value, what it must be" (errors.Is ErrInvalidConfig). Zero values stand for their defaults
+// and are valid.
+func (c Config) Validate() error {
+	c = c.withDefaults()
 	bad := func(field string, v any, want string) error {
-		return fmt.Errorf("%w: %s %v: %s", ErrInvalidConfig, field, v, want)
+		return fmt.Errorf("%w: %s: %v %s", ErrInvalidConfig, field, v, want)
 	}
 	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 	switch {
@@ -209,7 +213,7 @@ func New(w *model.Weights, cfg Config) (*Trainer, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	var refP *params[float32]

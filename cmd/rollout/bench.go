@@ -20,7 +20,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Run benchmarks, each figure beside its baseline measured in the same run"}
-	cmd.AddCommand(newBenchEngineCmd(), newBenchOffloadCmd(), newBenchFleetCmd())
+	cmd.AddCommand(newBenchEngineCmd(), newBenchOffloadCmd(), newBenchUpdateCmd(), newBenchFleetCmd())
 	return cmd
 }
 
@@ -47,7 +47,7 @@ func newBenchEngineCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pool := kernels.NewPool(workers)
 			defer pool.Close()
-			rep := bench.EngineReport{GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName()}
+			rep := bench.EngineReport{GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
 			rep.ReadBandwidthGBs = kernels.StreamReadBandwidth(pool, bwBytes)
 			for _, p := range presets {
 				r, err := decodeFigures(cmd.Context(), pool, p, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
@@ -67,7 +67,7 @@ func newBenchEngineCmd() *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(rep)
 			}
-			fmt.Fprintf(out, "kernel %s, %d workers, streaming read bandwidth %.1f GB/s\n\n", rep.Kernel, workers, rep.ReadBandwidthGBs)
+			fmt.Fprintf(out, "kernels: %s (%s), %d workers, streaming read bandwidth %.1f GB/s\n\n", rep.Kernel, rep.KernelBuild, workers, rep.ReadBandwidthGBs)
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "preset\tdecode tok/s\tllama2.c tok/s\tratio\tweights GB/s\tof bandwidth\tprefill tok/s")
 			for _, r := range rep.Decode {
@@ -210,7 +210,7 @@ func weightUpdate(ctx context.Context, preset string, workers int) (bench.Update
 		return bench.UpdateResult{}, err
 	}
 	defer os.RemoveAll(dir)
-	return bench.WeightUpdate(ctx, preset, 32, workers, weights.F32, dir)
+	return bench.WeightUpdate(ctx, preset, 32, 2, workers, weights.F32, dir)
 }
 
 func printEngineFigures(out io.Writer, rep *bench.EngineReport) {

@@ -307,7 +307,7 @@ func (fc *fleetCmd) pauseCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&mode, "mode", "abort", "what happens to requests in flight: abort, wait (let them finish) or keep (freeze them)")
+	cmd.Flags().StringVar(&mode, "mode", string(sdk.PauseAbort), "what happens to requests in flight: abort, wait (let them finish) or keep (freeze them)")
 	cmd.Flags().BoolVar(&clearCache, "clear-cache", false, "also reset the prefix cache and the offloaded KV after pausing")
 	f.register(cmd)
 	return cmd
@@ -361,7 +361,7 @@ func (fc *fleetCmd) sleepCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().IntVar(&level, "level", 1, "1: release the KV cache; 2: also the weights; 0: only pause")
-	cmd.Flags().StringVar(&mode, "mode", "abort", "pause mode for servers not paused already: abort, wait or keep")
+	cmd.Flags().StringVar(&mode, "mode", string(sdk.PauseAbort), "pause mode for servers not paused already: abort, wait or keep")
 	f.register(cmd)
 	return cmd
 }
@@ -532,7 +532,7 @@ func (fc *fleetCmd) updateCmd() *cobra.Command {
 	f.StringVar(&ref.URI, "source", "", "where servers fetch it: a path or file:// URI on the servers, or an http(s) URL (rollout weights serve)")
 	f.StringVar(&ref.SHA256, "sha256", "", "its digest, as rollout weights digest prints it (servers refuse other bytes)")
 	f.StringVar(&policy, "policy", "all", "all, quorum:K or rolling:K")
-	f.StringVar(&mode, "mode", "abort", "pause mode of the cut: abort (samples continue on the new weights), wait or keep")
+	f.StringVar(&mode, "mode", string(sdk.PauseAbort), "pause mode of the cut: abort (samples continue on the new weights), wait or keep")
 	f.IntVar(&sleepLevel, "sleep-level", 1, "sleep level of the cut: 1 releases the KV cache, 2 also the weights, 0 skips sleeping")
 	f.BoolVar(&clearCache, "clear-cache", true, "reset the prefix cache and offloaded KV at the pause (stale KV must not meet new weights)")
 	f.DurationVar(&timeout, "timeout", time.Minute, "bound on staging and on each commit command")

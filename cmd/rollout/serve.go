@@ -12,8 +12,11 @@ import (
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/sdk/telemetry"
 	"github.com/rolloutkit/rollout/server"
+	"github.com/rolloutkit/rollout/server/api"
 )
 
 func newServeCmd() *cobra.Command {
@@ -85,14 +88,14 @@ func newServeCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Model, "model", "builtin:tiny", "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file")
+	f.StringVar(&cfg.Model, "model", load.DefaultSpec, "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file")
 	f.StringVar(&cfg.Tokenizer, "tokenizer", "", "tokenizer file overriding the one beside the checkpoint")
-	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:8000", "listen address")
+	f.StringVar(&cfg.Addr, "addr", server.DefaultAddr, "listen address")
 	f.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV pool size in blocks (0: derived)")
 	f.Var(&kvBytes, "kv-bytes", "KV pool size in bytes, e.g. 256MiB (0: derived)")
-	f.IntVar(&cfg.BlockSize, "block-size", 16, "KV block size in tokens")
-	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 64, "maximum running sequences")
-	f.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", 2048, "maximum tokens per engine step")
+	f.IntVar(&cfg.BlockSize, "block-size", engine.DefaultBlockSize, "KV block size in tokens")
+	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", engine.DefaultMaxNumSeqs, "maximum running sequences")
+	f.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "maximum tokens per engine step")
 	f.Var(&offloadBytes, "offload-cpu-bytes", "CPU memory for KV offloading, e.g. 1GiB (0: off)")
 	f.DurationVar(&cfg.OffloadDelay, "offload-delay", 0, "extra delay per offload transfer (tests and benchmarks only)")
 	f.StringVar(&cfg.Redis, "redis", "", "Redis URL of the fleet control plane")
@@ -113,11 +116,11 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&cfg.WeightsAllowPrivate, "weights-allow-private", false,
 		"let http(s) weight fetches reach loopback, private and link-local addresses (loopback is allowed when --addr is loopback)")
 	f.StringVar(&cfg.OTel, "otel", "", "trace exporter: none, stdout or otlp (default: OTEL_TRACES_EXPORTER, else none; OTLP reads the standard OTEL_EXPORTER_OTLP_* variables)")
-	f.IntVar(&cfg.MaxConcurrent, "max-concurrent", 256, "generation requests served at once")
-	f.IntVar(&cfg.MaxQueue, "max-queue", 1024, "generation requests waiting for a slot before 429")
-	maxBody = 8 << 20
+	f.IntVar(&cfg.MaxConcurrent, "max-concurrent", api.DefaultMaxConcurrent, "generation requests served at once")
+	f.IntVar(&cfg.MaxQueue, "max-queue", api.DefaultMaxQueue, "generation requests waiting for a slot before 429")
+	maxBody = api.DefaultMaxBodyBytes
 	f.Var(&maxBody, "max-body-bytes", "largest request body (413 beyond)")
-	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", 30*time.Second, "time in-flight requests get to finish on shutdown")
+	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", server.DefaultShutdownGrace, "time in-flight requests get to finish on shutdown")
 	f.Int64Var(&cfg.WeightVersion, "weight-version", 0, "version number of the initial weights")
 	return cmd
 }

@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
 )
 
 // versionInfo is what `rollout version` reports. The JSON names are part of the CLI's output
@@ -19,9 +21,15 @@ type versionInfo struct {
 	GoVersion    string `json:"go_version"`
 	Platform     string `json:"platform"`
 	GOEXPERIMENT string `json:"goexperiment"`
-	// SIMD says which vector paths this binary can use: "off" when built without
-	// GOEXPERIMENT=simd (pure-Go kernels only), otherwise the CPU features archsimd detects.
+	// SIMD says whether the simd/archsimd experiment is compiled in: "off" without
+	// GOEXPERIMENT=simd (the default: the kernels are assembly and need no experiment),
+	// otherwise the CPU features archsimd detects.
 	SIMD string `json:"simd"`
+	// Kernel is the MatMul kernel this process runs on this CPU ("avx512", "avx2", "generic",
+	// see kernels.KernelName) and KernelBuild the kernel family built in ("assembly",
+	// "archsimd, GOEXPERIMENT=simd", "portable, purego", see kernels.KernelBuild).
+	Kernel      string `json:"kernel"`
+	KernelBuild string `json:"kernel_build"`
 }
 
 // currentVersion combines the link-time variables with the build info the go command embeds.
@@ -42,6 +50,9 @@ func newVersionInfo(ldVersion, ldCommit string, bi *debug.BuildInfo) versionInfo
 		GoVersion: runtime.Version(),
 		Platform:  runtime.GOOS + "/" + runtime.GOARCH,
 		SIMD:      simdState(),
+
+		Kernel:      kernels.KernelName(),
+		KernelBuild: kernels.KernelBuild(),
 	}
 	if bi != nil {
 		if v.Version == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
@@ -80,7 +91,7 @@ func newVersionCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "version",
-		Short: "Print version, commit, Go version and SIMD build state",
+		Short: "Print version, commit, Go version, SIMD build state and the kernels in use",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return writeVersion(cmd.OutOrStdout(), currentVersion(), asJSON)
@@ -100,7 +111,7 @@ func writeVersion(w io.Writer, v versionInfo, asJSON bool) error {
 	if v.Modified {
 		modified = " (modified)"
 	}
-	_, err := fmt.Fprintf(w, "rollout %s\ncommit:       %s%s\ngo:           %s %s\ngoexperiment: %s\nsimd:         %s\n",
-		v.Version, v.Commit, modified, v.GoVersion, v.Platform, v.GOEXPERIMENT, v.SIMD)
+	_, err := fmt.Fprintf(w, "rollout %s\ncommit:       %s%s\ngo:           %s %s\ngoexperiment: %s\nsimd:         %s\nkernels:      %s (%s)\n",
+		v.Version, v.Commit, modified, v.GoVersion, v.Platform, v.GOEXPERIMENT, v.SIMD, v.Kernel, v.KernelBuild)
 	return err
 }

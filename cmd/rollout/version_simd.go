@@ -27,7 +27,7 @@ func simdState() string {
 		}
 	}
 	if len(feats) == 0 {
-		return "on (no AVX on this CPU: pure-Go kernels)"
+		return "on (no AVX on this CPU: portable kernels)"
 	}
 	return "on (" + strings.Join(feats, ",") + ")"
 }

@@ -9,6 +9,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/cpu"
+
+	"github.com/rolloutkit/rollout/engine/kernels"
 )
 
 func TestNewVersionInfo(t *testing.T) {
@@ -53,8 +56,14 @@ func TestSIMDStateMatchesBuild(t *testing.T) {
 	if simdExperiment {
 		assert.True(t, strings.HasPrefix(v.SIMD, "on"), v.SIMD)
 		assert.Equal(t, "simd", v.GOEXPERIMENT)
+		assert.Equal(t, "archsimd, GOEXPERIMENT=simd", v.KernelBuild)
 	} else {
 		assert.True(t, strings.HasPrefix(v.SIMD, "off"), v.SIMD)
+		assert.NotContains(t, v.KernelBuild, "archsimd")
+	}
+	assert.Contains(t, []string{"avx512", "avx2", "generic", "neon"}, v.Kernel)
+	if runtime.GOARCH == "amd64" && !strings.HasPrefix(v.KernelBuild, "portable") && cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		assert.NotEqual(t, "generic", v.Kernel, "an amd64 assembly or archsimd build on a CPU with AVX2+FMA runs its SIMD kernels")
 	}
 }
 
@@ -62,11 +71,12 @@ func TestVersionCommand(t *testing.T) {
 	out, _, err := execute(t, NewRootCmd(), "version")
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 5, out)
+	require.Len(t, lines, 6, out)
 	assert.True(t, strings.HasPrefix(lines[0], "rollout "), lines[0])
 	assert.Contains(t, out, "go:           "+runtime.Version())
 	assert.Contains(t, out, "simd:         ")
 	assert.Contains(t, out, "goexperiment: ")
+	assert.Contains(t, out, "kernels:      "+kernels.KernelSummary()+"\n")
 
 	out, _, err = execute(t, NewRootCmd(), "version", "--json")
 	require.NoError(t, err)
@@ -76,6 +86,8 @@ func TestVersionCommand(t *testing.T) {
 	assert.NotEmpty(t, v.Version)
 	assert.NotEmpty(t, v.Commit)
 	assert.NotEmpty(t, v.SIMD)
+	assert.Equal(t, kernels.KernelName(), v.Kernel)
+	assert.Equal(t, kernels.KernelBuild(), v.KernelBuild)
 
 	_, _, err = execute(t, NewRootCmd(), "version", "extra")
 	require.Error(t, err)

@@ -2,11 +2,60 @@
 
 package kernels
 
-// This build forwards to the portable kernels until the amd64 assembly kernels land.
+// This build runs the generated assembly tiles (kernels_asm_avx512_amd64.s,
+// kernels_asm_avx2_amd64.s), which need no GOEXPERIMENT: the default for `go build` and
+// `go install` on amd64.
 
-// KernelName names the MatMul implementation this process uses.
-func KernelName() string { return "generic" }
+var (
+	avx512Kernel = simdKernel{name: "avx512", tiles: &a512Tiles, t1: 7, shape: func(n int) (int, int) {
+		switch {
+		case n <= 2:
+			return 4, n
+		default:
+			return 2, min(n, 4)
+		}
+	}}
+	// From three tokens up, AVX2 uses the 1×6 tile (12 accumulators, BLIS's Haswell shape).
+	avx2Kernel = simdKernel{name: "avx2", tiles: &a256Tiles, t1: 6, shape: func(n int) (int, int) {
+		switch {
+		case n == 1:
+			return 3, 1
+		case n == 2:
+			return 2, 2
+		default:
+			return 1, min(n, 6)
+		}
+	}}
+)
 
-func matmulPanels(m *Matrix, y, x []float32, n, lo, hi int) { matmulGeneric(m, y, x, n, lo, hi) }
+// activeKernel is chosen once from the CPU's features; nil means the portable kernel.
+var activeKernel = selectKernel()
 
-func streamRead(buf []uint64) uint64 { return streamReadGeneric(buf) }
+func selectKernel() *simdKernel {
+	switch {
+	case hasAVX512:
+		return &avx512Kernel
+	case hasAVX2FMA:
+		return &avx2Kernel
+	}
+	return nil
+}
+
+// buildMode is what KernelBuild reports: the generated Go assembly, no GOEXPERIMENT needed.
+const buildMode = "assembly"
+
+// KernelName names the MatMul implementation this process uses: "avx512", "avx2" or "generic".
+func KernelName() string {
+	if activeKernel == nil {
+		return "generic"
+	}
+	return activeKernel.name
+}
+
+func matmulPanels(m *Matrix, y, x []float32, n, lo, hi int) {
+	if activeKernel == nil {
+		matmulGeneric(m, y, x, n, lo, hi)
+		return
+	}
+	matmulSIMD(activeKernel, m, y, x, n, lo, hi)
+}

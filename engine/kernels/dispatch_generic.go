@@ -3,7 +3,7 @@
 package kernels
 
 // KernelName names the MatMul implementation this process uses: "avx512", "avx2" or "generic".
-// Builds without GOEXPERIMENT=simd on amd64 always use the portable kernel.
+// The purego tag, and architectures without assembly kernels, always use the portable kernel.
 func KernelName() string { return "generic" }
 
 func matmulPanels(m *Matrix, y, x []float32, n, lo, hi int) { matmulGeneric(m, y, x, n, lo, hi) }

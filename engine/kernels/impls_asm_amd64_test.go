@@ -2,5 +2,27 @@
 
 package kernels
 
-// simdImpls is empty: this build has only the portable kernel.
-func simdImpls() []impl { return nil }
+// simdImpls lists the assembly kernels this CPU can run, so tests cover AVX2 on AVX-512
+// machines too.
+func simdImpls() []impl {
+	var out []impl
+	if hasAVX512 {
+		out = append(out, impl{"avx512", func(m *Matrix, y, x []float32, n, lo, hi int) { matmulSIMD(&avx512Kernel, m, y, x, n, lo, hi) }})
+	}
+	if hasAVX2FMA {
+		out = append(out, impl{"avx2", func(m *Matrix, y, x []float32, n, lo, hi int) { matmulSIMD(&avx2Kernel, m, y, x, n, lo, hi) }})
+	}
+	return out
+}
+
+// tileKernels lists the tile tables this CPU can run.
+func tileKernels() []*simdKernel {
+	var out []*simdKernel
+	if hasAVX512 {
+		out = append(out, &avx512Kernel)
+	}
+	if hasAVX2FMA {
+		out = append(out, &avx2Kernel)
+	}
+	return out
+}

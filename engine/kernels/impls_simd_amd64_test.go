@@ -15,3 +15,15 @@ func simdImpls() []impl {
 	}
 	return out
 }
+
+// tileKernels lists the tile tables this CPU can run.
+func tileKernels() []*simdKernel {
+	var out []*simdKernel
+	if archsimd.X86.AVX512() {
+		out = append(out, &avx512Kernel)
+	}
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
+		out = append(out, &avx2Kernel)
+	}
+	return out
+}

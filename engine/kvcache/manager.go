@@ -56,10 +56,22 @@ type Manager struct {
 	stats   Stats
 }
 
+// Validate reports the first field New would refuse, as "kvcache: invalid config: Field:
+// reason" (errors.Is ErrInvalidConfig).
+func (cfg Config) Validate() error {
+	switch {
+	case cfg.NumBlocks < 2:
+		return fmt.Errorf("%w: NumBlocks: %d, need >= 2 (the null block and one more)", ErrInvalidConfig, cfg.NumBlocks)
+	case cfg.BlockSize <= 0:
+		return fmt.Errorf("%w: BlockSize: %d, need > 0", ErrInvalidConfig, cfg.BlockSize)
+	}
+	return nil
+}
+
 // New builds a pool with every block but the null block free.
 func New(cfg Config) (*Manager, error) {
-	if cfg.NumBlocks < 2 || cfg.BlockSize <= 0 {
-		return nil, fmt.Errorf("%w: NumBlocks %d (need >= 2), BlockSize %d (need > 0)", ErrInvalidConfig, cfg.NumBlocks, cfg.BlockSize)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	m := &Manager{
 		cfg:    cfg,

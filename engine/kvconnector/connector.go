@@ -52,17 +52,20 @@ type StepInfo struct {
 	PreemptedReqIDs    []string // preempted since the previous step (their blocks are free again)
 }
 
-// Metadata is the per-step message from a connector's scheduler side to its worker side. It travels
-// only inside a step (SchedulerOutput), and every step carries one, even a step with 0 tokens:
-// that is how a flush set produced by a reset reaches the workers when no request is left.
+// Metadata is the per-step message from a connector's scheduler side to its worker side, as the
+// scheduler and the engine carry it. It travels only inside a step (SchedulerOutput), and every
+// step carries one, even a step with 0 tokens: that is how a flush set produced by a reset
+// reaches the workers when no request is left.
 type Metadata struct {
 	Step uint64
 	// FlushJobIDs are transfer jobs the worker must have submitted and waited on before this step
 	// proceeds (before any load is submitted and before the forward pass). Kept outside Payload so
 	// the engine can log and trace flush delivery without knowing the connector.
 	FlushJobIDs []int64
-	// Payload is connector-specific (loads, stores, ...); nil for the Noop connector.
-	Payload any
+	// Payload is the connector's own data (loads, stores, ...), sealed: only the worker side
+	// bound (Bind) with the scheduler side that built it opens it, with its static type. Zero
+	// for the Noop connector.
+	Payload Sealed
 }
 
 // Output is the worker side's per-step report back to the scheduler side.
@@ -74,8 +77,23 @@ type Output struct {
 	// their blocks and recomputes them (vLLM's load-error path). An id here needs not be
 	// repeated in FinishedRecving.
 	FailedRecving []string
-	WorkerMeta    any // connector-specific (e.g. completed job ids)
+	// WorkerMeta is the connector's own report (e.g. completed job ids), sealed like
+	// Metadata.Payload.
+	WorkerMeta Sealed
 }
+
+// Sealed is a connector's payload on its way between the connector's two sides through code
+// that must not read it (the scheduler, the engine). Only Bind's adapters make and open one, so
+// the payload a worker side receives has the type its scheduler side built, checked by the
+// compiler at Bind; the zero Sealed carries nothing.
+type Sealed struct {
+	v    any
+	from *binding
+}
+
+// binding identifies one Bind call: a Sealed opens only on the side bound with its maker. It
+// is not zero-sized, so that every Bind's pointer is distinct.
+type binding struct{ _ byte }
 
 // Event is a cache event for consumers such as a KV-aware router.
 type Event struct {
@@ -95,9 +113,45 @@ type BlockPool interface {
 	Generation(block int) uint64
 }
 
-// Scheduler is the scheduler side of a connector (vLLM KVConnectorBase_V1, SCHEDULER role). The
-// scheduler calls it from its single goroutine; implementations need no locking against it.
+// Scheduler is the scheduler side of a connector (vLLM KVConnectorBase_V1, SCHEDULER role) as
+// the scheduler sees it. The scheduler calls it from its single goroutine; implementations need
+// no locking against it. A connector with a payload implements TypedScheduler and TypedWorker
+// and binds them with Bind; Noop implements Scheduler and Worker directly.
 type Scheduler interface {
+	SchedulerBase
+	// BuildConnectorMeta is called exactly once per schedule, 0-token steps included, and resets
+	// the connector's per-step state. It must not mutate step (its slices are shared).
+	BuildConnectorMeta(step StepInfo) Metadata
+	// UpdateConnectorOutput consumes the worker side's output of a step.
+	UpdateConnectorOutput(out Output)
+}
+
+// TypedMetadata is Metadata as a connector's own two sides see it: the payload with its type.
+type TypedMetadata[P any] struct {
+	Step        uint64
+	FlushJobIDs []int64
+	Payload     P
+}
+
+// TypedOutput is Output as a connector's scheduler side sees it: the worker report with its
+// type.
+type TypedOutput[W any] struct {
+	FinishedSending, FinishedRecving, FailedRecving []string
+	WorkerMeta                                      W
+}
+
+// TypedScheduler is the scheduler side of a connector whose metadata payload is P and whose
+// worker report is W; Bind adapts it to Scheduler.
+type TypedScheduler[P, W any] interface {
+	SchedulerBase
+	// BuildConnectorMeta is Scheduler.BuildConnectorMeta with the payload typed.
+	BuildConnectorMeta(step StepInfo) TypedMetadata[P]
+	// UpdateConnectorOutput is Scheduler.UpdateConnectorOutput with the report typed.
+	UpdateConnectorOutput(out TypedOutput[W])
+}
+
+// SchedulerBase is the part of a connector's scheduler side that carries no payload.
+type SchedulerBase interface {
 	// OnNewRequest is called once when a request is added.
 	OnNewRequest(req Request)
 	// GetNumNewMatchedTokens returns how many tokens beyond numComputedTokens (the local prefix
@@ -109,11 +163,6 @@ type Scheduler interface {
 	// UpdateStateAfterAlloc is called after a successful allocation for a request taken from the
 	// waiting queue, with its whole block table and the external token count it was granted.
 	UpdateStateAfterAlloc(req Request, blockIDs []int, numExternalTokens int)
-	// BuildConnectorMeta is called exactly once per schedule, 0-token steps included, and resets
-	// the connector's per-step state. It must not mutate step (its slices are shared).
-	BuildConnectorMeta(step StepInfo) Metadata
-	// UpdateConnectorOutput consumes the worker side's output of a step.
-	UpdateConnectorOutput(out Output)
 	// RequestFinished is called exactly once per request, before its blocks return to the pool,
 	// with the blocks holding its computed tokens. Returning true keeps the blocks allocated until
 	// the request id appears in Output.FinishedSending.
@@ -141,8 +190,25 @@ type PoolBinder interface {
 // Worker is the worker side of a connector (vLLM KVConnectorBase_V1, WORKER role), driven by the
 // model runner once per step in the order RunStep encodes.
 type Worker interface {
+	WorkerBase
 	// BindMetadata hands over this step's metadata; it is the first call of every step.
 	BindMetadata(meta Metadata)
+	// BuildWorkerMeta returns the worker-to-scheduler payload of this step (Output.WorkerMeta).
+	BuildWorkerMeta() Sealed
+}
+
+// TypedWorker is the worker side of a connector whose metadata payload is P and whose report
+// is W; Bind adapts it to Worker.
+type TypedWorker[P, W any] interface {
+	WorkerBase
+	// BindMetadata is Worker.BindMetadata with the payload typed.
+	BindMetadata(meta TypedMetadata[P])
+	// BuildWorkerMeta is Worker.BuildWorkerMeta with the report typed.
+	BuildWorkerMeta() W
+}
+
+// WorkerBase is the part of a connector's worker side that carries no payload.
+type WorkerBase interface {
 	// HandlePreemptions runs before anything can overwrite KV blocks this step: it submits
 	// deferred stores and waits on the step's FlushJobIDs.
 	HandlePreemptions(ctx context.Context) error
@@ -153,8 +219,6 @@ type Worker interface {
 	// GetFinished reports requests whose transfers completed; finishedReqIDs are the step's
 	// finished requests.
 	GetFinished(finishedReqIDs []string) (finishedSending, finishedRecving []string)
-	// BuildWorkerMeta returns the worker-to-scheduler payload of this step (Output.WorkerMeta).
-	BuildWorkerMeta() any
 	// ClearMetadata ends the step.
 	ClearMetadata()
 	// WaitIdle blocks until no transfer submitted by this worker is still touching the KV pool or

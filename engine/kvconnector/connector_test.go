@@ -34,8 +34,8 @@ func (w *recWorker) GetFinished(ids []string) ([]string, []string) {
 	_ = w.hit("finished")
 	return w.sending, ids
 }
-func (w *recWorker) BuildWorkerMeta() any { _ = w.hit("meta"); return "wm" }
-func (w *recWorker) ClearMetadata()       { _ = w.hit("clear") }
+func (w *recWorker) BuildWorkerMeta() Sealed { _ = w.hit("meta"); return Sealed{} }
+func (w *recWorker) ClearMetadata()          { _ = w.hit("clear") }
 
 func TestRunStepOrder(t *testing.T) {
 	w := &recWorker{sending: []string{"s"}}
@@ -44,7 +44,7 @@ func TestRunStepOrder(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"bind", "preempt", "load", "forward", "save", "finished", "meta", "clear"}, w.calls)
 	assert.Equal(t, meta, w.meta)
-	assert.Equal(t, Output{FinishedSending: []string{"s"}, FinishedRecving: []string{"f"}, WorkerMeta: "wm"}, out)
+	assert.Equal(t, Output{FinishedSending: []string{"s"}, FinishedRecving: []string{"f"}}, out)
 
 	// A 0-token step has no forward but still runs every other hook.
 	w = &recWorker{}
@@ -77,7 +77,7 @@ func TestRunStepErrors(t *testing.T) {
 		require.Error(t, err, phase)
 		assert.Equal(t, calls, w.calls, phase)
 		assert.Equal(t, 1, w.failed)
-		assert.Equal(t, Output{FinishedSending: []string{"s"}, FinishedRecving: []string{"f"}, FailedRecving: []string{"bad"}, WorkerMeta: "wm"}, out, phase)
+		assert.Equal(t, Output{FinishedSending: []string{"s"}, FinishedRecving: []string{"f"}, FailedRecving: []string{"bad"}}, out, phase)
 	}
 	w := &failWorker{}
 	_, err := RunStep(t.Context(), w, Metadata{}, nil, nil)

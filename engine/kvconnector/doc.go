@@ -24,6 +24,13 @@
 // reported in Output.FailedRecving (LoadErrorReporter): the scheduler frees its blocks and the
 // request recomputes.
 //
-// Everything crossing the boundary is plain data (request ids, block ids, block hashes), so a
+// A connector's own per-step data (the loads and stores its worker side runs, the completions
+// it reports back) travels sealed (Sealed) through the scheduler and the engine, which never
+// read it. The connector implements TypedScheduler[P, W] and TypedWorker[P, W] with its payload
+// types and joins them with Bind: a worker side expecting another payload than its scheduler
+// side builds is a compile error, and metadata reaching the worker side of another connector
+// fails the step (ErrForeignMetadata) instead of arriving as a zero payload.
+//
+// Everything else crossing the boundary is plain data (request ids, block ids, block hashes), so a
 // connector needs to import only this package.
 package kvconnector

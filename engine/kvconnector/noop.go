@@ -57,7 +57,7 @@ func (Noop) WaitForSave(context.Context) error { return nil }
 func (Noop) GetFinished([]string) (finishedSending, finishedRecving []string) { return nil, nil }
 
 // BuildWorkerMeta implements Worker.
-func (Noop) BuildWorkerMeta() any { return nil }
+func (Noop) BuildWorkerMeta() Sealed { return Sealed{} }
 
 // ClearMetadata implements Worker.
 func (Noop) ClearMetadata() {}

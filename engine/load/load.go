@@ -19,6 +19,10 @@ var ErrBadSpec = errors.New("load: bad model spec")
 // DefaultSeed is the seed of `builtin:NAME` without an explicit `@SEED`.
 const DefaultSeed = 1
 
+// DefaultSpec is the model spec a server or the CLI uses when none is given: the tiny builtin
+// model, which needs no files.
+const DefaultSpec = "builtin:tiny"
+
 // Model is a resolved model: its weights, its tokenizer and where they came from.
 type Model struct {
 	Spec      string

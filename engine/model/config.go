@@ -3,6 +3,8 @@ package model
 import (
 	"errors"
 	"fmt"
+
+	"github.com/rolloutkit/rollout/engine/kvcache"
 )
 
 // ErrInvalidConfig is returned (wrapped) for a configuration that cannot describe a model.
@@ -25,6 +27,19 @@ type Config struct {
 	BOSTokenID            int      `json:"bos_token_id"`
 	EOSTokenID            int      `json:"eos_token_id"`
 	TorchDtype            string   `json:"torch_dtype,omitempty"`
+}
+
+// KVLayout returns the KV pool layout of a model with this config: numBlocks blocks of
+// blockSize tokens.
+func (c Config) KVLayout(numBlocks, blockSize int) kvcache.Layout {
+	return kvcache.Layout{NumLayers: c.NumHiddenLayers, NumBlocks: numBlocks, BlockSize: blockSize, KVDim: c.KVDim()}
+}
+
+// KVBlockBytes is the size in bytes of one KV block of blockSize tokens (keys and values of
+// every layer, float32): the unit the engine sizes its pool in and the offload connector
+// copies.
+func (c Config) KVBlockBytes(blockSize int) int64 {
+	return int64(c.KVLayout(0, blockSize).BlockBytes())
 }
 
 // Limits bound what Validate accepts, so that an untrusted config.json cannot make the

@@ -1,10 +1,14 @@
 package model
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/kvcache"
@@ -74,14 +78,12 @@ func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 	if reuse != nil && len(reuse.layers) != len(w.Layers) {
 		reuse = nil // each matrix checks its own shape; the layer lists must line up
 	}
-	var err error
-	pack := func(old *kernels.Matrix, rows, cols int, parts ...[]float32) *kernels.Matrix {
-		if err != nil {
-			return nil
-		}
-		var mat *kernels.Matrix
-		mat, err = kernels.PackStacked(old, rows, cols, parts...)
-		return mat
+	// Every matrix is packed by its own job, and the jobs run on all cores (largest first, so
+	// the classifier does not come last): a weight update packs while the old weights serve,
+	// and the sooner it is done the sooner the new ones can.
+	var jobs []packJob
+	pack := func(dst **kernels.Matrix, old *kernels.Matrix, rows, cols int, parts ...[]float32) {
+		jobs = append(jobs, packJob{dst: dst, old: old, rows: rows, cols: cols, parts: parts})
 	}
 	var old packedLayer
 	m.layers = make([]packedLayer, len(w.Layers))
@@ -90,20 +92,19 @@ func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 		if reuse != nil {
 			old = reuse.layers[i]
 		}
-		m.layers[i] = packedLayer{
-			attnNorm: l.AttnNorm, ffnNorm: l.FFNNorm,
-			qkv:    pack(old.qkv, h+2*kvd, h, l.Wq, l.Wk, l.Wv),
-			wo:     pack(old.wo, h, h, l.Wo),
-			gateUp: pack(old.gateUp, 2*f, h, l.WGate, l.WUp),
-			down:   pack(old.down, h, f, l.WDown),
-		}
+		pl := &m.layers[i]
+		pl.attnNorm, pl.ffnNorm = l.AttnNorm, l.FFNNorm
+		pack(&pl.qkv, old.qkv, h+2*kvd, h, l.Wq, l.Wk, l.Wv)
+		pack(&pl.wo, old.wo, h, h, l.Wo)
+		pack(&pl.gateUp, old.gateUp, 2*f, h, l.WGate, l.WUp)
+		pack(&pl.down, old.down, h, f, l.WDown)
 	}
 	var oldCls *kernels.Matrix
 	if reuse != nil {
 		oldCls = reuse.cls
 	}
-	m.cls = pack(oldCls, c.VocabSize, h, w.Classifier())
-	if err != nil {
+	pack(&m.cls, oldCls, c.VocabSize, h, w.Classifier())
+	if err := runPackJobs(jobs, runtime.GOMAXPROCS(0)); err != nil {
 		return nil, fmt.Errorf("model: packing weights: %w", err)
 	}
 	if r := reuse; r != nil && r.Config.MaxPositionEmbeddings == c.MaxPositionEmbeddings &&
@@ -124,6 +125,49 @@ func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 	return m, nil
 }
 
+// packJob packs one matrix into *dst (into old's memory when it has the shape).
+type packJob struct {
+	dst        **kernels.Matrix
+	old        *kernels.Matrix
+	rows, cols int
+	parts      [][]float32
+}
+
+// runPackJobs runs jobs on up to workers goroutines, the largest first, and returns the first
+// error (jobs after it may still have run; the model is dropped either way).
+func runPackJobs(jobs []packJob, workers int) error {
+	slices.SortStableFunc(jobs, func(a, b packJob) int { return cmp.Compare(b.rows*b.cols, a.rows*a.cols) })
+	var (
+		next atomic.Int64
+		mu   sync.Mutex
+		err  error
+		wg   sync.WaitGroup
+	)
+	work := func() {
+		for {
+			i := int(next.Add(1) - 1)
+			if i >= len(jobs) {
+				return
+			}
+			j := &jobs[i]
+			mat, e := kernels.PackStacked(j.old, j.rows, j.cols, j.parts...)
+			if e != nil {
+				mu.Lock()
+				err = cmp.Or(err, e)
+				mu.Unlock()
+				continue
+			}
+			*j.dst = mat
+		}
+	}
+	for range min(workers, len(jobs)) - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+	return err
+}
+
 // WeightBytes is the number of weight bytes one decode step streams (the packed matrices and
 // the norms), the numerator of the bandwidth ratio the engine benchmark reports.
 func (m *Model) WeightBytes() int64 {
@@ -137,7 +181,7 @@ func (m *Model) WeightBytes() int64 {
 
 // KVLayout returns the pool layout this model needs for numBlocks blocks of blockSize tokens.
 func (m *Model) KVLayout(numBlocks, blockSize int) kvcache.Layout {
-	return kvcache.Layout{NumLayers: m.Config.NumHiddenLayers, NumBlocks: numBlocks, BlockSize: blockSize, KVDim: m.Config.KVDim()}
+	return m.Config.KVLayout(numBlocks, blockSize)
 }
 
 type workspace struct {

@@ -49,17 +49,13 @@ func New(cfg Config, pool *kvcache.Manager, conn kvconnector.Scheduler) (*Schedu
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil block pool", ErrInvalidConfig)
 	}
-	if cfg.MaxNumBatchedTokens <= 0 || cfg.MaxNumSeqs <= 0 || cfg.MaxModelLen <= 0 || cfg.LongPrefillTokenThreshold < 0 {
-		return nil, fmt.Errorf("%w: MaxNumBatchedTokens %d, MaxNumSeqs %d, MaxModelLen %d must be > 0, LongPrefillTokenThreshold %d >= 0",
-			ErrInvalidConfig, cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs, cfg.MaxModelLen, cfg.LongPrefillTokenThreshold)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	bs := pool.BlockSize()
 	// A lone request must always fit, or preemption could not guarantee progress.
 	if need := (cfg.MaxModelLen + bs - 1) / bs; need > pool.NumBlocks()-1 {
-		return nil, fmt.Errorf("%w: MaxModelLen %d needs %d blocks, pool has %d", ErrInvalidConfig, cfg.MaxModelLen, need, pool.NumBlocks()-1)
-	}
-	if cfg.DisableChunkedPrefill && cfg.MaxNumBatchedTokens < cfg.MaxModelLen {
-		return nil, fmt.Errorf("%w: without chunked prefill MaxNumBatchedTokens %d must be >= MaxModelLen %d", ErrInvalidConfig, cfg.MaxNumBatchedTokens, cfg.MaxModelLen)
+		return nil, fmt.Errorf("%w: MaxModelLen: %d tokens need %d blocks, the pool has %d", ErrInvalidConfig, cfg.MaxModelLen, need, pool.NumBlocks()-1)
 	}
 	if conn == nil {
 		conn = kvconnector.Noop{}

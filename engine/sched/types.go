@@ -2,6 +2,7 @@ package sched
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/rolloutkit/rollout/engine/kvcache"
 	"github.com/rolloutkit/rollout/engine/kvconnector"
@@ -31,6 +32,28 @@ type Config struct {
 	DisableChunkedPrefill bool
 	// LongPrefillTokenThreshold caps the tokens one request computes per step (0: no cap).
 	LongPrefillTokenThreshold int
+}
+
+// Validate reports the first field New would refuse, as "sched: invalid config: Field:
+// reason" (errors.Is ErrInvalidConfig). That the pool holds one MaxModelLen request is
+// checked by New, which has the pool.
+func (cfg Config) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"MaxNumBatchedTokens", cfg.MaxNumBatchedTokens}, {"MaxNumSeqs", cfg.MaxNumSeqs}, {"MaxModelLen", cfg.MaxModelLen}} {
+		if f.v <= 0 {
+			return fmt.Errorf("%w: %s: %d, need > 0", ErrInvalidConfig, f.name, f.v)
+		}
+	}
+	if cfg.LongPrefillTokenThreshold < 0 {
+		return fmt.Errorf("%w: LongPrefillTokenThreshold: %d, need >= 0", ErrInvalidConfig, cfg.LongPrefillTokenThreshold)
+	}
+	if cfg.DisableChunkedPrefill && cfg.MaxNumBatchedTokens < cfg.MaxModelLen {
+		return fmt.Errorf("%w: MaxNumBatchedTokens: %d is below MaxModelLen %d, which without chunked prefill it must hold",
+			ErrInvalidConfig, cfg.MaxNumBatchedTokens, cfg.MaxModelLen)
+	}
+	return nil
 }
 
 // PauseState is the scheduler's pause state (vLLM PauseState).

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/x448/float16"
 )
@@ -125,23 +126,51 @@ func encode(dst []byte, src []float32, d DType) []byte {
 	return dst
 }
 
-// firstNonFinite returns the index of the first NaN or ±Inf in v, or -1. Eight values at a
-// time with no branch per value (their masked exponents XOR all-ones, min'ed: zero means one
-// is non-finite), since every loaded weight passes through here: 15x the one-by-one loop.
+// firstNonFinite returns the index of the first NaN or ±Inf in v, or -1. Every loaded weight
+// passes through here, so the scan runs sixteen values at a time on their bits in pairs
+// (finiteBlocks), and only a block that holds a non-finite value is walked one by one.
 func firstNonFinite(v []float32) int {
-	const m = 0x7f800000 // exponent all ones: Inf or NaN
 	i := 0
-	for ; i+8 <= len(v); i += 8 {
-		b := v[i : i+8 : i+8]
-		if min(math.Float32bits(b[0])&m^m, math.Float32bits(b[1])&m^m, math.Float32bits(b[2])&m^m, math.Float32bits(b[3])&m^m,
-			math.Float32bits(b[4])&m^m, math.Float32bits(b[5])&m^m, math.Float32bits(b[6])&m^m, math.Float32bits(b[7])&m^m) == 0 {
-			break
+	// A head value, if needed, so that the pairs are 8-byte aligned uint64 words.
+	if len(v) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(v)))%8 != 0 {
+		if !finite(v[0]) {
+			return 0
 		}
+		i = 1
 	}
+	i += finiteBlocks(v[i:])
 	for ; i < len(v); i++ {
-		if math.Float32bits(v[i])&m == m {
+		if !finite(v[i]) {
 			return i
 		}
 	}
 	return -1
+}
+
+func finite(x float32) bool { return math.Float32bits(x)&0x7f800000 != 0x7f800000 }
+
+// finiteBlocks returns how many leading values of v (8-byte aligned) are in whole blocks of
+// sixteen that are all finite. Each uint64 holds two values: its exponent fields XOR all ones
+// are zero in a lane exactly when that value is NaN or ±Inf, and since a lane is then below
+// 1<<31, subtracting one from each lane sets the lane's top bit only for a zero lane (a borrow
+// into the next lane comes only from a zero lane too), so one test per block decides.
+func finiteBlocks(v []float32) int {
+	const (
+		exp = 0x7f8000007f800000
+		one = 0x0000000100000001
+		top = 0x8000000080000000
+	)
+	if len(v) < 16 {
+		return 0
+	}
+	w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(v))), len(v)/2)
+	i := 0
+	for ; i+8 <= len(w); i += 8 {
+		b := w[i : i+8 : i+8]
+		if ((b[0]&exp^exp-one)|(b[1]&exp^exp-one)|(b[2]&exp^exp-one)|(b[3]&exp^exp-one)|
+			(b[4]&exp^exp-one)|(b[5]&exp^exp-one)|(b[6]&exp^exp-one)|(b[7]&exp^exp-one))&top != 0 {
+			break
+		}
+	}
+	return 2 * i
 }

@@ -92,11 +92,14 @@ func TestParseDType(t *testing.T) {
 }
 
 func TestFirstNonFinite(t *testing.T) {
-	// Every position of a block of eight and the scalar tail, each kind of non-finite value,
+	// Every position of a block and the scalar tail, each kind of non-finite value,
 	// and the largest finite values around them (exponent 0xfe: not a hit).
 	big := math.Float32frombits(0x7f7fffff)
-	for _, n := range []int{0, 1, 7, 8, 9, 16, 23, 24, 31} {
-		v := make([]float32, n)
+	// Sizes around the blocks of sixteen, from an 8-byte aligned start and from one past it.
+	for _, c := range []struct{ n, off int }{{0, 0}, {1, 0}, {7, 0}, {8, 0}, {9, 0}, {16, 0}, {23, 0}, {24, 0}, {31, 0},
+		{32, 0}, {33, 0}, {47, 0}, {48, 0}, {1, 1}, {16, 1}, {17, 1}, {33, 1}, {50, 1}} {
+		n := c.n
+		v := make([]float32, n+1)[c.off:][:n]
 		for i := range v {
 			v[i] = big
 			if i%2 == 1 {
@@ -106,7 +109,8 @@ func TestFirstNonFinite(t *testing.T) {
 		require.Equal(t, -1, firstNonFinite(v), "n=%d all finite", n)
 		for p := range n {
 			for _, bad := range []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.Float32frombits(0xffc00001)} {
-				w := append([]float32(nil), v...)
+				w := make([]float32, n+1)[c.off:][:n]
+				copy(w, v)
 				w[p] = bad
 				if p+1 < n {
 					w[n-1] = float32(math.NaN()) // a later hit must not win

@@ -191,7 +191,7 @@ func loadHF(ctx context.Context, op fileOpener, dir string) (*model.Weights, Inf
 			return nil, Info{}, badf(path, "not a regular file")
 		}
 		total += st.Size()
-		s.r = bufio.NewReaderSize(f, chunkBytes)
+		s.r = bufio.NewReaderSize(f, readBufBytes)
 		if s.hdr, err = readSTHeader(io.TeeReader(s.r, s.sum), st.Size(), path); err != nil {
 			return nil, Info{}, err
 		}

@@ -98,7 +98,7 @@ func loadLlama2C(ctx context.Context, op fileOpener, path string) (*model.Weight
 	}
 	h := sha256.New()
 	hp := newHashPipe(h) // hashing overlaps reading, as for safetensors
-	w, err := readLlama2C(ctx, &pipeReader{r: bufio.NewReaderSize(f, chunkBytes), hp: hp}, st.Size(), path)
+	w, err := readLlama2C(ctx, &pipeReader{r: bufio.NewReaderSize(f, readBufBytes), hp: hp}, st.Size(), path)
 	hp.wait()
 	if err != nil {
 		return nil, Info{}, err

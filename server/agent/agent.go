@@ -81,23 +81,25 @@ type Config struct {
 
 func (c *Config) validate() error {
 	var errs []error
+	// Each error names the field ("Field: reason"), as every config of the module does.
+	field := func(name, reason string) error { return fmt.Errorf("%s: %s", name, reason) }
 	if c.Bus == nil && c.Dial == nil {
-		errs = append(errs, errors.New("a Bus or a Dial func is required"))
+		errs = append(errs, field("Bus", "a Bus or a Dial func is required"))
 	}
 	if c.Fleet == "" {
-		errs = append(errs, errors.New("the fleet name is required"))
+		errs = append(errs, field("Fleet", "required"))
 	}
 	if c.ServerID == "" {
-		errs = append(errs, errors.New("the server id is required"))
+		errs = append(errs, field("ServerID", "required"))
 	}
 	if c.Engine == nil || c.Stage == nil {
-		errs = append(errs, errors.New("the Engine and the Stage func are required"))
+		errs = append(errs, field("Engine, Stage", "both required"))
 	}
 	if err := protocol.CheckSecret(c.Secret); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, fmt.Errorf("%s: %w", "Secret", err))
 	}
 	if c.HeartbeatInterval < 0 || c.HeartbeatTTL < 0 || c.AckTTL < 0 {
-		errs = append(errs, errors.New("negative heartbeat interval, heartbeat TTL or ack TTL"))
+		errs = append(errs, field("HeartbeatInterval, HeartbeatTTL, AckTTL", "negative"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)

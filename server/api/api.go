@@ -140,13 +140,27 @@ type API struct {
 	live map[string][]string // request id (as the client sees it) → engine request ids
 }
 
+// ErrInvalidConfig wraps every error of Config.Validate.
+var ErrInvalidConfig = errors.New("api: invalid config")
+
+// Validate reports the first field New would refuse, as "api: invalid config: Field: reason"
+// (errors.Is ErrInvalidConfig). Zero limits stand for their defaults and are valid.
+func (cfg Config) Validate() error {
+	switch {
+	case cfg.Engine == nil:
+		return fmt.Errorf("%w: Engine: required", ErrInvalidConfig)
+	case cfg.Tokenizer == nil:
+		return fmt.Errorf("%w: Tokenizer: required", ErrInvalidConfig)
+	case cfg.ModelConfig.VocabSize <= 0 || cfg.ModelConfig.MaxPositionEmbeddings <= 0:
+		return fmt.Errorf("%w: ModelConfig: no vocabulary or context size", ErrInvalidConfig)
+	}
+	return nil
+}
+
 // New builds the API and its routes.
 func New(cfg Config) (*API, error) {
-	if cfg.Engine == nil || cfg.Tokenizer == nil {
-		return nil, fmt.Errorf("api: Config.Engine and Config.Tokenizer are required")
-	}
-	if cfg.ModelConfig.VocabSize <= 0 || cfg.ModelConfig.MaxPositionEmbeddings <= 0 {
-		return nil, fmt.Errorf("api: Config.ModelConfig has no vocabulary or context size")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = DefaultMaxConcurrent

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/protocol"
@@ -25,7 +26,7 @@ var ErrInvalid = errors.New("embedded: invalid options")
 type Options struct {
 	// Servers is the number of servers (default 1).
 	Servers int
-	// Model is every server's model spec (default "builtin:tiny").
+	// Model is every server's model spec (default load.DefaultSpec).
 	Model string
 	// Fleet is the fleet name (default "embedded").
 	Fleet string
@@ -66,7 +67,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 		return nil, fmt.Errorf("%w: servers must be in [1, %d] (got %d)", ErrInvalid, MaxServers, o.Servers)
 	}
 	if o.Model == "" {
-		o.Model = "builtin:tiny"
+		o.Model = load.DefaultSpec
 	}
 	if o.Fleet == "" {
 		o.Fleet = "embedded"

@@ -1,0 +1,64 @@
+package kernels
+
+import (
+	"runtime"
+	"time"
+)
+
+// peakStepsPerCall bounds one call of a probe loop: assembly is not preempted, so a call must
+// stay short (about a millisecond) for the scheduler and the GC.
+const peakStepsPerCall = 1 << 18
+
+// PeakFMA measures the machine's float32 FMA throughput in GFLOP/s (1e9 flops/s, an FMA is
+// two) for the MatMul kernel in use, on all of pool's workers at once: independent FMA chains
+// on registers only, no memory traffic, the ceiling a compute-bound batched MatMul can reach.
+// It reports the fastest of three passes of about d each, after one warm-up pass.
+func PeakFMA(pool *Pool, d time.Duration) float64 {
+	loop, flops := peakLoop()
+	workers := pool.Workers()
+	// Size a pass from one timed call, so that a pass lasts about d.
+	start := time.Now()
+	loop(peakStepsPerCall)
+	calls := max(1, int(d/max(time.Since(start), time.Microsecond)))
+	sums := make([]float32, workers)
+	pass := func() time.Duration {
+		start := time.Now()
+		pool.Parallel(workers, func(lo, hi int) {
+			for w := lo; w < hi; w++ {
+				for range calls {
+					sums[w] += loop(peakStepsPerCall)
+				}
+			}
+		})
+		return time.Since(start)
+	}
+	pass()
+	best := time.Duration(1<<63 - 1)
+	for range 3 {
+		best = min(best, pass())
+	}
+	runtime.KeepAlive(sums)
+	return float64(workers*calls*peakStepsPerCall) * flops / best.Seconds() / 1e9
+}
+
+// peakChainsGeneric is the independent chains of the portable probe, as many as the portable
+// kernel keeps per panel half.
+const peakChainsGeneric = 8
+
+// fmaPeakGeneric runs iters steps of peakChainsGeneric fma32 chains, the portable kernel's
+// rounding emulation included, so its figure is the portable kernel's ceiling.
+func fmaPeakGeneric(iters int) float32 {
+	var a0, a1, a2, a3, a4, a5, a6, a7 float32
+	w, x := float32(1), float32(0.5)
+	for range iters {
+		a0 = fma32(w, x, a0)
+		a1 = fma32(w, x, a1)
+		a2 = fma32(w, x, a2)
+		a3 = fma32(w, x, a3)
+		a4 = fma32(w, x, a4)
+		a5 = fma32(w, x, a5)
+		a6 = fma32(w, x, a6)
+		a7 = fma32(w, x, a7)
+	}
+	return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
+}

@@ -1,0 +1,91 @@
+//go:build amd64 && !purego
+
+package kernels
+
+import "unsafe"
+
+// The tile driver is shared by the archsimd build (GOEXPERIMENT=simd) and the default assembly
+// build; they differ only in the tile functions their simdKernel tables point at.
+
+// tileFunc computes a tile of P whole panels × T tokens over all cols:
+//
+//	y[t*ys + j*64 + 4*i] = Σ_k W[panel j][k][i] · x[t*xs + 4*k]   (byte offsets)
+//
+// w points at the first panel and ws is the byte stride between panels; x points at the first
+// token and xs is the byte stride between tokens; y points at the output of the first panel's
+// first row for the first token and ys is the byte stride between tokens. Each lane is one
+// sequential FMA chain over k from zero, whatever P and T, so every tile shape gives the same
+// bits (see the package doc).
+type tileFunc func(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// maxTileP and maxTileT bound the generated tile shapes.
+const (
+	maxTileP = 4
+	maxTileT = 7
+)
+
+// simdKernel is one instruction set's tile kernels and the shapes it prefers.
+type simdKernel struct {
+	name  string
+	tiles *[maxTileP + 1][maxTileT + 1]tileFunc
+	// shape returns the main tile for a batch of n tokens: as many accumulators as fit in
+	// registers, and several panels when n is small so that independent FMA chains hide the
+	// FMA latency.
+	shape func(n int) (p, t int)
+	// t1 is the widest single-panel tile, used for leftover and partial panels.
+	t1 int
+}
+
+// tokenBlock bounds the tokens swept per panel group, so that the block of x stays in L2 while
+// the panels stream by (W is read once per block).
+const tokenBlock = 48
+
+// matmulSIMD runs panels [lo,hi) of MatMul with kernel k. Callers have checked len(x), len(y).
+func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
+	if lo >= hi || n <= 0 {
+		return
+	}
+	cols, rows := m.Cols, m.Rows
+	ws := PanelRows * cols * 4
+	xs, ys := cols*4, rows*4
+	full := min(hi, rows/PanelRows) // panels past full are partial (only the last one can be)
+	wp := unsafe.Pointer(unsafe.SliceData(m.data))
+	xp := unsafe.Pointer(unsafe.SliceData(x))
+	yp := unsafe.Pointer(unsafe.SliceData(y))
+	panel := func(p int) unsafe.Pointer { return unsafe.Add(wp, p*ws) }
+	tok := func(t int) unsafe.Pointer { return unsafe.Add(xp, t*xs) }
+	out := func(t, p int) unsafe.Pointer { return unsafe.Add(yp, t*ys+p*PanelRows*4) }
+
+	for b0 := 0; b0 < n; b0 += tokenBlock {
+		bn := min(tokenBlock, n-b0)
+		P, T := k.shape(bn)
+		p := lo
+		for ; p+P <= full; p += P {
+			fn := &k.tiles[P]
+			for t := b0; t < b0+bn; t += T {
+				nt := min(T, b0+bn-t)
+				fn[nt](panel(p), ws, tok(t), xs, cols, out(t, p), ys)
+			}
+		}
+		fn := &k.tiles[1]
+		for ; p < full; p++ {
+			for t := b0; t < b0+bn; t += k.t1 {
+				nt := min(k.t1, b0+bn-t)
+				fn[nt](panel(p), ws, tok(t), xs, cols, out(t, p), ys)
+			}
+		}
+		if p < hi {
+			// The last panel is partial: its padding rows would write past y (or over the next
+			// token's outputs), so it goes through a scratch tile.
+			var scratch [maxTileT * PanelRows]float32
+			nr := rows - p*PanelRows
+			for t := b0; t < b0+bn; t += k.t1 {
+				nt := min(k.t1, b0+bn-t)
+				fn[nt](panel(p), ws, tok(t), xs, cols, unsafe.Pointer(&scratch), PanelRows*4)
+				for i := range nt {
+					copy(y[(t+i)*rows+p*PanelRows:(t+i)*rows+rows], scratch[i*PanelRows:i*PanelRows+nr])
+				}
+			}
+		}
+	}
+}

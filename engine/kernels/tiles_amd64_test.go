@@ -1,0 +1,72 @@
+//go:build amd64 && !purego
+
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+)
+
+// TestEveryTileMatchesGeneric calls each tile of each kernel this CPU runs directly, whether or
+// not the kernel's shape function picks it today, over enough panels and tokens for its shape:
+// every generated tile must give the portable kernel's bits.
+func TestEveryTileMatchesGeneric(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, k := range tileKernels() {
+		for P := 1; P <= maxTileP; P++ {
+			for T := 1; T <= maxTileT; T++ {
+				fn := k.tiles[P][T]
+				if fn == nil {
+					continue
+				}
+				for _, cols := range []int{1, 2, 7, 64} {
+					rows := P * PanelRows
+					m, err := NewMatrix(randSlice(r, rows*cols), rows, cols)
+					if err != nil {
+						t.Fatal(err)
+					}
+					x := randSlice(r, T*cols)
+					want := make([]float32, T*rows)
+					matmulGeneric(m, want, x, T, 0, P)
+					got := make([]float32, T*rows)
+					fn(unsafe.Pointer(&m.data[0]), PanelRows*cols*4, unsafe.Pointer(&x[0]), cols*4, cols,
+						unsafe.Pointer(&got[0]), rows*4)
+					requireSameBits(t, want, got, "%s", fmt.Sprintf("%s P%dT%d cols=%d", k.name, P, T, cols))
+				}
+			}
+		}
+	}
+}
+
+// TestEveryBatchSizeMatchesGeneric runs every batch size from 1 past three token blocks, and
+// the largest step the engine's default token budget allows, through each kernel and pool size:
+// the tile mix (full, tail and partial-panel tiles, block edges) changes with n, the bits not.
+func TestEveryBatchSizeMatchesGeneric(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	const rows, cols = 37 + 4*PanelRows, 19 // five full panels and a partial one
+	m, err := NewMatrix(randSlice(r, rows*cols), rows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := []int{2048}
+	for n := 1; n <= 3*tokenBlock+2; n++ {
+		sizes = append(sizes, n)
+	}
+	impls := allImpls()
+	for _, workers := range []int{1, 2, 3} {
+		pool := NewPool(workers)
+		for _, n := range sizes {
+			x := randSlice(r, n*cols)
+			want := make([]float32, n*rows)
+			matMulWith(impls[0], nil, m, want, x, n)
+			for _, k := range impls[1:] {
+				got := make([]float32, n*rows)
+				matMulWith(k, pool, m, got, x, n)
+				requireSameBits(t, want, got, "%s workers=%d n=%d", k.name, workers, n)
+			}
+		}
+		pool.Close()
+	}
+}
