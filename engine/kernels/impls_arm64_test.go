@@ -2,5 +2,5 @@
 
 package kernels
 
-// simdImpls is empty: this build has only the portable kernel.
-func simdImpls() []impl { return nil }
+// simdImpls is the NEON kernel, which every arm64 CPU can run.
+func simdImpls() []impl { return []impl{{"neon", matmulNEON}} }

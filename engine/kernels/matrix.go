@@ -110,8 +110,8 @@ func matmulChunk(panels, workers int) int {
 }
 
 // matmulGeneric is the portable kernel, also the reference the SIMD kernels are tested against.
-// It walks each panel eight rows at a time so the accumulators stay in registers; the reduction
-// order per output is still the FMA chain over k of the package doc.
+// It walks each panel eight rows at a time (chain8) so that the accumulators stay in registers;
+// the reduction order per output is still the FMA chain over k of the package doc.
 func matmulGeneric(m *Matrix, y, x []float32, n, lo, hi int) {
 	cols, rows := m.Cols, m.Rows
 	for p := lo; p < hi; p++ {
@@ -122,55 +122,92 @@ func matmulGeneric(m *Matrix, y, x []float32, n, lo, hi int) {
 			xt := x[t*cols : (t+1)*cols]
 			yt := y[t*rows+r0 : t*rows+r0+nr]
 			for i := 0; i < nr; i += 8 {
-				var a0, a1, a2, a3, a4, a5, a6, a7 float32
-				for k, xv := range xt {
-					w := panel[k*PanelRows+i : k*PanelRows+i+8 : k*PanelRows+i+8]
-					if s := float64(w[0])*float64(xv) + float64(a0); roundsOnce(s) {
-						a0 = float32(s)
-					} else {
-						a0 = fma32(w[0], xv, a0)
+				var acc [8]float32
+				for k := 0; k < cols; k++ {
+					steps, lane := chain8(panel[k*PanelRows:], xt[k:], &acc, i)
+					if k += steps; k == cols {
+						break
 					}
-					if s := float64(w[1])*float64(xv) + float64(a1); roundsOnce(s) {
-						a1 = float32(s)
-					} else {
-						a1 = fma32(w[1], xv, a1)
-					}
-					if s := float64(w[2])*float64(xv) + float64(a2); roundsOnce(s) {
-						a2 = float32(s)
-					} else {
-						a2 = fma32(w[2], xv, a2)
-					}
-					if s := float64(w[3])*float64(xv) + float64(a3); roundsOnce(s) {
-						a3 = float32(s)
-					} else {
-						a3 = fma32(w[3], xv, a3)
-					}
-					if s := float64(w[4])*float64(xv) + float64(a4); roundsOnce(s) {
-						a4 = float32(s)
-					} else {
-						a4 = fma32(w[4], xv, a4)
-					}
-					if s := float64(w[5])*float64(xv) + float64(a5); roundsOnce(s) {
-						a5 = float32(s)
-					} else {
-						a5 = fma32(w[5], xv, a5)
-					}
-					if s := float64(w[6])*float64(xv) + float64(a6); roundsOnce(s) {
-						a6 = float32(s)
-					} else {
-						a6 = fma32(w[6], xv, a6)
-					}
-					if s := float64(w[7])*float64(xv) + float64(a7); roundsOnce(s) {
-						a7 = float32(s)
-					} else {
-						a7 = fma32(w[7], xv, a7)
+					// Step k needs the exact rounding from lane on: fma32 finishes it, and
+					// the fast path resumes at k+1.
+					w, xv := panel[k*PanelRows+i:k*PanelRows+i+8], xt[k]
+					for j := lane; j < 8; j++ {
+						acc[j] = fma32(w[j], xv, acc[j])
 					}
 				}
-				acc := [8]float32{a0, a1, a2, a3, a4, a5, a6, a7}
 				copy(yt[i:], acc[:])
 			}
 		}
 	}
+}
+
+// chain8 advances the FMA chains of the eight rows off..off+7 (off is 0 or 8) of a panel, whose
+// steps are w[0:PanelRows], w[PanelRows:2*PanelRows], ..., against the inputs x, from the
+// partial sums in acc. It takes the fast path of fma32 inline and stops at the first lane whose
+// sum needs the exact rounding: it returns the steps completed and that lane, whose step is
+// committed for the lanes before it only (lane is 8 when every step completed). It calls
+// nothing, so the accumulators live in registers, and it has no bounds checks in its loop.
+func chain8(w, x []float32, acc *[8]float32, off int) (steps, lane int) {
+	off &= 8
+	a0, a1, a2, a3, a4, a5, a6, a7 := acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]
+	lane = 8
+	for len(w) >= PanelRows && len(x) > 0 {
+		ww := (*[PanelRows]float32)(w)
+		xv := float64(x[0])
+		s0 := float64(ww[off+0])*xv + float64(a0)
+		if !roundsOnce(s0) {
+			lane = 0
+			goto out
+		}
+		a0 = float32(s0)
+		s1 := float64(ww[off+1])*xv + float64(a1)
+		if !roundsOnce(s1) {
+			lane = 1
+			goto out
+		}
+		a1 = float32(s1)
+		s2 := float64(ww[off+2])*xv + float64(a2)
+		if !roundsOnce(s2) {
+			lane = 2
+			goto out
+		}
+		a2 = float32(s2)
+		s3 := float64(ww[off+3])*xv + float64(a3)
+		if !roundsOnce(s3) {
+			lane = 3
+			goto out
+		}
+		a3 = float32(s3)
+		s4 := float64(ww[off+4])*xv + float64(a4)
+		if !roundsOnce(s4) {
+			lane = 4
+			goto out
+		}
+		a4 = float32(s4)
+		s5 := float64(ww[off+5])*xv + float64(a5)
+		if !roundsOnce(s5) {
+			lane = 5
+			goto out
+		}
+		a5 = float32(s5)
+		s6 := float64(ww[off+6])*xv + float64(a6)
+		if !roundsOnce(s6) {
+			lane = 6
+			goto out
+		}
+		a6 = float32(s6)
+		s7 := float64(ww[off+7])*xv + float64(a7)
+		if !roundsOnce(s7) {
+			lane = 7
+			goto out
+		}
+		a7 = float32(s7)
+		w, x = w[PanelRows:], x[1:]
+		steps++
+	}
+out:
+	acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7] = a0, a1, a2, a3, a4, a5, a6, a7
+	return steps, lane
 }
 
 // fma32 is a*b+c rounded once to float32, bit for bit what VFMADD does per lane, so the
@@ -194,8 +231,10 @@ func fma32(a, b, c float32) float32 {
 // subnormal range; zero is exact. The matmul loop inlines this test and calls fma32 only when it
 // fails.
 func roundsOnce(s float64) bool {
+	// u<<35 keeps the 29 dropped bits; u<<1 drops the sign, so u<<1-1 (zero wraps to the top)
+	// is below the smallest normal float32's bits exactly when s is subnormal in float32.
 	u := math.Float64bits(s)
-	return u&(1<<29-1) != 1<<28 && u&(0x7ff<<52) >= (1023-126)<<52 || u<<1 == 0
+	return u<<35 != 1<<63 && u<<1-1 >= (1023-126)<<53-1
 }
 
 // fma32Slow rounds p+c (s = p+c rounded to float64) to float32 via round-to-odd: if s is

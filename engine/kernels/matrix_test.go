@@ -254,7 +254,7 @@ func TestMatMulEdgeCases(t *testing.T) {
 	assert.Equal(t, []float32{-2, -2}, y)
 	assert.Panics(t, func() { m.MatMul(nil, y, []float32{1, 2}, 1) }, "short x")
 	assert.Panics(t, func() { m.MatMul(nil, y[:1], []float32{1, 2, 3}, 1) }, "short y")
-	assert.Contains(t, []string{"generic", "avx2", "avx512"}, KernelName())
+	assert.Contains(t, []string{"generic", "avx2", "avx512", "neon"}, KernelName())
 }
 
 func TestMatMulRoundsOnceAtHalfwayPoints(t *testing.T) {

@@ -2,5 +2,11 @@
 
 package kernels
 
-// vecImpls is the portable kernels alone: this build has no SIMD.
-func vecImpls() []vecImpl { return []vecImpl{genericVecImpl()} }
+// vecImpls is the portable kernels and this build's dispatch (NEON where it has a kernel).
+func vecImpls() []vecImpl {
+	neon := genericVecImpl()
+	neon.name, neon.simd = "neon", true
+	neon.scores, neon.accum = attnScores, attnAccum
+	neon.sumSq, neon.scale = sumSquares, scaleMul
+	return []vecImpl{genericVecImpl(), neon}
+}
