@@ -24,6 +24,7 @@ func newServeCmd() *cobra.Command {
 		secretFile            string
 		adminTokenFile        string
 		apiKeyFile            string
+		redis                 redisFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -38,6 +39,8 @@ func newServeCmd() *cobra.Command {
 			cfg.MaxBodyBytes = int64(maxBody)
 			cfg.Version = currentVersion().Version
 			cfg.Logger = loggerFrom(cmd)
+			cfg.RedisConfig = redis.config(cmd)
+			cfg.Redis = cfg.RedisConfig.URL
 			if os.Getenv(gin.EnvGinMode) == "" {
 				// gin's debug mode prints every route at startup; the server logs through slog.
 				gin.SetMode(gin.ReleaseMode)
@@ -95,7 +98,7 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", 2048, "maximum tokens per engine step")
 	f.Var(&offloadBytes, "offload-cpu-bytes", "CPU memory for KV offloading, e.g. 1GiB (0: off)")
 	f.DurationVar(&cfg.OffloadDelay, "offload-delay", 0, "extra delay per offload transfer (tests and benchmarks only)")
-	f.StringVar(&cfg.Redis, "redis", "", "Redis URL of the fleet control plane")
+	redis.register(f, "Redis of the fleet control plane")
 	f.StringVar(&cfg.Fleet, "fleet", "", "fleet name to join")
 	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: hostname-port)")
 	f.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "URL the fleet routes requests to (default: from --addr)")
