@@ -61,4 +61,4 @@ func (c *Cluster) URL() string {
 	return "redis+cluster://" + strings.Join(addrs, ",")
 }
 
-func clusterInfo(addr string) string { return infoCmd(addr, "CLUSTER INFO") }
+func clusterInfo(addr string) string { return infoCmd(addr, "", "CLUSTER INFO") }

@@ -11,11 +11,10 @@ import (
 // roundTrip sends an inline command on c and reads a reply of bulk strings: a bulk string
 // (one element), an array of them, or a simple string (one element). An error reply is an
 // error.
-func roundTrip(c net.Conn, cmd string) ([]string, error) {
+func roundTrip(c net.Conn, r *bufio.Reader, cmd string) ([]string, error) {
 	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
 		return nil, err
 	}
-	r := bufio.NewReader(c)
 	line, err := readLine(r)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"bufio"
 	"fmt"
 	"net"
 	"os"
@@ -18,6 +19,8 @@ const MasterName = "rollout"
 // test.
 type Sentinels struct {
 	t         testing.TB
+	dataPass  string // --requirepass of the data servers
+	sentPass  string // --requirepass of the sentinels
 	Servers   []*Server // Servers[0] is the first primary; the others start as its replicas
 	Sentinels []*Server
 }
@@ -35,12 +38,8 @@ func StartSentinel(t testing.TB, replicas, n int, args, sentinelArgs []string) *
 		r := StartWith(t, Options{Args: append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.port)}, args...)})
 		ss.Servers = append(ss.Servers, r)
 	}
-	auth := ""
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "--masterauth" {
-			auth = args[i+1]
-		}
-	}
+	auth := argValue(args, "--masterauth")
+	ss.dataPass, ss.sentPass = argValue(args, "--requirepass"), argValue(sentinelArgs, "--requirepass")
 	for range n {
 		s := StartWith(t, Options{Args: sentinelArgs, conf: func(port int) string {
 			return ss.writeConf(t, primary, port, n/2+1, auth)
@@ -81,11 +80,8 @@ func (ss *Sentinels) waitReplicas(primary string, want int) {
 			if got := ss.masterAddr(s); got != primary {
 				return false
 			}
-			line, err := Command(s.Addr(), nil, "SENTINEL REPLICAS "+MasterName)
-			if err != nil || !strings.HasPrefix(line, "*") {
-				return false
-			}
-			if n, _ := strconv.Atoi(line[1:]); n < want {
+			reps := ss.replicas(s)
+			if reps < want {
 				return false
 			}
 		}
@@ -93,7 +89,7 @@ func (ss *Sentinels) waitReplicas(primary string, want int) {
 			if r.Addr() == primary {
 				continue
 			}
-			if !strings.Contains(info(r.Addr(), "replication"), "master_link_status:up") {
+			if !strings.Contains(info(r.Addr(), ss.dataPass, "replication"), "master_link_status:up") {
 				return false
 			}
 		}
@@ -119,9 +115,9 @@ func (ss *Sentinels) Failover() string {
 	ss.t.Helper()
 	old := ss.Primary()
 	ss.waitFor("SENTINEL FAILOVER to be accepted", func() bool {
-		line, err := Command(ss.Sentinels[0].Addr(), nil, "SENTINEL FAILOVER "+MasterName)
+		reply, err := command(ss.Sentinels[0].Addr(), ss.sentPass, "SENTINEL FAILOVER "+MasterName)
 		// -NOGOODSLAVE: the sentinel has not judged a replica fit yet; try again.
-		return err == nil && line == "+OK"
+		return err == nil && len(reply) == 1 && reply[0] == "OK"
 	})
 	var now string
 	ss.waitFor("every sentinel to report the new primary", func() bool {
@@ -134,24 +130,57 @@ func (ss *Sentinels) Failover() string {
 				return false
 			}
 		}
-		return strings.Contains(info(now, "replication"), "role:master")
+		return strings.Contains(info(now, ss.dataPass, "replication"), "role:master")
 	})
 	return now
 }
 
 // masterAddr asks sentinel s where the master is ("" on any error).
 func (ss *Sentinels) masterAddr(s *Server) string {
-	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
-	if err != nil {
-		return ""
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	reply, err := roundTrip(c, "SENTINEL GET-MASTER-ADDR-BY-NAME "+MasterName)
+	reply, err := command(s.Addr(), ss.sentPass, "SENTINEL GET-MASTER-ADDR-BY-NAME "+MasterName)
 	if err != nil || len(reply) != 2 {
 		return ""
 	}
 	return net.JoinHostPort(reply[0], reply[1])
+}
+
+// replicas is how many replicas sentinel s knows of the master (-1 on any error).
+func (ss *Sentinels) replicas(s *Server) int {
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return -1
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	r := bufio.NewReader(c)
+	if ss.sentPass != "" {
+		if _, err := roundTrip(c, r, "AUTH "+ss.sentPass); err != nil {
+			return -1
+		}
+	}
+	// An array of per-replica arrays: only its length matters.
+	if _, err := c.Write([]byte("SENTINEL REPLICAS " + MasterName + "\r\n")); err != nil {
+		return -1
+	}
+	line, err := readLine(r)
+	if err != nil || !strings.HasPrefix(line, "*") {
+		return -1
+	}
+	n, err := strconv.Atoi(line[1:])
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// argValue is the value following flag in args ("" when absent).
+func argValue(args []string, flag string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == flag {
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 // waitFor polls cond (readiness only, never a result) until it holds or startTimeout passes.
@@ -172,19 +201,31 @@ func waitFor(t testing.TB, what string, limit time.Duration, cond func() bool) {
 }
 
 // info returns the INFO section of the server at addr ("" on any error).
-func info(addr, section string) string { return infoCmd(addr, "INFO "+section) }
+func info(addr, password, section string) string { return infoCmd(addr, password, "INFO "+section) }
 
 // infoCmd runs a command answering one bulk string at addr ("" on any error).
-func infoCmd(addr, cmd string) string {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return ""
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	reply, err := roundTrip(c, cmd)
+func infoCmd(addr, password, cmd string) string {
+	reply, err := command(addr, password, cmd)
 	if err != nil || len(reply) != 1 {
 		return ""
 	}
 	return reply[0]
+}
+
+// command runs one inline command on a fresh connection to addr, after AUTH when password is
+// set, and returns its reply (see roundTrip).
+func command(addr, password, cmd string) ([]string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	r := bufio.NewReader(c)
+	if password != "" {
+		if _, err := roundTrip(c, r, "AUTH "+password); err != nil {
+			return nil, err
+		}
+	}
+	return roundTrip(c, r, cmd)
 }

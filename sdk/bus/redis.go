@@ -70,6 +70,11 @@ var _ Bus = (*Redis)(nil)
 // wrap ErrUnavailable, and the connection never goes on in plain text.
 var ErrTLS = errors.New("bus: TLS handshake with redis failed")
 
+// ErrAuth wraps Redis refusing the credentials (a wrong user or password, a password it needs
+// and did not get, an ACL user without the permissions the bus needs). Like ErrTLS it is a
+// configuration problem and does not wrap ErrUnavailable.
+var ErrAuth = errors.New("bus: redis refused the credentials")
+
 // casScript sets KEYS[1] to ARGV[3] if its value is ARGV[2] (ARGV[1] == "1"), or if it does not
 // exist (ARGV[1] == "0"). One script is atomic in Redis, so concurrent swaps have one winner.
 var casScript = redis.NewScript(`
@@ -91,8 +96,8 @@ func DialRedis(ctx context.Context, rawURL string, o RedisOptions) (*Redis, erro
 
 // DialRedisConfig connects to the Redis deployment conf describes and PINGs it, so a bad
 // configuration or an unreachable server fails here rather than on first use. A bad
-// configuration wraps redisconf.ErrInvalid, a failed TLS handshake ErrTLS, and a server
-// that does not answer ErrUnavailable; none of them repeats a password. What the
+// configuration wraps redisconf.ErrInvalid, a failed TLS handshake ErrTLS, refused
+// credentials ErrAuth, and a server that does not answer ErrUnavailable; none of them repeats a password. What the
 // configuration warns about (a password inside the URL) is logged.
 func DialRedisConfig(ctx context.Context, conf redisconf.Config, o RedisOptions) (*Redis, error) {
 	res, err := conf.Resolve()
@@ -133,6 +138,39 @@ func DialRedisConfig(ctx context.Context, conf redisconf.Config, o RedisOptions)
 	// Redis 7.0 does not know CLIENT SETINFO; skip it rather than send a failing command on
 	// every new connection.
 	opt.DisableIdentity = true
+	// The first PING goes through a client of its own that does not retry: go-redis's retries
+	// would turn a server that hangs up at once (a TLS port spoken to in plain text, a
+	// refused handshake) into a wait for the deadline, hiding why.
+	probeOpt := *opt
+	probeOpt.MaxRetries = -1
+	probe := redis.NewUniversalClient(&probeOpt)
+	// Without a deadline, a server that accepts connections but never answers would keep go-redis
+	// retrying; one dial and one read is as long as the first answer may take (twice over
+	// for Sentinel, which asks a sentinel first).
+	pctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		pctx, cancel = context.WithTimeout(ctx, 2*(opt.DialTimeout+opt.ReadTimeout))
+	}
+	err = probe.Ping(pctx).Err()
+	if cerr := pctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
+		// The socket deadline (set from ctx's) fired first: say it was the deadline.
+		err = fmt.Errorf("%w: %w", cerr, err)
+	}
+	cancel()
+	_ = probe.Close()
+	if err != nil {
+		if tlsFailure(err) {
+			return nil, fmt.Errorf("%w: redis at %s: %w (check the CA file, the server name, and that the port speaks TLS)", ErrTLS, res.Addrs(), err)
+		}
+		if authFailure(err) {
+			return nil, fmt.Errorf("%w: redis at %s: %w", ErrAuth, res.Addrs(), err)
+		}
+		hint := ""
+		if opt.TLSConfig == nil && dropped(err) {
+			hint = " (a TLS port closes plain-text connections like this: use rediss://)"
+		}
+		return nil, fmt.Errorf("%w: redis at %s does not answer: %w%s", ErrUnavailable, res.Addrs(), err, hint)
+	}
 	r := &Redis{
 		c:       res.NewClient(),
 		mode:    res.Mode,
@@ -149,25 +187,6 @@ func DialRedisConfig(ctx context.Context, conf redisconf.Config, o RedisOptions)
 	}
 	r.readTimeout = opt.ReadTimeout
 	r.slice = min(250*time.Millisecond, opt.ReadTimeout/2)
-	// Without a deadline, a server that accepts connections but never answers would keep go-redis
-	// retrying; one dial and one read is as long as the first answer may take (twice over
-	// for Sentinel, which asks a sentinel first).
-	pctx, cancel := ctx, context.CancelFunc(func() {})
-	if _, ok := ctx.Deadline(); !ok {
-		pctx, cancel = context.WithTimeout(ctx, 2*(opt.DialTimeout+opt.ReadTimeout))
-	}
-	defer cancel()
-	if err := r.c.Ping(pctx).Err(); err != nil {
-		_ = r.c.Close()
-		if tlsFailure(err) {
-			return nil, fmt.Errorf("%w: redis at %s: %w (check the CA file, the server name, and that the port speaks TLS)", ErrTLS, res.Addrs(), err)
-		}
-		hint := ""
-		if opt.TLSConfig == nil && dropped(err) {
-			hint = " (a TLS port closes plain-text connections like this: use rediss://)"
-		}
-		return nil, fmt.Errorf("%w: redis at %s does not answer: %w%s", ErrUnavailable, res.Addrs(), err, hint)
-	}
 	return r, nil
 }
 
@@ -184,6 +203,21 @@ func tlsFailure(err error) bool {
 	)
 	return errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid) ||
 		errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &alert)
+}
+
+// authFailure reports Redis's answers to bad or missing credentials.
+func authFailure(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "ERR AUTH"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // dropped reports a connection the server closed before answering.

@@ -160,15 +160,36 @@ func invalid(kind error, format string, a ...any) error {
 	return fmt.Errorf("%w: %w: %s", ErrInvalid, kind, fmt.Sprintf(format, a...))
 }
 
-// Redact returns raw without the password of its user part, for logs and errors. A string
-// that does not parse as a URL is cut down to its scheme, since it may still hold a secret.
+// Redact returns raw without the password of its user part (or of a password query
+// option), for logs and errors. A string that does not parse as a URL is cut down to its
+// scheme, since it may still hold a secret.
 func Redact(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil {
-		if i := strings.Index(raw, "://"); i >= 0 && !strings.Contains(raw[:i], "@") {
+	if err != nil || u.Opaque != "" {
+		if i := strings.Index(raw, "://"); i >= 0 && !strings.ContainsAny(raw[:i], "@:") {
 			return raw[:i] + "://(unparsable)"
 		}
 		return "(unparsable redis URL)"
+	}
+	return redacted(u)
+}
+
+// redacted is u.Redacted with password query options masked too.
+func redacted(u *url.URL) string {
+	if u.RawQuery != "" {
+		q := u.Query()
+		masked := false
+		for k := range q {
+			if strings.Contains(strings.ToLower(k), "password") {
+				q[k] = []string{"xxxxx"}
+				masked = true
+			}
+		}
+		if masked {
+			c := *u
+			c.RawQuery = q.Encode()
+			return c.Redacted()
+		}
 	}
 	return u.Redacted()
 }
@@ -245,7 +266,7 @@ func (c Config) Resolve() (*Resolved, error) {
 	}
 	ru := *u
 	ru.Host = hostList
-	red := ru.Redacted()
+	red := redacted(&ru)
 	r := &Resolved{Mode: sch.mode, Redacted: red}
 	if u.Opaque != "" || hostList == "" {
 		return nil, invalid(ErrURL, "%s: no host", red)
