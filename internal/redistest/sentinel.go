@@ -19,8 +19,8 @@ const MasterName = "rollout"
 // test.
 type Sentinels struct {
 	t         testing.TB
-	dataPass  string // --requirepass of the data servers
-	sentPass  string // --requirepass of the sentinels
+	dataPass  string    // --requirepass of the data servers
+	sentPass  string    // --requirepass of the sentinels
 	Servers   []*Server // Servers[0] is the first primary; the others start as its replicas
 	Sentinels []*Server
 }

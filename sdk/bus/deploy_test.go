@@ -12,8 +12,8 @@ import (
 
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk/bus"
-	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/bus/bustest"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
 func dialConfig(t *testing.T, c redisconf.Config, o bus.RedisOptions) *bus.Redis {
