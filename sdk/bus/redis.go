@@ -61,6 +61,11 @@ type Redis struct {
 
 	mu   sync.Mutex
 	subs map[*redisSub]struct{}
+
+	// Sentinel only: the watch of the primary's switches (see watchFailovers).
+	stop      chan struct{} // closed by Close
+	watchPS   *redis.PubSub // the watch's current connection, closed by Close
+	watchDone chan struct{} // closed when the watch has exited (nil: no watch)
 }
 
 var _ Bus = (*Redis)(nil)
@@ -178,12 +183,17 @@ func DialRedisConfig(ctx context.Context, conf redisconf.Config, o RedisOptions)
 		health:  o.HealthCheck,
 		backoff: o.MaxReconnectBackoff,
 		subs:    map[*redisSub]struct{}{},
+		stop:    make(chan struct{}),
 	}
 	if r.health <= 0 {
 		r.health = time.Second
 	}
 	if r.backoff <= 0 {
 		r.backoff = time.Second
+	}
+	if res.Mode == redisconf.Sentinel {
+		r.watchDone = make(chan struct{})
+		go r.watchFailovers(opt)
 	}
 	r.readTimeout = opt.ReadTimeout
 	r.slice = min(250*time.Millisecond, opt.ReadTimeout/2)
@@ -555,12 +565,20 @@ func (r *Redis) Close() error {
 	if r.closed.Swap(true) {
 		return nil
 	}
+	close(r.stop)
 	r.mu.Lock()
 	subs := make([]*redisSub, 0, len(r.subs))
 	for s := range r.subs {
 		subs = append(subs, s)
 	}
+	watch := r.watchPS
 	r.mu.Unlock()
+	if r.watchDone != nil {
+		if watch != nil {
+			_ = watch.Close() // ends its blocked read
+		}
+		<-r.watchDone
+	}
 	for _, s := range subs {
 		_ = s.Close()
 	}
