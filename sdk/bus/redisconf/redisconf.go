@@ -215,9 +215,17 @@ func parseScheme(raw string) (string, scheme, error) {
 // over the environment, so a variable set for another tool does not make Resolve refuse
 // the configuration.
 func (c *Config) LoadEnv(lookup func(string) (string, bool)) {
+	// The user part is what precedes the last @ of the authority (several hosts after it
+	// would not parse as one URL).
 	urlPassword := false
-	if u, err := url.Parse(c.URL); err == nil && u.User != nil {
-		_, urlPassword = u.User.Password()
+	if i := strings.Index(c.URL, "://"); i >= 0 {
+		rest := c.URL[i+3:]
+		if end := strings.IndexAny(rest, "/?#"); end >= 0 {
+			rest = rest[:end]
+		}
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			urlPassword = strings.Contains(rest[:at], ":")
+		}
 	}
 	if c.Password == "" && c.PasswordFile == "" && !urlPassword {
 		if v, ok := lookup(EnvPassword); ok && v != "" {

@@ -131,6 +131,11 @@ func TestLoadEnv(t *testing.T) {
 	assert.Empty(t, c.Password)
 	_, err := c.Resolve()
 	require.NoError(t, err)
+	c = redisconf.Config{URL: "redis+cluster://u:inurl@a:1,b"}
+	c.LoadEnv(env(map[string]string{redisconf.EnvPassword: "a"}))
+	assert.Empty(t, c.Password, "several hosts")
+	_, err = c.Resolve()
+	require.NoError(t, err)
 	c = redisconf.Config{URL: "redis://h:1", PasswordFile: "/f"}
 	c.LoadEnv(env(map[string]string{redisconf.EnvPassword: "a"}))
 	assert.Empty(t, c.Password)
