@@ -63,6 +63,7 @@ const (
 	Cluster
 )
 
+// String names the mode: single, sentinel or cluster.
 func (m Mode) String() string {
 	switch m {
 	case Sentinel:
