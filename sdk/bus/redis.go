@@ -157,9 +157,14 @@ func DialRedisConfig(ctx context.Context, conf redisconf.Config, o RedisOptions)
 		pctx, cancel = context.WithTimeout(ctx, 2*(opt.DialTimeout+opt.ReadTimeout))
 	}
 	err = probe.Ping(pctx).Err()
-	if cerr := pctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
-		// The socket deadline (set from ctx's) fired first: say it was the deadline.
-		err = fmt.Errorf("%w: %w", cerr, err)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		// The socket deadline is set from ctx's and may fire before ctx's own timer: a
+		// timeout at or past the deadline is the deadline's.
+		if cerr := pctx.Err(); cerr != nil {
+			err = fmt.Errorf("%w: %w", cerr, err)
+		} else if dl, ok := pctx.Deadline(); ok && !time.Now().Before(dl) {
+			err = fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+		}
 	}
 	cancel()
 	_ = probe.Close()
