@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
 // Latency summarises round-trip samples in milliseconds.
@@ -48,12 +50,19 @@ func Summarize(samples []time.Duration) Latency {
 // a small ack onto the round's list, which the publisher BLPOPs until it holds n acks. No
 // signing, no JSON, no engine: just the messages a command and its acks are made of.
 func RedisFloor(ctx context.Context, url string, n, rounds int) (Latency, error) {
-	opt, err := redis.ParseURL(url)
+	return RedisFloorConfig(ctx, redisconf.Config{URL: url}, n, rounds)
+}
+
+// RedisFloorConfig is RedisFloor on any Redis deployment conf describes (TLS, Sentinel,
+// Cluster: there with SPUBLISH and SSUBSCRIBE, as the bus does).
+func RedisFloorConfig(ctx context.Context, conf redisconf.Config, n, rounds int) (Latency, error) {
+	res, err := conf.Resolve()
 	if err != nil {
-		return Latency{}, fmt.Errorf("bench: redis url: %w", err)
+		return Latency{}, fmt.Errorf("bench: %w", err)
 	}
-	opt.DisableIdentity = true
-	pub := redis.NewClient(opt)
+	res.Options.DisableIdentity = true
+	sharded := res.Mode == redisconf.Cluster
+	pub := res.NewClient()
 	defer pub.Close()
 	channel := "rollout-bench-floor:" + strconv.FormatInt(time.Now().UnixNano(), 36)
 
@@ -72,8 +81,13 @@ func RedisFloor(ctx context.Context, url string, n, rounds int) (Latency, error)
 	}()
 	errc := make(chan error, n)
 	for i := range n {
-		c := redis.NewClient(opt)
-		ps := c.Subscribe(ctx, channel)
+		c := res.NewClient()
+		var ps *redis.PubSub
+		if sharded {
+			ps = c.SSubscribe(ctx, channel)
+		} else {
+			ps = c.Subscribe(ctx, channel)
+		}
 		subs = append(subs, ps)
 		// Receive returns the subscription confirmation: only then is the subscriber counted.
 		if _, err := ps.Receive(ctx); err != nil {
@@ -106,7 +120,11 @@ func RedisFloor(ctx context.Context, url string, n, rounds int) (Latency, error)
 	for r := range rounds {
 		list := channel + ":ack:" + strconv.Itoa(r)
 		start := time.Now()
-		if err := pub.Publish(ctx, channel, list).Err(); err != nil {
+		publish := pub.Publish
+		if sharded {
+			publish = pub.SPublish
+		}
+		if err := publish(ctx, channel, list).Err(); err != nil {
 			return Latency{}, fmt.Errorf("bench: publish: %w", err)
 		}
 		for got := 0; got < n; {

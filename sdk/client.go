@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
@@ -35,8 +36,14 @@ const tracerName = "github.com/rolloutkit/rollout/sdk"
 
 // Options configure a Client. Fleet and one of RedisURL or Bus are required.
 type Options struct {
-	// RedisURL is the fleet's Redis (redis://[user:pass@]host:port[/db]); ignored when Bus is set.
+	// RedisURL is the fleet's Redis: redis://[user@]host:port[/db], rediss:// for TLS,
+	// redis+sentinel://host:port,.../MASTER or redis+cluster://host:port,... (see package
+	// redisconf); ignored when Bus is set.
 	RedisURL string
+	// RedisConfig carries the rest of how to reach Redis: password (or a file holding it),
+	// TLS files, Sentinel master and credentials. Its URL, when empty, is RedisURL. Call
+	// RedisConfig.LoadEnv(os.LookupEnv) to take passwords from the environment.
+	RedisConfig redisconf.Config
 	// Bus is an open bus to use instead of RedisURL (e.g. an embedded fleet's in-process
 	// bus). The client does not close it.
 	Bus bus.Bus
@@ -152,12 +159,19 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 	switch {
 	case o.Bus != nil:
 		c.bus = o.Bus
-	case o.RedisURL == "":
+	case o.RedisURL == "" && o.RedisConfig.URL == "":
 		return nil, invalid("RedisURL or Bus is required")
 	default:
-		b, err := bus.DialRedis(ctx, o.RedisURL, bus.RedisOptions{})
+		conf := o.RedisConfig
+		if conf.URL == "" {
+			conf.URL = o.RedisURL
+		}
+		b, err := bus.DialRedisConfig(ctx, conf, bus.RedisOptions{Logger: o.Logger})
+		if errors.Is(err, redisconf.ErrInvalid) {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
 		if err != nil {
-			return nil, fmt.Errorf("sdk: dial %s: %w", redactURL(o.RedisURL), err)
+			return nil, fmt.Errorf("sdk: dial %s: %w", redisconf.Redact(conf.URL), err)
 		}
 		c.bus, c.ownBus = b, true
 	}
@@ -222,16 +236,6 @@ func validFleetName(f string) error {
 		return invalid("fleet name %q: want at most 128 characters without braces, colons or spaces", f)
 	}
 	return nil
-}
-
-// redactURL drops a password from a Redis URL for error messages.
-func redactURL(u string) string {
-	at := strings.LastIndex(u, "@")
-	scheme := strings.Index(u, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return u
-	}
-	return u[:scheme+3] + "***" + u[at:]
 }
 
 // Fleet is the fleet's name.

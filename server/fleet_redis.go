@@ -4,27 +4,36 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/url"
 
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
-// checkRedisURL refuses a URL DialRedis could never use, at start-up rather than in the
-// agent's retry loop (which is for a Redis that is down, not misconfigured).
-func checkRedisURL(raw string) error {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return fmt.Errorf("%w: --redis %q: %w", ErrInvalidConfig, raw, err)
+// redisConfig is RedisConfig with its URL defaulted to Redis.
+func (c *Config) redisConfig() redisconf.Config {
+	conf := c.RedisConfig
+	if conf.URL == "" {
+		conf.URL = c.Redis
 	}
-	if u.Scheme != "redis" && u.Scheme != "rediss" || u.Host == "" {
-		return fmt.Errorf("%w: --redis %q: want redis://host:port or rediss://host:port", ErrInvalidConfig, raw)
+	return conf
+}
+
+// checkRedis refuses a Redis configuration the bus could never use (a bad URL, an unreadable
+// CA or password file, ...), at start-up rather than in the agent's retry loop (which is for
+// a Redis that is down, not misconfigured). The error never holds the password.
+func (c *Config) checkRedis() error {
+	if c.RedisConfig.URL != "" && c.RedisConfig.URL != c.Redis {
+		return fmt.Errorf("%w: Redis and RedisConfig.URL differ", ErrInvalidConfig)
+	}
+	if _, err := c.redisConfig().Resolve(); err != nil {
+		return fmt.Errorf("%w: --redis: %w", ErrInvalidConfig, err)
 	}
 	return nil
 }
 
 // dialRedis opens the fleet's Redis bus for the agent (which redials while it fails).
-func dialRedis(ctx context.Context, url, serverID string, log *slog.Logger) (bus.Bus, error) {
-	b, err := bus.DialRedis(ctx, url, bus.RedisOptions{ClientName: "rollout-serve-" + serverID, Logger: log})
+func dialRedis(ctx context.Context, conf redisconf.Config, serverID string, log *slog.Logger) (bus.Bus, error) {
+	b, err := bus.DialRedisConfig(ctx, conf, bus.RedisOptions{ClientName: "rollout-serve-" + serverID, Logger: log})
 	if err != nil {
 		return nil, err
 	}

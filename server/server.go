@@ -20,6 +20,7 @@ import (
 	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/engine/weights"
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/server/agent"
 	"github.com/rolloutkit/rollout/server/api"
@@ -74,6 +75,10 @@ type Config struct {
 	// set, must be at least 32 bytes.
 	Redis, Fleet, ServerID, AdvertiseURL, FleetSecret string
 	Bus                                               bus.Bus
+	// RedisConfig carries the rest of how to reach Redis (password or its file, TLS files,
+	// Sentinel master and credentials); its URL, when empty, is Redis. Its files are read
+	// again at every dial, so a rotated password or CA is picked up on reconnect.
+	RedisConfig redisconf.Config
 	// FleetHeartbeat and FleetHeartbeatTTL pace the agent's heartbeat (0: 1s and 5s).
 	FleetHeartbeat, FleetHeartbeatTTL time.Duration
 	// PeerDir holds the versions a fleet server serves its peers at /weights/ (default: a
@@ -341,8 +346,8 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		}
 	}
 	if acfg.Bus == nil {
-		url, log := cfg.Redis, cfg.Logger
-		acfg.Dial = func(ctx context.Context) (bus.Bus, error) { return dialRedis(ctx, url, id, log) }
+		conf, log := cfg.redisConfig(), cfg.Logger
+		acfg.Dial = func(ctx context.Context) (bus.Bus, error) { return dialRedis(ctx, conf, id, log) }
 	}
 	a, err := agent.New(acfg)
 	if err != nil {
@@ -429,6 +434,9 @@ func (c Config) Validate() error {
 // fleetDefaults checks the fleet settings: a fleet needs a bus (Redis or Bus, not both),
 // and the other fleet settings need a fleet.
 func (c *Config) fleetDefaults() error {
+	if c.Redis == "" && c.RedisConfig.URL != "" {
+		c.Redis = c.RedisConfig.URL
+	}
 	if c.Redis != "" && c.Bus != nil {
 		return fmt.Errorf("%w: Redis and Bus are exclusive", ErrInvalidConfig)
 	}
@@ -452,7 +460,7 @@ func (c *Config) fleetDefaults() error {
 		return fmt.Errorf("%w: --fleet needs --redis URL", ErrInvalidConfig)
 	}
 	if c.Redis != "" {
-		if err := checkRedisURL(c.Redis); err != nil {
+		if err := c.checkRedis(); err != nil {
 			return err
 		}
 	}

@@ -14,12 +14,13 @@ import (
 
 	"github.com/rolloutkit/rollout/bench"
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
 func newBenchFleetCmd() *cobra.Command {
 	var (
 		asJSON      bool
-		redisURL    string
+		redis       redisFlags
 		servers     []int
 		rounds      int
 		quick       bool
@@ -44,13 +45,14 @@ func newBenchFleetCmd() *cobra.Command {
 			ctx := cmd.Context()
 			log := loggerFrom(cmd)
 			if len(sim.sizes) > 0 {
-				return runSimulate(ctx, cmd.OutOrStdout(), log, &sim, redisURL, asJSON)
+				return runSimulate(ctx, cmd.OutOrStdout(), log, &sim, redis.config(cmd).URL, asJSON)
 			}
 			if os.Getenv(gin.EnvGinMode) == "" {
 				gin.SetMode(gin.ReleaseMode) // as serve does: the fleets' servers log through slog
 			}
-			rep := bench.FleetReport{GOMAXPROCS: runtime.GOMAXPROCS(0), RedisURL: redisURL}
-			if redisURL == "" {
+			conf := redis.config(cmd)
+			rep := bench.FleetReport{GOMAXPROCS: runtime.GOMAXPROCS(0), RedisURL: redisconf.Redact(conf.URL)}
+			if conf.URL == "" {
 				rs, err := bench.StartRedis(ctx)
 				switch {
 				case errors.Is(err, bench.ErrNoRedisServer):
@@ -59,6 +61,7 @@ func newBenchFleetCmd() *cobra.Command {
 					return err
 				default:
 					defer rs.Stop()
+					conf.URL = rs.URL
 					rep.RedisURL, rep.RedisNote = rs.URL, "redis-server started by the benchmark"
 				}
 			}
@@ -88,7 +91,7 @@ func newBenchFleetCmd() *cobra.Command {
 					continue
 				}
 				log.Info("bench fleet: control round trip", "transport", "redis", "servers", n)
-				rb, err := bus.DialRedis(ctx, rep.RedisURL, bus.RedisOptions{Logger: log})
+				rb, err := bus.DialRedisConfig(ctx, conf, bus.RedisOptions{Logger: log})
 				if err != nil {
 					return err
 				}
@@ -97,7 +100,7 @@ func newBenchFleetCmd() *cobra.Command {
 				if err != nil {
 					return fmt.Errorf("control round trip (redis, %d servers): %w", n, err)
 				}
-				raw, err := bench.RedisFloor(ctx, rep.RedisURL, n, rounds)
+				raw, err := bench.RedisFloorConfig(ctx, conf, n, rounds)
 				if err != nil {
 					return err
 				}
@@ -147,7 +150,7 @@ func newBenchFleetCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.BoolVar(&asJSON, "json", false, "print JSON")
-	f.StringVar(&redisURL, "redis", "", "Redis to measure over (default: start a redis-server on a free port when one is on PATH)")
+	redis.register(f, "Redis to measure over (default: start a redis-server on a free port when one is on PATH)")
 	f.IntSliceVar(&servers, "servers", []int{1, 8, 32}, "fleet sizes of the control round trip")
 	f.IntVar(&rounds, "rounds", 200, "control round trips per figure")
 	f.BoolVar(&quick, "quick", false, "stories15m only, fewer rounds, updates and requests")

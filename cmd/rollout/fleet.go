@@ -22,7 +22,8 @@ import (
 // fleetConn holds the flags that say which fleet to talk to: every fleet subcommand and
 // `generate --redis` take them.
 type fleetConn struct {
-	redis, fleet       string
+	redis              redisFlags
+	fleet              string
 	secret, secretFile string
 }
 
@@ -31,7 +32,7 @@ func (c *fleetConn) register(cmd *cobra.Command, persistent bool) {
 	if persistent {
 		f = cmd.PersistentFlags()
 	}
-	f.StringVar(&c.redis, "redis", "", "Redis URL of the fleet's control plane, e.g. redis://127.0.0.1:6379")
+	c.redis.register(f, "Redis of the fleet's control plane")
 	f.StringVar(&c.fleet, "fleet", "", "fleet name the servers were started with")
 	f.StringVar(&c.secret, "fleet-secret", "", "HMAC secret of the fleet (at least 32 bytes; empty for an unsigned fleet)")
 	f.StringVar(&c.secretFile, "fleet-secret-file", "", "file holding the fleet secret (trailing newline ignored), so it stays out of ps")
@@ -40,7 +41,7 @@ func (c *fleetConn) register(cmd *cobra.Command, persistent bool) {
 // dial checks the flags and connects; sdk.Dial itself fails fast on an unreachable Redis or
 // a secret that does not verify the fleet's state.
 func (c *fleetConn) dial(ctx context.Context, cmd *cobra.Command) (*sdk.Client, error) {
-	if c.redis == "" {
+	if c.redis.conf.URL == "" {
 		return nil, fmt.Errorf("--redis is required (or %s)", envName("redis"))
 	}
 	if c.fleet == "" {
@@ -57,7 +58,7 @@ func (c *fleetConn) dial(ctx context.Context, cmd *cobra.Command) (*sdk.Client, 
 		}
 		secret = s
 	}
-	cl, err := sdk.Dial(ctx, sdk.Options{RedisURL: c.redis, Fleet: c.fleet, Secret: []byte(secret), Logger: loggerFrom(cmd)})
+	cl, err := sdk.Dial(ctx, sdk.Options{RedisConfig: c.redis.config(cmd), Fleet: c.fleet, Secret: []byte(secret), Logger: loggerFrom(cmd)})
 	if err != nil {
 		return nil, fmt.Errorf("fleet %q: %w", c.fleet, err)
 	}

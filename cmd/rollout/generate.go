@@ -35,7 +35,7 @@ func newGenerateCmd() *cobra.Command {
 		Short: "Generate text from a prompt (in-process engine with --model, a server with --server, or a fleet with --redis and --fleet)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if o.conn.redis != "" || o.conn.fleet != "" {
+			if o.conn.redis.conf.URL != "" || o.conn.fleet != "" {
 				if o.server != "" || cmd.Flags().Changed("model") || cmd.Flags().Changed("tokenizer") {
 					return fmt.Errorf("--redis/--fleet and --server/--model/--tokenizer are exclusive: the fleet's servers have their own model")
 				}

@@ -36,7 +36,11 @@ func newRootCmd(lookupEnv lookupEnvFunc) *cobra.Command {
 			if err := applyEnv(cmd, lookupEnv); err != nil {
 				return err
 			}
-			return setupLogging(cmd, logLevel)
+			if err := setupLogging(cmd, logLevel); err != nil {
+				return err
+			}
+			cmd.SetContext(withLookup(cmd.Context(), lookupEnv))
+			return nil
 		},
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info",

@@ -27,6 +27,7 @@ func newServeCmd() *cobra.Command {
 		secretFile            string
 		adminTokenFile        string
 		apiKeyFile            string
+		redis                 redisFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -41,6 +42,8 @@ func newServeCmd() *cobra.Command {
 			cfg.MaxBodyBytes = int64(maxBody)
 			cfg.Version = currentVersion().Version
 			cfg.Logger = loggerFrom(cmd)
+			cfg.RedisConfig = redis.config(cmd)
+			cfg.Redis = cfg.RedisConfig.URL
 			if os.Getenv(gin.EnvGinMode) == "" {
 				// gin's debug mode prints every route at startup; the server logs through slog.
 				gin.SetMode(gin.ReleaseMode)
@@ -101,7 +104,7 @@ func newServeCmd() *cobra.Command {
 	// A test knob (black-box reset tests hold transfers in flight with it): it works, and
 	// docs/cli.md documents it, but --help does not offer it.
 	_ = f.MarkHidden("offload-delay")
-	f.StringVar(&cfg.Redis, "redis", "", "Redis URL of the fleet control plane")
+	redis.register(f, "Redis of the fleet control plane")
 	f.StringVar(&cfg.Fleet, "fleet", "", "fleet name to join")
 	f.StringVar(&cfg.ServerID, "server-id", "", "this server's id in the fleet (default: hostname-port)")
 	f.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "URL the fleet routes requests to (default: from --addr)")

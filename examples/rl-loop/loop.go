@@ -19,6 +19,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/sdk"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
 	"github.com/rolloutkit/rollout/trainer"
@@ -45,6 +46,7 @@ type config struct {
 	Model        string
 	OffloadBytes int64
 	Redis, Fleet string
+	RedisConfig  redisconf.Config // how to reach Redis beyond its URL (TLS, password file, Sentinel)
 	Secret       []byte
 	StoreAddr    string // where the weight store listens
 	StoreURL     string // the store's URL as the servers reach it (default: its listen URL)
@@ -95,7 +97,7 @@ type fleet struct {
 
 func openFleet(ctx context.Context, cfg config) (*fleet, error) {
 	if cfg.Redis != "" {
-		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, Fleet: cfg.Fleet, Secret: cfg.Secret, Logger: cfg.Logger})
+		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, RedisConfig: cfg.RedisConfig, Fleet: cfg.Fleet, Secret: cfg.Secret, Logger: cfg.Logger})
 		if err != nil {
 			return nil, err
 		}

@@ -62,7 +62,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.Servers, "servers", 2, "embedded servers (ignored with --redis)")
 	fs.StringVar(&cfg.Model, "model", "builtin:tiny", "model spec (the servers' initial weights must be the same)")
 	fs.Int64Var(&cfg.OffloadBytes, "offload-cpu-bytes", 16<<20, "KV offload CPU memory per embedded server (0: no offloading)")
-	fs.StringVar(&cfg.Redis, "redis", "", "Redis URL of an external fleet (default: an embedded fleet)")
+	cfg.RedisConfig.RegisterFlags(fs, "Redis of an external fleet (default: an embedded fleet)")
 	fs.StringVar(&cfg.Fleet, "fleet", "", "fleet name (with --redis)")
 	secretFile := fs.String("fleet-secret-file", "", "file holding the fleet secret (at least 32 bytes)")
 	fs.StringVar(&cfg.StoreAddr, "store-addr", "127.0.0.1:0", "listen address of the weight store the servers fetch from")
@@ -79,6 +79,8 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("--log-level: %w", err)
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	cfg.RedisConfig.LoadEnv(os.LookupEnv)
+	cfg.Redis = cfg.RedisConfig.URL
 	if s := os.Getenv("ROLLOUT_FLEET_SECRET"); s != "" {
 		cfg.Secret = []byte(s)
 	}

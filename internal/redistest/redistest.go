@@ -3,11 +3,13 @@ package redistest
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -23,6 +25,9 @@ type Server struct {
 	bin  string
 	dir  string
 	port int
+	opts Options
+	tls  *TLSFiles   // with Options.TLS
+	ping *tls.Config // how the readiness PING dials (nil: plain TCP)
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -35,11 +40,38 @@ type Server struct {
 // skipped.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// Options vary the server Start runs.
+type Options struct {
+	// Args are extra redis-server arguments, e.g. "--requirepass", "pw" or an ACL
+	// "--user", "alice on >pw ~* &* +@all".
+	Args []string
+	// TLS makes the server speak TLS only (--port 0, --tls-port) with a certificate for
+	// 127.0.0.1 and localhost signed by a fresh test CA (Server.TLS has the files).
+	TLS bool
+	// TLSClientAuth, with TLS, requires a client certificate signed by the same CA.
+	TLSClientAuth bool
+	// conf is a config file to start from (sentinels need one they can rewrite).
+	conf func(port int) string
+	// extra is extra arguments that depend on the port (cluster bus port).
+	extra func(port int) []string
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, o Options) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Skip("redis-server is not installed (apt-get install redis-server); this test needs a real one")
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir()}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), opts: o}
+	if o.TLS {
+		files := GenerateTLS(t, s.dir)
+		s.tls = &files
+		s.ping = files.ClientConfig(t)
+	}
 	var last error
 	// A free port can be taken by someone else between probing and binding; try a few.
 	for range 5 {
@@ -56,6 +88,12 @@ func Start(t testing.TB) *Server {
 	return nil
 }
 
+// TLS is the server's certificate files (nil without Options.TLS).
+func (s *Server) TLS() *TLSFiles { return s.tls }
+
+// Port is the port the server listens on (its TLS port with Options.TLS).
+func (s *Server) Port() int { return s.port }
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -67,10 +105,29 @@ func freePort() (int, error) {
 
 // start runs redis-server on s.port and waits for PING.
 func (s *Server) start() error {
-	cmd := exec.Command(s.bin,
-		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+	var args []string
+	if s.opts.conf != nil {
+		args = append(args, s.opts.conf(s.port))
+	}
+	if s.tls != nil {
+		auth := "no"
+		if s.opts.TLSClientAuth {
+			auth = "yes"
+		}
+		args = append(args, "--port", "0", "--tls-port", strconv.Itoa(s.port),
+			"--tls-cert-file", s.tls.Cert, "--tls-key-file", s.tls.Key, "--tls-ca-cert-file", s.tls.CA,
+			"--tls-auth-clients", auth)
+	} else {
+		args = append(args, "--port", strconv.Itoa(s.port))
+	}
+	args = append(args, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning")
+	if s.opts.extra != nil {
+		args = append(args, s.opts.extra(s.port)...)
+	}
+	args = append(args, s.opts.Args...)
+	cmd := exec.Command(s.bin, args...)
 	logs := &bytes.Buffer{}
 	cmd.Stdout = logs
 	cmd.Stderr = logs
@@ -93,7 +150,7 @@ func (s *Server) start() error {
 			return fmt.Errorf("redis-server exited at start: %s", logs.String())
 		default:
 		}
-		if err := ping(s.Addr()); err == nil {
+		if err := ping(s.Addr(), s.ping); err == nil {
 			return nil
 		} else if time.Now().After(deadline) {
 			s.kill()
@@ -103,32 +160,60 @@ func (s *Server) start() error {
 	}
 }
 
-// ping sends one inline PING and expects +PONG.
-func ping(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
+// ping sends one inline PING and expects +PONG, or -NOAUTH from a server that wants a
+// password first (it is up all the same). tc, when set, makes it a TLS connection.
+func ping(addr string, tc *tls.Config) error {
+	line, err := Command(addr, tc, "PING")
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if line != "+PONG\r\n" {
+	if line != "+PONG" && !strings.HasPrefix(line, "-NOAUTH") {
 		return fmt.Errorf("PING answered %q", line)
 	}
 	return nil
 }
 
+// Command sends one inline command on a fresh connection (TLS when tc is set) and returns
+// the first line of the reply without its CRLF.
+func Command(addr string, tc *tls.Config, cmd string) (string, error) {
+	d := &net.Dialer{Timeout: time.Second}
+	var (
+		c   net.Conn
+		err error
+	)
+	if tc != nil {
+		c, err = tls.DialWithDialer(d, "tcp", addr, tc)
+	} else {
+		c, err = d.Dial("tcp", addr)
+	}
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimRight(line, "\r\n"), nil
+}
+
 // Addr is host:port of the server.
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
-// URL is the server's redis:// URL.
-func (s *Server) URL() string { return "redis://" + s.Addr() }
+// URL is the server's redis:// URL (rediss:// with Options.TLS).
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "rediss://" + s.Addr()
+	}
+	return "redis://" + s.Addr()
+}
+
+// Dir is the server's working directory (its config and TLS files live there).
+func (s *Server) Dir() string { return s.dir }
 
 // Kill SIGKILLs the server and waits until it is gone: no shutdown, clients see their
 // connections drop and every key is lost (nothing is persisted).

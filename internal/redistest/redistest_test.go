@@ -179,3 +179,23 @@ func TestProxyFreeze(t *testing.T) {
 	}
 	mustReply(t, p.Addr(), "PING", "+PONG")
 }
+
+func TestTLSServer(t *testing.T) {
+	s := redistest.StartWith(t, redistest.Options{TLS: true})
+	require := func(ok bool, format string, a ...any) {
+		t.Helper()
+		if !ok {
+			t.Fatalf(format, a...)
+		}
+	}
+	require(s.URL() == "rediss://"+s.Addr(), "URL %q", s.URL())
+	line, err := redistest.Command(s.Addr(), s.TLS().ClientConfig(t), "PING")
+	require(err == nil && line == "+PONG", "PING over TLS: %q, %v", line, err)
+	// Plain text gets no answer: the server hangs up.
+	line, err = redistest.Command(s.Addr(), nil, "PING")
+	require(err != nil, "plain PING to the TLS port answered %q", line)
+	// Another CA's client does not get through.
+	other := redistest.GenerateTLS(t, t.TempDir())
+	_, err = redistest.Command(s.Addr(), other.ClientConfig(t), "PING")
+	require(err != nil, "a client trusting another CA got through")
+}

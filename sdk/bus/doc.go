@@ -1,6 +1,8 @@
 // Package bus is the fleet control plane's transport: one Bus interface with a Redis
-// implementation (go-redis/v9) and an in-process one (for embedded fleets and tests), both
-// held to the same contract by one test suite.
+// implementation (go-redis/v9's universal client: one server, Sentinel or Cluster, plain or
+// TLS, as package redisconf parses it) and an in-process one (for embedded fleets and tests),
+// all held to the same contract by one test suite. On a Cluster pub/sub is sharded
+// (SPUBLISH/SSUBSCRIBE); on Sentinel subscriptions follow the primary across failovers.
 //
 // The contract follows Redis's strengths and weaknesses rather than hiding them:
 //   - Publish/Subscribe is at-most-once notification. Subscribe returns only once the

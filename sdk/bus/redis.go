@@ -2,18 +2,24 @@ package bus
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"net"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
 // RedisOptions tune a Redis bus. The zero value is a sensible default; a field left zero keeps
@@ -40,10 +46,12 @@ type RedisOptions struct {
 	Logger *slog.Logger
 }
 
-// Redis is the Bus over a Redis server (go-redis/v9). Every transport failure wraps
-// ErrUnavailable; after Close every call returns ErrClosed.
+// Redis is the Bus over a Redis deployment (go-redis/v9's universal client: one server, a
+// Sentinel-managed primary or a Cluster). Every transport failure wraps ErrUnavailable; after
+// Close every call returns ErrClosed.
 type Redis struct {
-	c           *redis.Client
+	c           redis.UniversalClient
+	mode        redisconf.Mode
 	log         *slog.Logger
 	health      time.Duration
 	backoff     time.Duration
@@ -53,9 +61,24 @@ type Redis struct {
 
 	mu   sync.Mutex
 	subs map[*redisSub]struct{}
+
+	// Sentinel only: the watch of the primary's switches (see watchFailovers).
+	stop      chan struct{} // closed by Close
+	watchPS   *redis.PubSub // the watch's current connection, closed by Close
+	watchDone chan struct{} // closed when the watch has exited (nil: no watch)
 }
 
 var _ Bus = (*Redis)(nil)
+
+// ErrTLS wraps a TLS handshake with Redis that failed (an untrusted or mismatched
+// certificate, or a server that does not speak TLS): a configuration problem, so it does not
+// wrap ErrUnavailable, and the connection never goes on in plain text.
+var ErrTLS = errors.New("bus: TLS handshake with redis failed")
+
+// ErrAuth wraps Redis refusing the credentials (a wrong user or password, a password it needs
+// and did not get, an ACL user without the permissions the bus needs). Like ErrTLS it is a
+// configuration problem and does not wrap ErrUnavailable.
+var ErrAuth = errors.New("bus: redis refused the credentials")
 
 // casScript sets KEYS[1] to ARGV[3] if its value is ARGV[2] (ARGV[1] == "1"), or if it does not
 // exist (ARGV[1] == "0"). One script is atomic in Redis, so concurrent swaps have one winner.
@@ -70,15 +93,30 @@ redis.call('SET', KEYS[1], ARGV[3])
 return 1
 `)
 
-// DialRedis connects to the Redis at rawURL (redis://[user:password@]host:port[/db] or
-// rediss:// for TLS) and PINGs it, so a bad URL or an unreachable server fails here rather than
-// on first use. An unparsable URL is a plain error; a server that does not answer wraps
-// ErrUnavailable.
+// DialRedis is DialRedisConfig with nothing but a URL (see package redisconf for the forms:
+// redis://, rediss://, redis+sentinel://, redis+cluster://).
 func DialRedis(ctx context.Context, rawURL string, o RedisOptions) (*Redis, error) {
-	opt, err := parseRedisURL(rawURL)
+	return DialRedisConfig(ctx, redisconf.Config{URL: rawURL}, o)
+}
+
+// DialRedisConfig connects to the Redis deployment conf describes and PINGs it, so a bad
+// configuration or an unreachable server fails here rather than on first use. A bad
+// configuration wraps redisconf.ErrInvalid, a failed TLS handshake ErrTLS, refused
+// credentials ErrAuth, and a server that does not answer ErrUnavailable; none of them repeats a password. What the
+// configuration warns about (a password inside the URL) is logged.
+func DialRedisConfig(ctx context.Context, conf redisconf.Config, o RedisOptions) (*Redis, error) {
+	res, err := conf.Resolve()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bus: %w", err)
 	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	for _, w := range res.Warnings {
+		log.Warn("bus: "+w, "redis", res.Redacted)
+	}
+	opt := res.Options
 	// ctx deadlines bound every command, not only the socket timeouts.
 	opt.ContextTimeoutEnabled = true
 	if o.PoolSize > 0 {
@@ -86,6 +124,9 @@ func DialRedis(ctx context.Context, rawURL string, o RedisOptions) (*Redis, erro
 	}
 	if o.DialTimeout > 0 {
 		opt.DialTimeout = o.DialTimeout
+	}
+	if opt.DialTimeout <= 0 {
+		opt.DialTimeout = 5 * time.Second
 	}
 	if o.ReadTimeout > 0 {
 		opt.ReadTimeout = o.ReadTimeout
@@ -102,15 +143,52 @@ func DialRedis(ctx context.Context, rawURL string, o RedisOptions) (*Redis, erro
 	// Redis 7.0 does not know CLIENT SETINFO; skip it rather than send a failing command on
 	// every new connection.
 	opt.DisableIdentity = true
+	// The first PING goes through a client of its own that does not retry: go-redis's retries
+	// would turn a server that hangs up at once (a TLS port spoken to in plain text, a
+	// refused handshake) into a wait for the deadline, hiding why.
+	probeOpt := *opt
+	probeOpt.MaxRetries = -1
+	probe := redis.NewUniversalClient(&probeOpt)
+	// Without a deadline, a server that accepts connections but never answers would keep go-redis
+	// retrying; one dial and one read is as long as the first answer may take (twice over
+	// for Sentinel, which asks a sentinel first).
+	pctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		pctx, cancel = context.WithTimeout(ctx, 2*(opt.DialTimeout+opt.ReadTimeout))
+	}
+	err = probe.Ping(pctx).Err()
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		// The socket deadline is set from ctx's and may fire before ctx's own timer: a
+		// timeout at or past the deadline is the deadline's.
+		if cerr := pctx.Err(); cerr != nil {
+			err = fmt.Errorf("%w: %w", cerr, err)
+		} else if dl, ok := pctx.Deadline(); ok && !time.Now().Before(dl) {
+			err = fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+		}
+	}
+	cancel()
+	_ = probe.Close()
+	if err != nil {
+		if tlsFailure(err) {
+			return nil, fmt.Errorf("%w: redis at %s: %w (check the CA file, the server name, and that the port speaks TLS)", ErrTLS, res.Addrs(), err)
+		}
+		if authFailure(err) {
+			return nil, fmt.Errorf("%w: redis at %s: %w", ErrAuth, res.Addrs(), err)
+		}
+		hint := ""
+		if opt.TLSConfig == nil && dropped(err) {
+			hint = " (a TLS port closes plain-text connections like this: use rediss://)"
+		}
+		return nil, fmt.Errorf("%w: redis at %s does not answer: %w%s", ErrUnavailable, res.Addrs(), err, hint)
+	}
 	r := &Redis{
-		c:       redis.NewClient(opt),
-		log:     o.Logger,
+		c:       res.NewClient(),
+		mode:    res.Mode,
+		log:     log,
 		health:  o.HealthCheck,
 		backoff: o.MaxReconnectBackoff,
 		subs:    map[*redisSub]struct{}{},
-	}
-	if r.log == nil {
-		r.log = slog.Default()
+		stop:    make(chan struct{}),
 	}
 	if r.health <= 0 {
 		r.health = time.Second
@@ -118,47 +196,55 @@ func DialRedis(ctx context.Context, rawURL string, o RedisOptions) (*Redis, erro
 	if r.backoff <= 0 {
 		r.backoff = time.Second
 	}
+	if res.Mode == redisconf.Sentinel {
+		r.watchDone = make(chan struct{})
+		go r.watchFailovers(opt)
+	}
 	r.readTimeout = opt.ReadTimeout
 	r.slice = min(250*time.Millisecond, opt.ReadTimeout/2)
-	// Without a deadline, a server that accepts connections but never answers would keep go-redis
-	// retrying; one dial and one read is as long as the first answer may take.
-	pctx, cancel := ctx, context.CancelFunc(func() {})
-	if _, ok := ctx.Deadline(); !ok {
-		pctx, cancel = context.WithTimeout(ctx, opt.DialTimeout+opt.ReadTimeout)
-	}
-	defer cancel()
-	if err := r.c.Ping(pctx).Err(); err != nil {
-		_ = r.c.Close()
-		return nil, fmt.Errorf("%w: redis at %s does not answer: %w", ErrUnavailable, opt.Addr, err)
-	}
 	return r, nil
 }
 
-// parseRedisURL parses the URL without echoing it in an error: it may carry a password.
-func parseRedisURL(rawURL string) (*redis.Options, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			err = uerr.Err
-		}
-		return nil, fmt.Errorf("bus: bad redis URL: %w", err)
-	}
-	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, fmt.Errorf("bus: bad redis URL %s: scheme must be redis:// or rediss://", u.Redacted())
-	}
-	if u.Host == "" {
-		return nil, fmt.Errorf("bus: bad redis URL %s: no host", u.Redacted())
-	}
-	opt, err := redis.ParseURL(rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("bus: bad redis URL %s: %w", u.Redacted(), err)
-	}
-	return opt, nil
+// tlsFailure reports a failed TLS handshake: an untrusted or mismatched certificate, or a
+// peer that answered in plain text.
+func tlsFailure(err error) bool {
+	var (
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		verify   *tls.CertificateVerificationError
+		header   tls.RecordHeaderError
+		alert    tls.AlertError
+	)
+	return errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid) ||
+		errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &alert)
 }
 
+// authFailure reports Redis's answers to bad or missing credentials.
+func authFailure(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "ERR AUTH"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// dropped reports a connection the server closed before answering.
+func dropped(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// Mode is the kind of deployment the bus talks to.
+func (r *Redis) Mode() redisconf.Mode { return r.mode }
+
 // Client returns the underlying go-redis client, for diagnostics and benchmarks.
-func (r *Redis) Client() *redis.Client { return r.c }
+func (r *Redis) Client() redis.UniversalClient { return r.c }
 
 // fail maps a go-redis error onto the bus's errors: ctx's own error stays itself, a closed
 // client is ErrClosed, a reply error from Redis is returned as is (it is a bug, not an
@@ -198,12 +284,20 @@ func (r *Redis) check(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// Publish implements Bus with PUBLISH; the count is Redis's number of receivers.
+// Publish implements Bus with PUBLISH, or SPUBLISH on a Cluster (a sharded channel lives on
+// its slot's shard, where a plain PUBLISH would be broadcast to every node); the count is
+// Redis's number of receivers.
 func (r *Redis) Publish(ctx context.Context, channel string, msg []byte) (int, error) {
 	if err := r.check(ctx); err != nil {
 		return 0, err
 	}
-	n, err := r.c.Publish(ctx, channel, msg).Result()
+	var cmd *redis.IntCmd
+	if r.mode == redisconf.Cluster {
+		cmd = r.c.SPublish(ctx, channel, msg)
+	} else {
+		cmd = r.c.Publish(ctx, channel, msg)
+	}
+	n, err := cmd.Result()
 	if err != nil {
 		return 0, r.fail(ctx, "publish", err)
 	}
@@ -246,35 +340,90 @@ func (r *Redis) Get(ctx context.Context, key string) ([]byte, error) {
 }
 
 // Scan implements Bus with SCAN MATCH and one MGET per batch. Keys that are not strings
-// (lists) or vanish between the two are left out, as in the in-process bus.
+// (lists) or vanish between the two are left out, as in the in-process bus. On a Cluster
+// every primary is scanned, and the values are read with one GET per key in a pipeline
+// (go-redis sends each to its slot's node), since an MGET may not span slots.
 func (r *Redis) Scan(ctx context.Context, prefix string) (map[string][]byte, error) {
 	if err := r.check(ctx); err != nil {
 		return nil, err
 	}
 	out := map[string][]byte{}
 	match := globEscape(prefix) + "*"
-	var cursor uint64
-	for {
-		keys, next, err := r.c.Scan(ctx, cursor, match, 1000).Result()
+	if cc, ok := r.c.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return scanNode(ctx, node, match, func(keys []string) error {
+				vals, err := getEach(ctx, cc, keys)
+				mu.Lock()
+				defer mu.Unlock()
+				maps.Copy(out, vals)
+				return err
+			})
+		})
 		if err != nil {
 			return nil, r.fail(ctx, "scan", err)
 		}
-		if len(keys) > 0 {
-			vals, err := r.c.MGet(ctx, keys...).Result()
-			if err != nil {
-				return nil, r.fail(ctx, "scan", err)
+		return out, nil
+	}
+	err := scanNode(ctx, r.c, match, func(keys []string) error {
+		vals, err := r.c.MGet(ctx, keys...).Result()
+		if err != nil {
+			return err
+		}
+		for i, v := range vals {
+			if s, ok := v.(string); ok {
+				out[keys[i]] = []byte(s)
 			}
-			for i, v := range vals {
-				if s, ok := v.(string); ok {
-					out[keys[i]] = []byte(s)
-				}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, r.fail(ctx, "scan", err)
+	}
+	return out, nil
+}
+
+// scanNode runs SCAN MATCH over one node's keyspace and hands every non-empty batch to got.
+func scanNode(ctx context.Context, c redis.Cmdable, match string, got func([]string) error) error {
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, match, 1000).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if err := got(keys); err != nil {
+				return err
 			}
 		}
 		if next == 0 {
-			return out, nil
+			return nil
 		}
 		cursor = next
 	}
+}
+
+// getEach reads keys with one GET each in a pipeline; missing keys and lists are left out.
+func getEach(ctx context.Context, c redis.Cmdable, keys []string) (map[string][]byte, error) {
+	cmds := make([]*redis.StringCmd, len(keys))
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.Get(ctx, k)
+		}
+		return nil
+	})
+	out := make(map[string][]byte, len(keys))
+	for i, cmd := range cmds {
+		v, cerr := cmd.Bytes()
+		if cerr == nil {
+			out[keys[i]] = v
+		}
+	}
+	var rerr redis.Error
+	if err != nil && !errors.Is(err, redis.Nil) && !(errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "WRONGTYPE")) {
+		return out, err
+	}
+	return out, nil
 }
 
 // globEscape quotes the characters Redis's MATCH pattern treats specially.
@@ -314,6 +463,16 @@ func (r *Redis) Delete(ctx context.Context, keys ...string) error {
 	}
 	if len(keys) == 0 {
 		return nil
+	}
+	if r.mode == redisconf.Cluster && len(keys) > 1 {
+		// A multi-key DEL may not span slots: one DEL per key, pipelined per node.
+		_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range keys {
+				p.Del(ctx, k)
+			}
+			return nil
+		})
+		return r.fail(ctx, "delete", err)
 	}
 	return r.fail(ctx, "delete", r.c.Del(ctx, keys...).Err())
 }
@@ -371,6 +530,7 @@ func (r *Redis) Pop(ctx context.Context, list string, limit int, wait time.Durat
 		secs := strconv.FormatFloat(max(block.Seconds(), 0.001), 'f', 3, 64)
 		cctx, cancel := r.popContext(ctx, block)
 		cmd := redis.NewKeyValuesCmd(cctx, "blmpop", secs, 1, list, "left", "count", limit)
+		cmd.SetFirstKeyPos(3) // the key, for a Cluster's slot routing
 		_ = r.c.Process(cctx, cmd)
 		cancel()
 		_, vals, err := cmd.Result()
@@ -410,16 +570,35 @@ func (r *Redis) Close() error {
 	if r.closed.Swap(true) {
 		return nil
 	}
+	close(r.stop)
 	r.mu.Lock()
 	subs := make([]*redisSub, 0, len(r.subs))
 	for s := range r.subs {
 		subs = append(subs, s)
 	}
+	watch := r.watchPS
 	r.mu.Unlock()
+	if r.watchDone != nil {
+		if watch != nil {
+			_ = watch.Close() // ends its blocked read
+		}
+		<-r.watchDone
+	}
 	for _, s := range subs {
 		_ = s.Close()
 	}
 	return r.c.Close()
+}
+
+// subscribe opens a PubSub on channel: SSUBSCRIBE on a Cluster, SUBSCRIBE otherwise. The
+// confirmation arrives through the PubSub's next receive.
+func (r *Redis) subscribe(ctx context.Context, channel string) (*redis.PubSub, error) {
+	if r.mode == redisconf.Cluster {
+		ps := r.c.SSubscribe(ctx)
+		return ps, ps.SSubscribe(ctx, channel)
+	}
+	ps := r.c.Subscribe(ctx)
+	return ps, ps.Subscribe(ctx, channel)
 }
 
 // Subscribe implements Bus. It returns once Redis has confirmed the subscription; every later
@@ -430,8 +609,8 @@ func (r *Redis) Subscribe(ctx context.Context, channel string) (Subscription, er
 	if err := r.check(ctx); err != nil {
 		return nil, err
 	}
-	ps := r.c.Subscribe(ctx)
-	if err := ps.Subscribe(ctx, channel); err != nil {
+	ps, err := r.subscribe(ctx, channel)
+	if err != nil {
 		_ = ps.Close()
 		return nil, r.fail(ctx, "subscribe", err)
 	}
@@ -539,7 +718,7 @@ func (s *redisSub) run() {
 		pinged = false
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind != "subscribe" {
+			if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
 				continue
 			}
 			if first {
@@ -561,8 +740,7 @@ func (s *redisSub) run() {
 // reconnect swaps in a new PubSub on a new connection; its subscribe confirmation arrives
 // through the next receive.
 func (s *redisSub) reconnect() {
-	ps := s.r.c.Subscribe(context.Background())
-	_ = ps.Subscribe(context.Background(), s.channel) // a failure retries inside the next receive
+	ps, _ := s.r.subscribe(context.Background(), s.channel) // a failure retries inside the next receive
 	s.mu.Lock()
 	old := s.ps
 	if s.closed {
