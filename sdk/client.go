@@ -374,6 +374,12 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 		}
 		next.Epoch++
 		next.UpdatedAt = time.Now().UnixMilli()
+		next.Trace = nil
+		carrier := propagation.MapCarrier{}
+		c.prop.Inject(ctx, carrier)
+		if len(carrier) > 0 {
+			next.Trace = map[string]string(carrier)
+		}
 		next.Sig = ""
 		if len(c.opts.Secret) > 0 {
 			next.Signed = true

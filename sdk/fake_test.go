@@ -37,7 +37,7 @@ type fakeAgent struct {
 	fail     map[protocol.Kind]string // kind → failure code
 	silent   map[protocol.Kind]bool   // kinds never acked
 	received []protocol.Envelope
-	bubble   [2]int64 // LastTokenBefore, FirstTokenAfter reported on commit
+	bubble   [2]time.Duration // LastTokenBefore, FirstTokenAfter reported on commit, relative to its receipt (zero: none)
 }
 
 func startFake(t *testing.T, b bus.Bus, fleet string, secret []byte, id string, version int64) *fakeAgent {
@@ -148,7 +148,12 @@ func (a *fakeAgent) execute(env *protocol.Envelope, ack *protocol.Ack) {
 		for _, n := range []string{"pause", "sleep", "swap", "wake", "resume"} {
 			ack.Phases = append(ack.Phases, protocol.Phase{Name: n, OK: true, Seconds: 0.001})
 		}
-		ack.LastTokenBefore, ack.FirstTokenAfter = a.bubble[0], a.bubble[1]
+		// Relative to the receipt, which comes after the publish: a fixed time could land
+		// before the publish on a slow machine and make the bubble negative.
+		if a.bubble != [2]time.Duration{} {
+			recv := time.Now()
+			ack.LastTokenBefore, ack.FirstTokenAfter = recv.Add(a.bubble[0]).UnixNano(), recv.Add(a.bubble[1]).UnixNano()
+		}
 	}
 	ack.WeightVersion, ack.StagedVersion = a.version, a.staged
 }

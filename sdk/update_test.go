@@ -18,8 +18,7 @@ func ref(v int64) WeightsRef {
 
 func TestUpdateWeightsAllOrNothing(t *testing.T) {
 	_, agents, c := newMemFleet(t, secret, 3, 0)
-	now := time.Now().UnixNano()
-	agents[0].set(func(a *fakeAgent) { a.bubble = [2]int64{now, now + int64(30*time.Millisecond)} })
+	agents[0].set(func(a *fakeAgent) { a.bubble = [2]time.Duration{-5 * time.Millisecond, 25 * time.Millisecond} })
 	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{})
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeCommitted, res.Outcome)

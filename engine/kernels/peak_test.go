@@ -14,8 +14,8 @@ func TestPeakFMAIsPlausible(t *testing.T) {
 	g := PeakFMA(pool, time.Millisecond)
 	t.Logf("%.1f GFLOP/s (kernel %s)", g, KernelSummary())
 	assert.False(t, math.IsNaN(g) || math.IsInf(g, 0))
-	assert.Greater(t, g, 0.01)
-	assert.Greater(t, PeakFMA(nil, 0), 0.01, "nil pool is one worker, a zero duration one call")
+	assert.Positive(t, g, "a measurement, whatever the load")
+	assert.Positive(t, PeakFMA(nil, 0), "nil pool is one worker, a zero duration one call")
 }
 
 func TestFMAPeakGenericSumsEveryChain(t *testing.T) {

@@ -588,9 +588,13 @@ type DesiredState struct {
 	// Paused asks servers to stay paused (an operator's fleet pause).
 	Paused bool `json:"paused"`
 	// Signed says the fleet's messages are signed: a server without a secret must not join.
-	Signed    bool   `json:"signed"`
-	UpdatedAt int64  `json:"updated_at"`
-	Sig       string `json:"sig,omitempty"`
+	Signed    bool  `json:"signed"`
+	UpdatedAt int64 `json:"updated_at"`
+	// Trace is the W3C trace context of the call that wrote this state, so a server that
+	// converges to it by itself (before or instead of the transaction's commands) records
+	// the cut in that call's trace. Signed like an envelope's.
+	Trace map[string]string `json:"trace,omitempty"`
+	Sig   string            `json:"sig,omitempty"`
 }
 
 // Canonical is what a desired state's Sig signs.
@@ -616,6 +620,9 @@ func (d *DesiredState) Canonical() []byte {
 	c.bool(d.Paused)
 	c.bool(d.Signed)
 	c.int(d.UpdatedAt)
+	if len(d.Trace) > 0 { // absent, the bytes are those of states written before the field
+		c.strMap(d.Trace)
+	}
 	return c.b.Bytes()
 }
 

@@ -62,6 +62,8 @@ type Work struct {
 	Pause  *protocol.Pause
 	// Epoch is the desired-state epoch a convergence works towards.
 	Epoch int64
+	// Trace is the trace context of the call that wrote that desired state.
+	Trace map[string]string
 	// StayPaused tells a commit not to resume at its end: the desired state says paused.
 	StayPaused bool
 	// Answer, when set, is the command's result already: a commit of the version a
@@ -497,7 +499,7 @@ func (c *Core) convergeWork(now time.Time) *Work {
 			plan.Mode = mode
 		}
 		plan.Version = d.Weights.Version
-		w := &Work{Commit: &plan, Epoch: d.Epoch, StayPaused: d.Paused}
+		w := &Work{Commit: &plan, Epoch: d.Epoch, Trace: d.Trace, StayPaused: d.Paused}
 		if c.eng.StagedVersion != d.Weights.Version {
 			ref := *d.Weights
 			w.Stage = &ref
@@ -505,7 +507,7 @@ func (c *Core) convergeWork(now time.Time) *Work {
 		return w
 	}
 	if d.Paused && c.eng.State == "running" {
-		return &Work{Pause: &protocol.Pause{Mode: mode}, Epoch: d.Epoch}
+		return &Work{Pause: &protocol.Pause{Mode: mode}, Epoch: d.Epoch, Trace: d.Trace}
 	}
 	c.convEpoch, c.convErr = d.Epoch, ""
 	return nil

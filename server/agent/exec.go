@@ -84,6 +84,12 @@ func (a *Agent) span(ctx context.Context, w *Work) (context.Context, trace.Span)
 		}
 	} else {
 		attrs = append(attrs, attribute.Int64("rollout.epoch", w.Epoch))
+		// A convergence joins the trace of the call that set the desired state, so an
+		// update's cut is in its trace whether a command or the server itself ran it.
+		if sc := SenderSpan(w.Trace); sc.IsValid() {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "desired_state")}}))
+		}
 	}
 	opts = append(opts, trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindConsumer))
 	return a.cfg.Tracer.Start(ctx, name, opts...)
