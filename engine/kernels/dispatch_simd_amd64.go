@@ -7,26 +7,8 @@ import "simd/archsimd"
 // This build runs the archsimd tiles (kernels_avx512_amd64.go, kernels_avx2_amd64.go).
 
 var (
-	avx512Kernel = simdKernel{name: "avx512", tiles: &k512Tiles, t1: 7, shape: func(n int) (int, int) {
-		switch {
-		case n <= 2:
-			return 4, n
-		default:
-			return 2, min(n, 4)
-		}
-	}}
-	// From three tokens up, AVX2 uses the assembly 1×6 tile (12 accumulators, BLIS's Haswell
-	// shape): twice the FLOP/s of the compiler's best spill-free tile, 1×4.
-	avx2Kernel = simdKernel{name: "avx2", tiles: &k256Tiles, t1: 6, shape: func(n int) (int, int) {
-		switch {
-		case n == 1:
-			return 3, 1
-		case n == 2:
-			return 2, 2
-		default:
-			return 1, min(n, 6)
-		}
-	}}
+	avx512Kernel = simdKernel{name: "avx512", tiles: &k512Tiles, t1: 7, shape: avx512Shape}
+	avx2Kernel   = simdKernel{name: "avx2", tiles: &k256Tiles, t1: 6, shape: avx2Shape}
 )
 
 // activeKernel is chosen once from the CPU's features; nil means the portable kernel.

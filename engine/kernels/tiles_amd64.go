@@ -36,6 +36,28 @@ type simdKernel struct {
 	t1 int
 }
 
+// avx512Shape is the AVX-512 main tile for n tokens (32 registers: up to 4×2 or 2×4 accumulator
+// groups, with several panels when n is small so independent chains hide the FMA latency).
+func avx512Shape(n int) (p, t int) {
+	if n <= 2 {
+		return 4, n
+	}
+	return 2, min(n, 4)
+}
+
+// avx2Shape is the AVX2 main tile for n tokens: from three tokens up the 1×6 tile (12
+// accumulators, BLIS's Haswell shape), which is assembly in both builds: twice the FLOP/s of
+// the compiler's best spill-free archsimd tile, 1×4.
+func avx2Shape(n int) (p, t int) {
+	switch {
+	case n == 1:
+		return 3, 1
+	case n == 2:
+		return 2, 2
+	}
+	return 1, min(n, 6)
+}
+
 // tokenBlock bounds the tokens swept per panel group, so that the block of x stays in L2 while
 // the panels stream by (W is read once per block).
 const tokenBlock = 48
