@@ -335,7 +335,7 @@ func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) 
 		x.prev = nil // let it be collected
 	}
 	_, pool := w.c.manager()
-	ok := true
+	var ok bool
 	switch {
 	case storage == nil || buf == nil || pool == nil:
 		w.c.violation(x.t.ID, "transfer submitted without bound KV storage")

@@ -109,7 +109,7 @@ func TestAttnPathsBitIdentical(t *testing.T) {
 			for _, hd := range widths {
 				for n := 1; n <= 40; n++ {
 					stride := hd + r.IntN(3)*hd + r.IntN(2)*(1+2*r.IntN(4)) // odd extra sometimes
-					off := r.IntN(stride-hd+1) | 0
+					off := r.IntN(stride - hd + 1)
 					rows := randSlice(r, (n-1)*stride+off+hd+r.IntN(5))
 					q := canonRow(r, hd, 3*(n%2))
 					scale := float32(1 / math.Sqrt(float64(hd)))

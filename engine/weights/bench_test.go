@@ -51,7 +51,6 @@ func BenchmarkLoadVsSHA256(b *testing.B) {
 			require.NoError(b, err)
 			dir := filepath.Join(b.TempDir(), preset)
 			require.NoError(b, SaveHF(dir, w, F32))
-			w = nil
 			raw, err := os.ReadFile(filepath.Join(dir, SafetensorsFile))
 			require.NoError(b, err)
 			b.SetBytes(int64(len(raw)))
