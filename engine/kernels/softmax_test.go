@@ -13,7 +13,6 @@ import (
 // vecImpl is one implementation of the softmax and attention kernels.
 type vecImpl struct {
 	name   string
-	simd   bool
 	maxF32 func(x []float32) float32
 	first  func(x []float32, v float32) int
 	expSum func(dst, x []float32, shift float32) float64 // dst nil: sum only

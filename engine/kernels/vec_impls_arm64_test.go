@@ -5,7 +5,7 @@ package kernels
 // vecImpls is the portable kernels and this build's dispatch (NEON where it has a kernel).
 func vecImpls() []vecImpl {
 	neon := genericVecImpl()
-	neon.name, neon.simd = "neon", true
+	neon.name = "neon"
 	neon.scores, neon.accum = attnScores, attnAccum
 	neon.sumSq, neon.scale = sumSquares, scaleMul
 	return []vecImpl{genericVecImpl(), neon}

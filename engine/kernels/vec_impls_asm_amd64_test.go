@@ -12,7 +12,6 @@ func vecImpls() []vecImpl {
 	add := func(name string, isa vecISA) {
 		out = append(out, vecImpl{
 			name:   name,
-			simd:   true,
 			maxF32: func(x []float32) float32 { return maxF32ISA(isa, x) },
 			first:  func(x []float32, v float32) int { return firstAtLeastISA(isa, x, v) },
 			expSum: func(dst, x []float32, shift float32) float64 { return expShiftedISA(isa, dst, x, shift) },

@@ -347,7 +347,9 @@ func TestRedisRestartMidTransaction(t *testing.T) {
 	done := make(chan outcome, 1)
 	go func() {
 		res, err := c.UpdateWeights(context.Background(), sdk.WeightsRef{Version: 1, URI: srv + "/", SHA256: sum},
-			sdk.Plan{Policy: sdk.AllOrNothing, StageTimeout: 30 * time.Second, CommitTimeout: 15 * time.Second})
+			// No peers: every server fetches from the gated origin, so all three are caught
+			// mid-stage.
+			sdk.Plan{Policy: sdk.AllOrNothing, StageTimeout: 30 * time.Second, CommitTimeout: 15 * time.Second, PeerFanOut: -1})
 		done <- outcome{res, err}
 	}()
 	for range 3 {
