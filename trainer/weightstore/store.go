@@ -205,6 +205,11 @@ func (s *Store) Publish(ctx context.Context, v int64, w *model.Weights) (Entry, 
 		}
 		return Entry{}, fmt.Errorf("weightstore: publish %d: %w", v, err)
 	}
+	return s.index(v, e, final)
+}
+
+// index records e, now in place at final, as version v, published at the directory's time.
+func (s *Store) index(v int64, e Entry, final string) (Entry, error) {
 	info, err := os.Stat(final)
 	if err != nil {
 		return Entry{}, fmt.Errorf("weightstore: %w", err)
@@ -238,15 +243,7 @@ func (s *Store) Adopt(ctx context.Context, v int64, dir, sha string) (Entry, err
 		_ = os.RemoveAll(final)
 		return Entry{}, fmt.Errorf("weightstore: adopt %d: %w", v, err)
 	}
-	info, err := os.Stat(final)
-	if err != nil {
-		return Entry{}, fmt.Errorf("weightstore: %w", err)
-	}
-	e.Published = info.ModTime()
-	s.mu.Lock()
-	s.entries[v] = cached{e, info.ModTime()}
-	s.mu.Unlock()
-	return e, nil
+	return s.index(v, e, final)
 }
 
 // Remove deletes version v (a no-op when absent). Downloads in flight keep their open files.
