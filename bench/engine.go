@@ -13,7 +13,10 @@ import (
 )
 
 // runEngine starts an engine on w and returns it with its stop function.
+// The KV pool is prefaulted, as `rollout serve` does by default: a benchmark measures a serving
+// engine, not the first touch of its memory.
 func runEngine(ctx context.Context, cfg engine.Config) (*engine.Engine, func(), error) {
+	cfg.PrefaultKV = true
 	e, err := engine.New(cfg)
 	if err != nil {
 		return nil, nil, err

@@ -316,6 +316,9 @@ func (e *Engine) allocKV() error {
 	if err != nil {
 		return err
 	}
+	if e.cfg.PrefaultKV {
+		kv.Prefault(e.kpool.Workers())
+	}
 	if b, ok := e.worker.(kvconnector.StorageBinder); ok {
 		if err := b.BindKVStorage(kv); err != nil {
 			return fmt.Errorf("engine: connector: %w", err)

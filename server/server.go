@@ -64,6 +64,8 @@ type Config struct {
 	MaxNumSeqs       int
 	MaxBatchedTokens int
 	Workers          int
+	// PrefaultKV commits the KV pool's memory when it is allocated (engine.Config.PrefaultKV).
+	PrefaultKV bool
 	// OffloadCPUBytes enables the KV offloading connector with this much CPU memory;
 	// OffloadDelay slows every transfer (tests and benchmarks only).
 	OffloadCPUBytes int64
@@ -279,7 +281,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 	}
 	ecfg := engine.Config{Weights: m.Weights, WeightVersion: cfg.WeightVersion, BlockSize: cfg.BlockSize,
 		NumBlocks: cfg.KVBlocks, KVBytes: cfg.KVBytes, MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxBatchedTokens,
-		Workers: cfg.Workers, MaxQueued: cfg.MaxQueued, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
+		Workers: cfg.Workers, PrefaultKV: cfg.PrefaultKV, MaxQueued: cfg.MaxQueued, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
 	var connStats func() map[string]float64
 	if s.conn != nil {
 		ecfg.Connector, ecfg.ConnectorWorker = s.conn.scheduler, s.conn.worker

@@ -96,6 +96,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&cfg.Addr, "addr", server.DefaultAddr, "listen address")
 	f.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV pool size in blocks (0: derived)")
 	f.Var(&kvBytes, "kv-bytes", "KV pool size in bytes, e.g. 256MiB (0: derived)")
+	f.BoolVar(&cfg.PrefaultKV, "kv-prefault", true, "commit the KV pool's memory at start, so no decode step pays a first-touch page fault (costs start-up time in proportion to the pool)")
 	f.IntVar(&cfg.BlockSize, "block-size", engine.DefaultBlockSize, "KV block size in tokens")
 	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", engine.DefaultMaxNumSeqs, "maximum running sequences")
 	f.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "maximum tokens per engine step")

@@ -39,6 +39,8 @@ func BenchmarkMatMul(b *testing.B) {
 		{"matvec/2048x768-cold", 2048, 768, 1, 64},
 		{"matvec/768x768-hot", 768, 768, 1, 1},
 		{"batch32/768x768", 768, 768, 32, 1},
+		{"batch64/2048x768-cold", 2048, 768, 64, 32}, // stories110m's FFN at 64 concurrent, W from DRAM
+		{"batch64/32000x768", 32000, 768, 64, 2},     // its classifier
 	}
 	for _, c := range cases {
 		for _, k := range allImpls() {
