@@ -85,6 +85,7 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, tokens, pref
 	if err != nil {
 		return DecodeResult{}, err
 	}
+	kv.Prefault(pool.Workers()) // as a serving engine's pool (runEngine)
 	table := make([]int32, blocks-1)
 	for i := range table {
 		table[i] = int32(i + 1)

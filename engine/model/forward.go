@@ -223,7 +223,9 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Storage, logits []float32) error {
 	for _, p := range b.Positions {
 		maxPos = max(maxPos, int(p)+1)
 	}
-	ws.scores = grow(ws.scores, m.pool.Workers()*maxPos)
+	// Per worker: the scores of every head of one token (heads × positions), then one
+	// normaliser per head.
+	ws.scores = grow(ws.scores, m.pool.Workers()*c.NumAttentionHeads*(maxPos+1))
 	eps := float32(c.RMSNormEps)
 	for li := range m.layers {
 		l := &m.layers[li]
@@ -321,7 +323,10 @@ func (m *Model) rope(row []float32, pos, hd int) {
 
 // attention computes, for every token and head, softmax(q·K/sqrt(d))·V over positions
 // 0..pos of the token's sequence, read from the pool. Work items (token, head) are
-// independent, so the split across workers does not change any result.
+// independent, so the split across workers does not change any result. A worker takes its
+// items a token at a time and sweeps each cached block once for all of that token's heads it
+// holds (heads inner): the block's K (or V) rows then stay in cache while every head reads its
+// slice of them, instead of one strided pass over the whole context per head.
 func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 	c := m.Config
 	h, kvd, hd := c.HiddenSize, c.KVDim(), c.HeadDim()
@@ -333,36 +338,51 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 	stride := len(ws.scores) / m.pool.Workers()
 	chunks := m.pool.Workers()
 	items := n * heads
+	bs := kv.BlockSize
 	m.pool.Parallel(chunks, func(lo, hi int) {
 		for w := lo; w < hi; w++ {
-			scores := ws.scores[w*stride : (w+1)*stride]
-			for it := w * items / chunks; it < (w+1)*items/chunks; it++ {
-				t, head := it/heads, it%heads
-				kh := head / group
+			buf := ws.scores[w*stride : (w+1)*stride]
+			end := (w + 1) * items / chunks
+			for it := w * items / chunks; it < end; {
+				t, h0 := it/heads, it%heads
+				h1 := min(heads, h0+end-it)
+				it += h1 - h0
 				pos := int(b.Positions[t])
 				table := b.BlockTables[b.Seq[t]]
-				q := ws.qkv[t*qkvW+head*hd : t*qkvW+(head+1)*hd]
-				out := ws.att[t*h+head*hd : t*h+(head+1)*hd]
-				// Scores block by block, then the softmax over all of them, then the weighted
-				// sum of V block by block, normalised once at the end. Every step has one fixed
-				// order per (token, head), so the result does not depend on the batch.
-				nb := pos/kv.BlockSize + 1
+				span := pos + 1
+				// Per head: the scores block by block, then the softmax over all of them, then
+				// the weighted sum of V block by block, normalised once at the end. Every step
+				// has one fixed order per (token, head), so the result does not depend on the
+				// batch or on the order heads are visited in.
+				nb := pos/bs + 1
 				for bi := range nb {
 					k, _ := kv.KV(int(table[bi]), layer)
-					n := min(kv.BlockSize, pos+1-bi*kv.BlockSize)
-					kernels.AttnScores(scores[bi*kv.BlockSize:], q, k, kvd, kh*hd, n, scale)
+					rows := min(bs, pos+1-bi*bs)
+					for head := h0; head < h1; head++ {
+						q := ws.qkv[t*qkvW+head*hd : t*qkvW+(head+1)*hd]
+						kernels.AttnScores(buf[(head-h0)*span+bi*bs:], q, k, kvd, (head/group)*hd, rows, scale)
+					}
 				}
-				sc := scores[:pos+1]
-				sum := kernels.ExpShifted(sc, sc, kernels.MaxF32(sc))
-				inv := float32(1 / sum)
-				clear(out)
+				for head := h0; head < h1; head++ {
+					sc := buf[(head-h0)*span : (head-h0+1)*span]
+					sum := kernels.ExpShifted(sc, sc, kernels.MaxF32(sc))
+					clear(ws.att[t*h+head*hd : t*h+(head+1)*hd])
+					buf[heads*span+head-h0] = float32(1 / sum)
+				}
 				for bi := range nb {
 					_, v := kv.KV(int(table[bi]), layer)
-					n := min(kv.BlockSize, pos+1-bi*kv.BlockSize)
-					kernels.AttnAccum(out, scores[bi*kv.BlockSize:], v, kvd, kh*hd, n)
+					rows := min(bs, pos+1-bi*bs)
+					for head := h0; head < h1; head++ {
+						out := ws.att[t*h+head*hd : t*h+(head+1)*hd]
+						kernels.AttnAccum(out, buf[(head-h0)*span+bi*bs:], v, kvd, (head/group)*hd, rows)
+					}
 				}
-				for i := range out {
-					out[i] *= inv
+				for head := h0; head < h1; head++ {
+					inv := buf[heads*span+head-h0]
+					out := ws.att[t*h+head*hd : t*h+(head+1)*hd]
+					for i := range out {
+						out[i] *= inv
+					}
 				}
 			}
 		}
