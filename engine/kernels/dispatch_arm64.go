@@ -97,8 +97,9 @@ func matmulNEON(m *Matrix, y, x []float32, n, lo, hi int) {
 	}
 }
 
-// streamRead folds buf (whole streamBlocks) into a checksum with 64-byte VLD1 loads, the load width of the NEON
-// tiles, so StreamReadBandwidth is the ceiling a memory-bound decode can reach in this build.
+// streamRead folds buf (whole streamBlocks) into a checksum with 64-byte VLD1 loads, the load
+// width of the NEON tiles, so StreamReadBandwidth is the ceiling a memory-bound decode can reach
+// in this build.
 func streamRead(buf []uint64) uint64 {
 	blocks := len(buf) * 8 / streamBlock
 	if blocks == 0 {
