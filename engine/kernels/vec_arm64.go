@@ -36,6 +36,7 @@ func expShifted(dst, x []float32, shift float32) float64 {
 	if blocks > 0 {
 		var dp unsafe.Pointer
 		if dst != nil {
+			dst = dst[:len(x)] // the kernel writes whole blocks unchecked
 			dp = unsafe.Pointer(unsafe.SliceData(dst))
 		}
 		expNEON(unsafe.Pointer(unsafe.SliceData(x)), dp, blocks, shift, &acc)
