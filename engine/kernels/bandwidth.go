@@ -16,8 +16,8 @@ const (
 // it allocates a buffer of about bytes (clamped to [1 MiB, 16 GiB]; use several times the L3
 // size to measure DRAM), splits it across pool's workers and times the fastest of three reads
 // of the whole buffer after one warm-up pass. The read loop is the widest one this build has
-// (AVX-512 or AVX2 on amd64, else unrolled 64-bit loads), the same
-// instruction mix as the mat-vec kernels, so it is the ceiling a memory-bound decode can reach.
+// (AVX-512 or AVX2 on amd64, NEON on arm64, else unrolled 64-bit loads), the same instruction
+// mix as the mat-vec kernels, so it is the ceiling a memory-bound decode can reach.
 func StreamReadBandwidth(pool *Pool, bytes int) float64 {
 	bytes = min(max(bytes, minStreamBytes), maxStreamBytes)
 	workers := pool.Workers()

@@ -1,7 +1,10 @@
 //go:build ignore
 
 // gen_neon writes the arm64 NEON tile kernels: kernels_neon_arm64.s (Go assembly, one TEXT per
-// tile shape) and kernels_neon_arm64.go (their declarations and the shape table). A 16-row
+// tile shape) and kernels_neon_arm64.go (their declarations and the shape table); and the
+// exponential, SwiGLU, MaxF32, FirstAtLeast and streaming-read kernels in vec_neon_arm64.s
+// (declared in vec_arm64.go and dispatch_arm64.go), whose floating-point vector instructions
+// the Go assembler lacks and which are encoded here. A 16-row
 // panel is four 128-bit vectors, so a P-panel × T-token tile keeps 4·P·T accumulators; the
 // shapes generated are those whose accumulators, weight vectors and broadcasts fit in the 32 V
 // registers. Every lane is one sequential VFMLA chain over k from zero, whatever the shape.
@@ -13,6 +16,7 @@ import (
 	"bytes"
 	"fmt"
 	"go/format"
+	"math"
 	"os"
 	"strings"
 )
@@ -88,6 +92,7 @@ func main() {
 	}
 	write("kernels_neon_arm64.go", src)
 	write("kernels_neon_arm64.s", s.Bytes())
+	write("vec_neon_arm64.s", vecKernels())
 }
 
 func write(file string, b []byte) {
@@ -175,4 +180,322 @@ func tile(s *bytes.Buffer, p, t int, l layout) {
 		}
 	}
 	e("RET")
+}
+
+// ---- The vector kernels: vec_neon_arm64.s ----
+//
+// The Go assembler has no floating-point vector arithmetic besides VFMLA/VFMLS, so those
+// instructions are encoded here from their ARM ARM fields and written as WORD, the instruction
+// in GNU syntax beside each (TestNEONWordEncodings assembles the comments with binutils where it
+// is installed and compares). Every kernel computes the canonical definitions of the package
+// doc in the same float32 roundings as the portable code; vec_arm64.go handles tails and folds.
+
+// The constant table neonc<>: four vectors, loaded together (exp32's constants; see softmax.go).
+var neonConsts = [16]uint32{
+	f32(float32(math.Log2E)), f32(-0.693359375), f32(2.12194440e-4), f32(1.9875691500e-4), // q0: log2e, -ln2 hi, -ln2 lo, p0
+	f32(1.3981999507e-3), f32(8.3334519073e-3), f32(4.1665795894e-2), f32(1.6666665459e-1), // q1: p1..p4
+	f32(5.0000001201e-1), f32(-87), f32(-math.MaxFloat32), f32(1), // q2: p5, clamp floor, -MaxFloat32, 1
+	0x80000000, f32(float32(math.Inf(-1))), 0, 0, // q3: sign bit, -Inf
+}
+
+func f32(v float32) uint32 { return math.Float32bits(v) }
+
+// vasm writes one Go assembly function body.
+type vasm struct{ b *bytes.Buffer }
+
+func (a vasm) ins(format string, args ...any) { fmt.Fprintf(a.b, "\t"+format+"\n", args...) }
+func (a vasm) label(l string)                 { fmt.Fprintf(a.b, "%s:\n", l) }
+func (a vasm) word(enc uint32, format string, args ...any) {
+	fmt.Fprintf(a.b, "\tWORD $0x%08x // %s\n", enc, fmt.Sprintf(format, args...))
+}
+
+// Three-register vector instructions on 4S: op Vd, Vn, Vm (Rm at 16, Rn at 5, Rd at 0).
+var fp3ops = map[string]uint32{
+	"FADD": 0x4e20d400, "FSUB": 0x4ea0d400, "FMUL": 0x6e20dc00, "FDIV": 0x6e20fc00,
+	"FMAX": 0x4e20f400, "FMIN": 0x4ea0f400, "FCMGE": 0x6e20e400, "FCMGT": 0x6ea0e400,
+}
+
+// fp3 is op Vd.4S, Vn.4S, Vm.4S.
+func (a vasm) fp3(op string, d, n, m int) {
+	a.word(fp3ops[op]|uint32(m)<<16|uint32(n)<<5|uint32(d), "%s V%d.4S, V%d.4S, V%d.4S", op, d, n, m)
+}
+
+// faddD is FADD Vd.2D, Vn.2D, Vm.2D (the size bit, 22, set).
+func (a vasm) faddD(d, n, m int) {
+	a.word(fp3ops["FADD"]|1<<22|uint32(m)<<16|uint32(n)<<5|uint32(d), "FADD V%d.2D, V%d.2D, V%d.2D", d, n, m)
+}
+
+// Two-register vector instructions (Rn at 5, Rd at 0) and their GNU operand forms.
+var fp2ops = map[string]struct {
+	enc  uint32
+	form string
+}{
+	"FRINTN": {0x4e218800, "V%d.4S, V%d.4S"},       // round to nearest, ties to even
+	"FCVTZS": {0x4ea1b800, "V%d.4S, V%d.4S"},       // to int32, toward zero
+	"FCMGE0": {0x6ea0c800, "V%d.4S, V%d.4S, #0.0"}, // FCMGE against zero
+	"FCVTL":  {0x0e617800, "V%d.2D, V%d.2S"},       // lanes 0, 1 to float64
+	"FCVTL2": {0x4e617800, "V%d.2D, V%d.4S"},       // lanes 2, 3 to float64
+}
+
+func (a vasm) fp2(op string, d, n int) {
+	o := fp2ops[op]
+	a.word(o.enc|uint32(n)<<5|uint32(d), "%s "+o.form, strings.TrimSuffix(op, "0"), d, n)
+}
+
+// fpe is FMUL or FMLA by element: op Vd.4S, Vn.4S, Vm.S[i] (index i in H:L, bits 11 and 21).
+func (a vasm) fpe(op string, d, n, m, i int) {
+	enc := map[string]uint32{"FMUL": 0x4f809000, "FMLA": 0x4f801000}[op]
+	a.word(enc|uint32(i&1)<<21|uint32(m)<<16|uint32(i>>1)<<11|uint32(n)<<5|uint32(d), "%s V%d.4S, V%d.4S, V%d.S[%d]", op, d, n, m, i)
+}
+
+// expRegs are the five registers of one 4-lane exponential: x (the input, then the valid
+// mask), d (the argument, then r, then the result), k, and p/t (the Horner pair).
+type expRegs struct{ x, d, k, p, t int }
+
+// Constant registers of the exponential kernels.
+const (
+	cShift  = 18 // the shift, broadcast
+	cLo     = 19 // -87
+	cNegMax = 20 // -MaxFloat32
+	cZero   = 21 // +0
+	cOne    = 22 // 1.0, also the bits 127<<23 of the exponent bias
+	cSign   = 23 // the sign bit (SwiGLU)
+	cQ0     = 24 // the table's four vectors, V24-V27
+	cQ1     = 25
+	cQ2     = 26
+	cQ3     = 27
+)
+
+// loadConsts loads neonc<> into V24-V27 and broadcasts the clamp, -MaxFloat32 and 1.
+func loadConsts(a vasm) {
+	a.ins("MOVD $neonc<>(SB), R9")
+	a.ins("VLD1 (R9), [V%d.S4, V%d.S4, V%d.S4, V%d.S4]", cQ0, cQ1, cQ2, cQ3)
+	a.ins("VDUP V%d.S[1], V%d.S4", cQ2, cLo)
+	a.ins("VDUP V%d.S[2], V%d.S4", cQ2, cNegMax)
+	a.ins("VDUP V%d.S[3], V%d.S4", cQ2, cOne)
+	a.ins("VEOR V%d.B16, V%d.B16, V%d.B16", cZero, cZero, cZero)
+}
+
+// exp emits exp32 of x − shift (0 where x is NaN or −Inf) into d for each register set, the
+// sets' instructions interleaved so that their dependency chains overlap. The steps are
+// exp32's, one rounding each: d = x − shift clamped to [−87, 0]; k = roundeven(d·log2e);
+// r = fma(k, −ln2hi, d), r = fma(k, −ln2lo, r); Horner p = fma(p, r, p_i) from p0 (each p_i
+// broadcast into the accumulating register first); e = fma(p, r², r+1); e·2^k with 2^k built
+// as (k<<23) + bits(1.0); and the valid mask (x >= −MaxFloat32, false for NaN) applied.
+func exp(a vasm, shift int, rs ...expRegs) {
+	each := func(f func(r expRegs)) {
+		for _, r := range rs {
+			f(r)
+		}
+	}
+	each(func(r expRegs) { a.fp3("FSUB", r.d, r.x, shift) })
+	each(func(r expRegs) { a.fp3("FCMGE", r.x, r.x, cNegMax) })
+	each(func(r expRegs) { a.fp3("FMAX", r.d, r.d, cLo) })
+	each(func(r expRegs) { a.fp3("FMIN", r.d, r.d, cZero) })
+	each(func(r expRegs) { a.fpe("FMUL", r.k, r.d, cQ0, 0) })
+	each(func(r expRegs) { a.fp2("FRINTN", r.k, r.k) })
+	each(func(r expRegs) { a.fpe("FMLA", r.d, r.k, cQ0, 1) })
+	each(func(r expRegs) { a.fpe("FMLA", r.d, r.k, cQ0, 2) })
+	each(func(r expRegs) { a.ins("VDUP V%d.S[0], V%d.S4", cQ1, r.p) })
+	each(func(r expRegs) { a.fpe("FMLA", r.p, r.d, cQ0, 3) })
+	// p2, p3, p4 from q1 lanes 1-3, p5 from q2 lane 0, alternating between p and t.
+	src := []struct{ q, lane int }{{cQ1, 1}, {cQ1, 2}, {cQ1, 3}, {cQ2, 0}}
+	for i, s := range src {
+		each(func(r expRegs) {
+			acc, prev := r.t, r.p
+			if i%2 == 1 {
+				acc, prev = r.p, r.t
+			}
+			a.ins("VDUP V%d.S[%d], V%d.S4", s.q, s.lane, acc)
+			a.ins("VFMLA V%d.S4, V%d.S4, V%d.S4", prev, r.d, acc)
+		})
+	}
+	// The polynomial is in p now (four steps: t, p, t, p).
+	each(func(r expRegs) { a.fp3("FMUL", r.t, r.d, r.d) })
+	each(func(r expRegs) { a.fp3("FADD", r.d, r.d, cOne) })
+	each(func(r expRegs) { a.ins("VFMLA V%d.S4, V%d.S4, V%d.S4", r.p, r.t, r.d) })
+	each(func(r expRegs) { a.fp2("FCVTZS", r.k, r.k) })
+	each(func(r expRegs) { a.ins("VSHL $23, V%d.S4, V%d.S4", r.k, r.k) })
+	each(func(r expRegs) { a.ins("VADD V%d.S4, V%d.S4, V%d.S4", cOne, r.k, r.k) })
+	each(func(r expRegs) { a.fp3("FMUL", r.d, r.d, r.k) })
+	each(func(r expRegs) { a.ins("VAND V%d.B16, V%d.B16, V%d.B16", r.x, r.d, r.d) })
+}
+
+// vecKernels returns vec_neon_arm64.s.
+func vecKernels() []byte {
+	var b bytes.Buffer
+	b.WriteString(header)
+	b.WriteString("#include \"textflag.h\"\n\n")
+	b.WriteString("// neonc: exp32's constants (softmax.go) as float32 bits; see neonConsts in gen_neon.go.\n")
+	for i, c := range neonConsts {
+		fmt.Fprintf(&b, "DATA neonc<>+%d(SB)/4, $0x%08x\n", 4*i, c)
+	}
+	b.WriteString("GLOBL neonc<>(SB), RODATA|NOPTR, $64\n")
+	a := vasm{&b}
+	text := func(doc, sig string, frame int) {
+		fmt.Fprintf(&b, "\n%s\n//\n// func %s\nTEXT ·%s(SB), NOSPLIT, $0-%d\n", doc, sig, sig[:strings.IndexByte(sig, '(')], frame)
+	}
+
+	text("// maxNEON writes to out the lane maxima of blocks×16 float32s at p (element i into lane\n"+
+		"// i mod 16, from -Inf): V0-V3 take a loaded value where it is greater (FCMGT, false for\n"+
+		"// NaN, then BIT), so NaN is never taken and a lane keeps the first of equal values.",
+		"maxNEON(p unsafe.Pointer, blocks int, out *[16]float32)", 24)
+	a.ins("MOVD p+0(FP), R0")
+	a.ins("MOVD blocks+8(FP), R1")
+	a.ins("MOVD out+16(FP), R2")
+	loadConsts(a)
+	for q := range 4 {
+		a.ins("VDUP V%d.S[1], V%d.S4", cQ3, q)
+	}
+	a.label("max_block")
+	a.ins("VLD1.P 64(R0), [V4.S4, V5.S4, V6.S4, V7.S4]")
+	for q := range 4 {
+		a.fp3("FCMGT", 8+q, 4+q, q)
+	}
+	for q := range 4 {
+		a.ins("VBIT V%d.B16, V%d.B16, V%d.B16", 8+q, 4+q, q)
+	}
+	a.ins("SUBS $1, R1, R1")
+	a.ins("BNE max_block")
+	a.ins("VST1 [V0.S4, V1.S4, V2.S4, V3.S4], (R2)")
+	a.ins("RET")
+
+	text("// firstGENEON returns the first 16-element block at p holding an element >= v, or blocks:\n"+
+		"// FCMGE (false for NaN) on the four vectors, OR-ed, tested through two 64-bit moves.",
+		"firstGENEON(p unsafe.Pointer, blocks int, v float32) int", 32)
+	a.ins("MOVD p+0(FP), R0")
+	a.ins("MOVD blocks+8(FP), R1")
+	a.ins("FMOVS v+16(FP), F31")
+	a.ins("VDUP V31.S[0], V31.S4")
+	a.ins("MOVD ZR, R2")
+	a.label("first_block")
+	a.ins("CMP R1, R2")
+	a.ins("BGE first_done")
+	a.ins("VLD1.P 64(R0), [V0.S4, V1.S4, V2.S4, V3.S4]")
+	for q := range 4 {
+		a.fp3("FCMGE", q, q, 31)
+	}
+	a.ins("VORR V1.B16, V0.B16, V0.B16")
+	a.ins("VORR V3.B16, V2.B16, V2.B16")
+	a.ins("VORR V2.B16, V0.B16, V0.B16")
+	a.ins("VMOV V0.D[0], R3")
+	a.ins("VMOV V0.D[1], R4")
+	a.ins("ORR R4, R3, R3")
+	a.ins("CBNZ R3, first_done")
+	a.ins("ADD $1, R2, R2")
+	a.ins("B first_block")
+	a.label("first_done")
+	a.ins("MOVD R2, ret+24(FP)")
+	a.ins("RET")
+
+	// Two exponentials at a time: V8/V9 the inputs, V10/V11 the results.
+	lanesA := expRegs{x: 8, d: 10, k: 12, p: 14, t: 16}
+	lanesB := expRegs{x: 9, d: 11, k: 13, p: 15, t: 17}
+
+	text("// expNEON computes e_i = exp32(clamp(x_i - shift)) (0 for NaN and -Inf x_i) for blocks×16\n"+
+		"// float32s at x, stores them at dst unless it is nil, and adds lane j in float64 to acc[j]\n"+
+		"// (V0-V7 hold acc[0:2], acc[2:4], ...). Each block is two halves of two vectors.",
+		"expNEON(x, dst unsafe.Pointer, blocks int, shift float32, acc *[16]float64)", 40)
+	a.ins("MOVD x+0(FP), R0")
+	a.ins("MOVD dst+8(FP), R1")
+	a.ins("MOVD blocks+16(FP), R2")
+	a.ins("FMOVS shift+24(FP), F%d", cShift)
+	a.ins("MOVD acc+32(FP), R3")
+	a.ins("VDUP V%d.S[0], V%d.S4", cShift, cShift)
+	loadConsts(a)
+	a.ins("ADD $64, R3, R4")
+	a.ins("VLD1 (R3), [V0.D2, V1.D2, V2.D2, V3.D2]")
+	a.ins("VLD1 (R4), [V4.D2, V5.D2, V6.D2, V7.D2]")
+	a.ins("CBZ R2, exp_done")
+	a.label("exp_block")
+	for half := range 2 {
+		a.ins("VLD1.P 32(R0), [V8.S4, V9.S4]")
+		exp(a, cShift, lanesA, lanesB)
+		a.ins("CBZ R1, exp_sum%d", half)
+		a.ins("VST1.P [V10.S4, V11.S4], 32(R1)")
+		a.label(fmt.Sprintf("exp_sum%d", half))
+		// Lanes 0-3 of V10 are partials 8·half+0..3: acc registers 4·half, 4·half+1; V11 the next two.
+		for i, r := range []expRegs{lanesA, lanesB} {
+			a.fp2("FCVTL", r.p, r.d)
+			a.fp2("FCVTL2", r.t, r.d)
+			a.faddD(4*half+2*i, 4*half+2*i, r.p)
+			a.faddD(4*half+2*i+1, 4*half+2*i+1, r.t)
+		}
+	}
+	a.ins("SUBS $1, R2, R2")
+	a.ins("BNE exp_block")
+	a.label("exp_done")
+	a.ins("VST1 [V0.D2, V1.D2, V2.D2, V3.D2], (R3)")
+	a.ins("VST1 [V4.D2, V5.D2, V6.D2, V7.D2], (R4)")
+	a.ins("RET")
+
+	text("// swigluNEON writes a_i = silu(g_i)·u_i for blocks×16 elements, eight per step: V0/V1 = x\n"+
+		"// (the gate), V8/V9 = -|x| (sign bit set), the exponential with shift 0 gives e in V10/V11;\n"+
+		"// den = 1+e, x/den in V14/V15, (x·e)/den in V16/V17, x >= 0 (FCMGE #0, false for NaN)\n"+
+		"// picks the first (BIT), then ·u (V2/V3). Every operation is one float32 rounding.",
+		"swigluNEON(a, gate, up unsafe.Pointer, blocks int)", 32)
+	a.ins("MOVD a+0(FP), R0")
+	a.ins("MOVD gate+8(FP), R1")
+	a.ins("MOVD up+16(FP), R2")
+	a.ins("MOVD blocks+24(FP), R3")
+	loadConsts(a)
+	a.ins("VDUP V%d.S[0], V%d.S4", cQ3, cSign)
+	a.ins("LSL $1, R3, R3")
+	a.ins("CBZ R3, swiglu_done")
+	a.label("swiglu_half")
+	a.ins("VLD1.P 32(R1), [V0.S4, V1.S4]")
+	a.ins("VORR V%d.B16, V0.B16, V8.B16", cSign)
+	a.ins("VORR V%d.B16, V1.B16, V9.B16", cSign)
+	exp(a, cZero, lanesA, lanesB)
+	for i, r := range []expRegs{lanesA, lanesB} {
+		a.fp3("FADD", r.k, r.d, cOne) // den
+		a.fp3("FDIV", r.p, i, r.k)    // x/den
+		a.fp3("FMUL", r.t, i, r.d)    // x·e
+		a.fp3("FDIV", r.t, r.t, r.k)  // (x·e)/den
+		a.fp2("FCMGE0", r.x, i)       // x >= 0
+		a.ins("VBIT V%d.B16, V%d.B16, V%d.B16", r.x, r.p, r.t)
+	}
+	a.ins("VLD1.P 32(R2), [V2.S4, V3.S4]")
+	a.fp3("FMUL", lanesA.t, lanesA.t, 2)
+	a.fp3("FMUL", lanesB.t, lanesB.t, 3)
+	a.ins("VST1.P [V%d.S4, V%d.S4], 32(R0)", lanesA.t, lanesB.t)
+	a.ins("SUBS $1, R3, R3")
+	a.ins("BNE swiglu_half")
+	a.label("swiglu_done")
+	a.ins("RET")
+
+	text("// streamReadNEON sums blocks×512 bytes at p as uint32 lanes into out (word i into lane\n"+
+		"// i mod 4): eight accumulators (V0-V7), 64-byte VLD1 loads into four rotating banks\n"+
+		"// (V16-V31), the load width of the MatMul tiles. Integer adds: float adds of arbitrary\n"+
+		"// bits could meet slow special cases.",
+		"streamReadNEON(p unsafe.Pointer, blocks int, out *[4]uint32)", 24)
+	a.ins("MOVD p+0(FP), R0")
+	a.ins("MOVD blocks+8(FP), R1")
+	a.ins("MOVD out+16(FP), R2")
+	for i := range 8 {
+		a.ins("VEOR V%d.B16, V%d.B16, V%d.B16", i, i, i)
+	}
+	a.ins("CBZ R1, stream_done")
+	a.label("stream_block")
+	for c := range 8 { // eight 64-byte chunks
+		bank := 16 + 4*(c%4)
+		a.ins("VLD1.P 64(R0), [V%d.S4, V%d.S4, V%d.S4, V%d.S4]", bank, bank+1, bank+2, bank+3)
+		if c%2 == 1 {
+			for _, cc := range []int{c - 1, c} {
+				bk, acc := 16+4*(cc%4), 4*(cc%2)
+				for q := range 4 {
+					a.ins("VADD V%d.S4, V%d.S4, V%d.S4", bk+q, acc+q, acc+q)
+				}
+			}
+		}
+	}
+	a.ins("SUBS $1, R1, R1")
+	a.ins("BNE stream_block")
+	a.label("stream_done")
+	for _, p := range [][3]int{{0, 4, 0}, {1, 5, 1}, {2, 6, 2}, {3, 7, 3}, {0, 1, 0}, {2, 3, 2}, {0, 2, 0}} {
+		a.ins("VADD V%d.S4, V%d.S4, V%d.S4", p[1], p[0], p[2])
+	}
+	a.ins("VST1 [V0.S4], (R2)")
+	a.ins("RET")
+	return b.Bytes()
 }

@@ -28,7 +28,8 @@ func sameBits32(a, b []float32) bool {
 }
 
 // canonRow is a row of n values at an odd offset inside a larger buffer, so that the vector
-// paths meet unaligned data; kind picks the distribution (plain, with specials, huge/tiny).
+// paths meet unaligned data; kind picks the distribution (plain, with specials, huge/tiny,
+// float32 subnormals).
 func canonRow(r *rand.Rand, n, kind int) []float32 {
 	buf := make([]float32, n+7)
 	x := buf[1+2*r.IntN(3):][:n]
@@ -51,8 +52,17 @@ func canonRow(r *rand.Rand, n, kind int) []float32 {
 			default:
 				x[i] = float32(r.NormFloat64())
 			}
-		default:
+		case 3:
 			x[i] = float32(math.Ldexp(r.NormFloat64(), r.IntN(120)-60))
+		default: // subnormals of both signs (below 2^-126), the smallest normals, plain values
+			switch r.IntN(3) {
+			case 0:
+				x[i] = math.Float32frombits(uint32(r.IntN(1<<23)) | uint32(r.IntN(2))<<31)
+			case 1:
+				x[i] = float32(math.Copysign(0x1p-126, r.NormFloat64()))
+			default:
+				x[i] = float32(r.NormFloat64())
+			}
 		}
 	}
 	return x
@@ -64,11 +74,11 @@ func TestVecPathsBitIdentical(t *testing.T) {
 	impls := vecImpls()
 	gen := impls[0]
 	r := rand.New(rand.NewPCG(21, 22))
-	shifts := []float32{0, 3, -1e30, 1e30, math.MaxFloat32, ninf32, 1e-30}
+	shifts := []float32{0, 3, -1e30, 1e30, math.MaxFloat32, ninf32, 1e-30, -math.SmallestNonzeroFloat32}
 	for _, impl := range impls[1:] {
 		t.Run(impl.name, func(t *testing.T) {
 			for n := 0; n <= 300; n++ {
-				for kind := range 4 {
+				for kind := range 5 {
 					x := canonRow(r, n, kind)
 					require.Equal(t, math.Float32bits(gen.maxF32(x)), math.Float32bits(impl.maxF32(x)), "max n=%d kind=%d", n, kind)
 					m := cleanF32(gen.maxF32(x))

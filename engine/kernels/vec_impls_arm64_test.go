@@ -2,11 +2,10 @@
 
 package kernels
 
-// vecImpls is the portable kernels and this build's dispatch (NEON where it has a kernel).
+// vecImpls is the portable kernels and this build's dispatch, which runs NEON for every vector
+// kernel (the attention ones at head widths of whole 16-element blocks).
 func vecImpls() []vecImpl {
-	neon := genericVecImpl()
-	neon.name = "neon"
-	neon.scores, neon.accum = attnScores, attnAccum
-	neon.sumSq, neon.scale = sumSquares, scaleMul
+	neon := vecImpl{name: "neon", maxF32: maxF32, first: firstAtLeast, expSum: expShifted,
+		scores: attnScores, accum: attnAccum, sumSq: sumSquares, scale: scaleMul, swiglu: swiglu}
 	return []vecImpl{genericVecImpl(), neon}
 }

@@ -1,0 +1,73 @@
+package kernels
+
+import (
+	"bufio"
+	"debug/elf"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// neonWord is a WORD directive of the arm64 assembly with the instruction its comment names.
+var neonWord = regexp.MustCompile(`^\s*WORD \$0x([0-9a-f]{8}) // (.+)$`)
+
+// TestNEONWordEncodings assembles the instruction beside every WORD of the arm64 assembly
+// (the vector instructions the Go assembler lacks, encoded by hand or by gen_neon.go) with
+// binutils' aarch64 assembler and requires the same encoding, so no word is another
+// instruction than its comment says. It runs on any host; it is skipped where
+// aarch64-linux-gnu-as (Debian: binutils-aarch64-linux-gnu) is not installed.
+func TestNEONWordEncodings(t *testing.T) {
+	as, err := exec.LookPath("aarch64-linux-gnu-as")
+	if err != nil {
+		t.Skip("aarch64-linux-gnu-as not installed (binutils-aarch64-linux-gnu)")
+	}
+	files, err := filepath.Glob("*_arm64.s")
+	require.NoError(t, err)
+	var src strings.Builder
+	var want []uint32
+	var where []string
+	for _, f := range files {
+		fh, err := os.Open(f)
+		require.NoError(t, err)
+		sc := bufio.NewScanner(fh)
+		for line := 1; sc.Scan(); line++ {
+			m := neonWord.FindStringSubmatch(sc.Text())
+			if m == nil {
+				continue
+			}
+			w, err := strconv.ParseUint(m[1], 16, 32)
+			require.NoError(t, err)
+			want = append(want, uint32(w))
+			where = append(where, fmt.Sprintf("%s:%d: %s", f, line, m[2]))
+			src.WriteString(m[2] + "\n")
+		}
+		require.NoError(t, sc.Err())
+		require.NoError(t, fh.Close())
+	}
+	require.NotEmpty(t, want, "the arm64 assembly has WORD-encoded instructions")
+
+	dir := t.TempDir()
+	in, obj := filepath.Join(dir, "words.s"), filepath.Join(dir, "words.o")
+	require.NoError(t, os.WriteFile(in, []byte(src.String()), 0o644))
+	out, err := exec.Command(as, "-o", obj, in).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	ef, err := elf.Open(obj)
+	require.NoError(t, err)
+	defer ef.Close()
+	text, err := ef.Section(".text").Data()
+	require.NoError(t, err)
+	require.Len(t, text, 4*len(want), "one instruction per WORD")
+	for i, w := range want {
+		got := binary.LittleEndian.Uint32(text[4*i:])
+		require.Equal(t, fmt.Sprintf("%08x", got), fmt.Sprintf("%08x", w), "%s", where[i])
+	}
+	t.Logf("%d WORD encodings match binutils", len(want))
+}
