@@ -206,16 +206,24 @@ func chain8(w, x []float32, acc *[8]float32, off int) (steps int) {
 // fma32 is a*b+c rounded once to float32, bit for bit what VFMADD does per lane, so the
 // portable kernel matches the SIMD ones exactly. The product is exact in float64 (24+24 bits);
 // the float64 sum s is then rounded a second time to float32, which gives the single rounding
-// unless s is a float32 halfway point (see roundsOnce). That rare case takes fma32Slow, kept out
-// of line so that fma32 inlines. (No math.FMA: the explicit conversions also stop the compiler
-// from fusing differently per GOARCH.)
+// unless s is a float32 halfway point (see roundsOnce). The hot loops use fmaFast, which
+// inlines, and call fma32Slow themselves in the rare case. (No math.FMA: without GOAMD64=v3 it
+// is a call on amd64, and the explicit conversions stop the compiler from fusing differently
+// per GOARCH.)
 func fma32(a, b, c float32) float32 {
-	p := float64(a) * float64(b)
-	s := p + float64(c)
-	if f := float32(s); roundsOnce(s, f) {
+	if f, ok := fmaFast(a, b, c); ok {
 		return f
 	}
-	return fma32Slow(p, float64(c), s)
+	return fma32Slow(a, b, c)
+}
+
+// fmaFast is fma32 without the slow path, small enough to inline: float32(a·b+c) with the
+// product and sum in float64, and whether that is fma32's result; when not (about one step in
+// 2^29 on random data), fma32Slow is.
+func fmaFast(a, b, c float32) (float32, bool) {
+	p := float64(a) * float64(b)
+	s := p + float64(c)
+	return float32(s), math.Float64bits(s)<<36 != 0 || roundsOnceRare(p, float64(c), s)
 }
 
 // roundsOnce reports whether f = float32(s), with s the float64 rounding of some exact value v,
@@ -252,7 +260,12 @@ func roundsOnceRare(p, c, s float64) bool {
 // with at least two more bits than the target rounds correctly (Boldo & Melquiond, 2008).
 //
 //go:noinline
-func fma32Slow(p, c, s float64) float32 {
+func fma32Slow(a, b, cf float32) float32 {
+	p, c := float64(a)*float64(b), float64(cf)
+	s := p + c
+	if f := float32(s); roundsOnce(s, f) {
+		return f
+	}
 	// TwoSum: e is the exact error p+c-s.
 	bb := s - p
 	e := (p - (s - bb)) + (c - bb)
