@@ -145,8 +145,8 @@ func matmulGeneric(m *Matrix, y, x []float32, n, lo, hi int) {
 // partial sums in acc. Each lane is fma32 inline: the sum s in float64, whose float32 rounding
 // is the single one unless the low bits test of roundsOnce fails and roundsOnceRare does too.
 // chain8 stops before the first step in which some lane's rounding is in doubt (in practice a
-// float32 halfway point: about one step in 2^29) and returns the steps completed, all of whose
-// lanes are committed to acc; fma32 does that step. A step commits its eight sums only at its
+// float32 halfway point: about one lane-step in 2^29) and returns the steps completed, all
+// of whose lanes are committed to acc; fma32 does that step. A step commits its eight sums only at its
 // end, so a stop needs no bookkeeping per lane. The loop calls nothing, so the accumulators live
 // in registers, and it has no bounds checks.
 func chain8(w, x []float32, acc *[8]float32, off int) (steps int) {
@@ -207,9 +207,9 @@ func chain8(w, x []float32, acc *[8]float32, off int) (steps int) {
 // portable kernel matches the SIMD ones exactly. The product is exact in float64 (24+24 bits);
 // the float64 sum s is then rounded a second time to float32, which gives the single rounding
 // unless s is a float32 halfway point (see roundsOnce). The hot loops use fmaFast, which
-// inlines, and call fma32Slow themselves in the rare case. (No math.FMA: without GOAMD64=v3 it
-// is a call on amd64, and the explicit conversions stop the compiler from fusing differently
-// per GOARCH.)
+// inlines, and call fma32Slow themselves in the rare case. (No math.FMA: below GOAMD64=v3 it
+// is a feature check with a call behind it, which spills the accumulators. A compiler that
+// fuses p+c into one FMA, as arm64 or GOAMD64=v3 do, gives the same s, the product being exact.)
 func fma32(a, b, c float32) float32 {
 	if f, ok := fmaFast(a, b, c); ok {
 		return f
@@ -255,9 +255,10 @@ func roundsOnceRare(p, c, s float64) bool {
 	return (p-(s-bb))+(c-bb) == 0
 }
 
-// fma32Slow rounds p+c (s = p+c rounded to float64) to float32 via round-to-odd: if s is
-// inexact, replace it by its odd neighbour on the side of the exact sum. A round-to-odd result
-// with at least two more bits than the target rounds correctly (Boldo & Melquiond, 2008).
+// fma32Slow is fma32 for every input, the rare ones included: when the float64 sum s = p+c
+// is in doubt it rounds to float32 via round-to-odd: if s is inexact, replace it by its odd
+// neighbour on the side of the exact sum. A round-to-odd result with at least two more bits
+// than the target rounds correctly (Boldo & Melquiond, 2008).
 //
 //go:noinline
 func fma32Slow(a, b, cf float32) float32 {
