@@ -58,7 +58,11 @@ func dotGeneric(a, b []float32) float32 {
 	for ; i+16 <= len(a); i += 16 {
 		x, y := (*[16]float32)(a[i:]), (*[16]float32)(b[i:])
 		for j := range acc {
-			acc[j] = fma32(x[j], y[j], acc[j])
+			f, ok := fmaFast(x[j], y[j], acc[j])
+			if !ok {
+				f = fma32Slow(x[j], y[j], acc[j])
+			}
+			acc[j] = f
 		}
 	}
 	for j := range a[i:] {
@@ -79,7 +83,11 @@ func attnAccumGeneric(out, p, v []float32, stride, off, n int) {
 			row := v[s*stride+off+i0 : s*stride+off+i0+w]
 			a := &acc[s&3]
 			for j, x := range row {
-				a[j] = fma32(ps, x, a[j])
+				f, ok := fmaFast(ps, x, a[j])
+				if !ok {
+					f = fma32Slow(ps, x, a[j])
+				}
+				a[j] = f
 			}
 		}
 		o := out[i0 : i0+w]

@@ -188,3 +188,32 @@ func BenchmarkAttention(b *testing.B) {
 		}
 	}
 }
+
+// TestAttnRoundsOnceAtHalfwayPoints puts a halfway point into one FMA chain of each attention
+// kernel: AttnScores' chain 0 gets q[0]·k[0] = tiny, then q[16]·k[16] = a·1.5, a product on a
+// float32 halfway point; AttnAccum's chain 0 gets slot 0 (tiny) and slot 4 (a·1.5), the other
+// slots weigh zero. Each result is that chain alone, which must be the single rounding.
+func TestAttnRoundsOnceAtHalfwayPoints(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	for range 50 {
+		a := float32(1 + float64(r.Uint32()>>9|1)*0x1p-23)
+		tiny := float32(math.Ldexp(1+r.Float64(), -60))
+		if r.IntN(2) == 0 {
+			tiny = -tiny
+		}
+		want := exactFMA32(a, 1.5, tiny)
+		q, k := make([]float32, 32), make([]float32, 32)
+		q[0], k[0], q[16], k[16] = tiny, 1, a, 1.5
+		v := make([]float32, 5*16)
+		v[0], v[4*16] = tiny, a
+		p := []float32{1, 0, 0, 0, 1.5}
+		for _, impl := range vecImpls() {
+			sc := make([]float32, 1)
+			impl.scores(sc, q, k, 32, 0, 1, 1)
+			require.Equal(t, math.Float32bits(want), math.Float32bits(sc[0]), "%s scores", impl.name)
+			out := make([]float32, 16)
+			impl.accum(out, p, v, 16, 0, 5)
+			require.Equal(t, math.Float32bits(want), math.Float32bits(out[0]), "%s accum", impl.name)
+		}
+	}
+}

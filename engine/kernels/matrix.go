@@ -124,14 +124,13 @@ func matmulGeneric(m *Matrix, y, x []float32, n, lo, hi int) {
 			for i := 0; i < nr; i += 8 {
 				var acc [8]float32
 				for k := 0; k < cols; k++ {
-					steps, lane := chain8(panel[k*PanelRows:], xt[k:], &acc, i)
-					if k += steps; k == cols {
+					if k += chain8(panel[k*PanelRows:], xt[k:], &acc, i); k == cols {
 						break
 					}
-					// Step k needs the exact rounding from lane on: fma32 finishes it, and
-					// the fast path resumes at k+1.
-					w, xv := panel[k*PanelRows+i:k*PanelRows+i+8], xt[k]
-					for j := lane; j < 8; j++ {
+					// Step k may need the exact rounding in some lane: fma32 does the whole
+					// step, and the fast path resumes at k+1.
+					w, xv := (*[8]float32)(panel[k*PanelRows+i:]), xt[k]
+					for j := range acc {
 						acc[j] = fma32(w[j], xv, acc[j])
 					}
 				}
@@ -143,106 +142,131 @@ func matmulGeneric(m *Matrix, y, x []float32, n, lo, hi int) {
 
 // chain8 advances the FMA chains of the eight rows off..off+7 (off is 0 or 8) of a panel, whose
 // steps are w[0:PanelRows], w[PanelRows:2*PanelRows], ..., against the inputs x, from the
-// partial sums in acc. It takes the fast path of fma32 inline and stops at the first lane whose
-// sum needs the exact rounding: it returns the steps completed and that lane, whose step is
-// committed for the lanes before it only (lane is 8 when every step completed). It calls
-// nothing, so the accumulators live in registers, and it has no bounds checks in its loop.
-func chain8(w, x []float32, acc *[8]float32, off int) (steps, lane int) {
+// partial sums in acc. Each lane is fma32 inline: the sum s in float64, whose float32 rounding
+// is the single one unless the low bits test of roundsOnce fails and roundsOnceRare does too.
+// chain8 stops before the first step in which some lane's rounding is in doubt (in practice a
+// float32 halfway point: about one lane-step in 2^29) and returns the steps completed, all
+// of whose lanes are committed to acc; fma32 does that step. A step commits its eight sums only at its
+// end, so a stop needs no bookkeeping per lane. The loop calls nothing, so the accumulators live
+// in registers, and it has no bounds checks.
+func chain8(w, x []float32, acc *[8]float32, off int) (steps int) {
 	off &= 8
 	a0, a1, a2, a3, a4, a5, a6, a7 := acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]
-	lane = 8
 	for len(w) >= PanelRows && len(x) > 0 {
 		ww := (*[PanelRows]float32)(w)
 		xv := float64(x[0])
-		s0 := float64(ww[off+0])*xv + float64(a0)
-		if !roundsOnce(s0) {
-			lane = 0
-			goto out
+		p0 := float64(ww[off+0]) * xv
+		s0 := p0 + float64(a0)
+		if math.Float64bits(s0)<<36 == 0 && !roundsOnceRare(p0, float64(a0), s0) {
+			break
 		}
-		a0 = float32(s0)
-		s1 := float64(ww[off+1])*xv + float64(a1)
-		if !roundsOnce(s1) {
-			lane = 1
-			goto out
+		p1 := float64(ww[off+1]) * xv
+		s1 := p1 + float64(a1)
+		if math.Float64bits(s1)<<36 == 0 && !roundsOnceRare(p1, float64(a1), s1) {
+			break
 		}
-		a1 = float32(s1)
-		s2 := float64(ww[off+2])*xv + float64(a2)
-		if !roundsOnce(s2) {
-			lane = 2
-			goto out
+		p2 := float64(ww[off+2]) * xv
+		s2 := p2 + float64(a2)
+		if math.Float64bits(s2)<<36 == 0 && !roundsOnceRare(p2, float64(a2), s2) {
+			break
 		}
-		a2 = float32(s2)
-		s3 := float64(ww[off+3])*xv + float64(a3)
-		if !roundsOnce(s3) {
-			lane = 3
-			goto out
+		p3 := float64(ww[off+3]) * xv
+		s3 := p3 + float64(a3)
+		if math.Float64bits(s3)<<36 == 0 && !roundsOnceRare(p3, float64(a3), s3) {
+			break
 		}
-		a3 = float32(s3)
-		s4 := float64(ww[off+4])*xv + float64(a4)
-		if !roundsOnce(s4) {
-			lane = 4
-			goto out
+		p4 := float64(ww[off+4]) * xv
+		s4 := p4 + float64(a4)
+		if math.Float64bits(s4)<<36 == 0 && !roundsOnceRare(p4, float64(a4), s4) {
+			break
 		}
-		a4 = float32(s4)
-		s5 := float64(ww[off+5])*xv + float64(a5)
-		if !roundsOnce(s5) {
-			lane = 5
-			goto out
+		p5 := float64(ww[off+5]) * xv
+		s5 := p5 + float64(a5)
+		if math.Float64bits(s5)<<36 == 0 && !roundsOnceRare(p5, float64(a5), s5) {
+			break
 		}
-		a5 = float32(s5)
-		s6 := float64(ww[off+6])*xv + float64(a6)
-		if !roundsOnce(s6) {
-			lane = 6
-			goto out
+		p6 := float64(ww[off+6]) * xv
+		s6 := p6 + float64(a6)
+		if math.Float64bits(s6)<<36 == 0 && !roundsOnceRare(p6, float64(a6), s6) {
+			break
 		}
-		a6 = float32(s6)
-		s7 := float64(ww[off+7])*xv + float64(a7)
-		if !roundsOnce(s7) {
-			lane = 7
-			goto out
+		p7 := float64(ww[off+7]) * xv
+		s7 := p7 + float64(a7)
+		if math.Float64bits(s7)<<36 == 0 && !roundsOnceRare(p7, float64(a7), s7) {
+			break
 		}
-		a7 = float32(s7)
+		a0, a1, a2, a3, a4, a5, a6, a7 = float32(s0), float32(s1), float32(s2), float32(s3), float32(s4), float32(s5), float32(s6), float32(s7)
 		w, x = w[PanelRows:], x[1:]
 		steps++
 	}
-out:
 	acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7] = a0, a1, a2, a3, a4, a5, a6, a7
-	return steps, lane
+	return steps
 }
 
 // fma32 is a*b+c rounded once to float32, bit for bit what VFMADD does per lane, so the
 // portable kernel matches the SIMD ones exactly. The product is exact in float64 (24+24 bits);
-// the float64 sum s is then rounded a second time to float32, which differs from a single
-// rounding only when s lands exactly on a float32 halfway point, or in the float32 subnormal
-// range. Those rare cases take fma32Slow, kept out of line so that fma32 inlines. (No math.FMA: the explicit conversions also stop the
-// compiler from fusing differently per GOARCH.)
+// the float64 sum s is then rounded a second time to float32, which gives the single rounding
+// unless s is a float32 halfway point (see roundsOnce). The hot loops use fmaFast, which
+// inlines, and call fma32Slow themselves in the rare case. (No math.FMA: below GOAMD64=v3 it
+// is a feature check with a call behind it, which spills the accumulators. A compiler that
+// fuses p+c into one FMA, as arm64 or GOAMD64=v3 do, gives the same s, the product being exact.)
 func fma32(a, b, c float32) float32 {
+	if f, ok := fmaFast(a, b, c); ok {
+		return f
+	}
+	return fma32Slow(a, b, c)
+}
+
+// fmaFast is fma32 without the slow path, small enough to inline: float32(a·b+c) with the
+// product and sum in float64, and whether that is fma32's result; when not (about one step in
+// 2^29 on random data), fma32Slow is.
+func fmaFast(a, b, c float32) (float32, bool) {
 	p := float64(a) * float64(b)
 	s := p + float64(c)
-	if roundsOnce(s) {
-		return float32(s)
+	return float32(s), math.Float64bits(s)<<36 != 0 || roundsOnceRare(p, float64(c), s)
+}
+
+// roundsOnce reports whether f = float32(s), with s the float64 rounding of some exact value v,
+// is also the single rounding of v to float32. Every float32 halfway point (midway between two
+// adjacent float32 values, or between MaxFloat32 and the overflow to infinity) is a float64, so
+// rounding v to float64 cannot carry it across one: the two roundings differ only if s is a
+// halfway point. A halfway point has the low 28 of float64's 52 mantissa bits zero: in float32's
+// normal range the low 29 bits are exactly 1<<28, and in its subnormal range (spacing 2^-149,
+// halfway points odd multiples of 2^-150, s below 2^-126 with a float64 spacing of 2^-179 or
+// finer) the low 29 bits are zero. So a nonzero low part proves the single rounding with one
+// shift and test, which is all the hot loops pay; the rare rest is settled by whether s is a
+// float32 (a float32 is never a halfway point: this admits the zeros, infinities and exact sums
+// that structured inputs such as zero weights or inputs produce every step). What remains,
+// halfway points and the odd NaN or non-float32 with a zero low part, goes to the slow path.
+func roundsOnce(s float64, f float32) bool {
+	return math.Float64bits(s)<<36 != 0 || float64(f) == s
+}
+
+// roundsOnceRare is the hot loops' test for a sum s = p+c rounded to float64 whose low bits
+// roundsOnce found zero: the float32 rounding of s is the single one if s is a float32 (see
+// roundsOnce), or if s is p+c exactly (the TwoSum error is zero). So structured inputs whose
+// sums are float32 values or short (zero weights or inputs, inputs of 1) take the fast path on,
+// and only an inexact halfway point (or a NaN) is left to fma32.
+func roundsOnceRare(p, c, s float64) bool {
+	if float64(float32(s)) == s {
+		return true
 	}
-	return fma32Slow(p, float64(c), s)
+	bb := s - p
+	return (p-(s-bb))+(c-bb) == 0
 }
 
-// roundsOnce reports whether float32(s) rounds s+ε like a single rounding of s+ε would, for
-// any ε too small to move s in float64. The low 29 of the 52 mantissa bits are what float32
-// drops (exactly 1<<28 is a halfway point); a biased exponent below 1023-126 is float32's
-// subnormal range; zero is exact. The matmul loop inlines this test and calls fma32 only when it
-// fails.
-func roundsOnce(s float64) bool {
-	// u<<35 keeps the 29 dropped bits; u<<1 drops the sign, so u<<1-1 (zero wraps to the top)
-	// is below the smallest normal float32's bits exactly when s is subnormal in float32.
-	u := math.Float64bits(s)
-	return u<<35 != 1<<63 && u<<1-1 >= (1023-126)<<53-1
-}
-
-// fma32Slow rounds p+c (s = p+c rounded to float64) to float32 via round-to-odd: if s is
-// inexact, replace it by its odd neighbour on the side of the exact sum. A round-to-odd result
-// with at least two more bits than the target rounds correctly (Boldo & Melquiond, 2008).
+// fma32Slow is fma32 for every input, the rare ones included: when the float64 sum s = p+c
+// is in doubt it rounds to float32 via round-to-odd: if s is inexact, replace it by its odd
+// neighbour on the side of the exact sum. A round-to-odd result with at least two more bits
+// than the target rounds correctly (Boldo & Melquiond, 2008).
 //
 //go:noinline
-func fma32Slow(p, c, s float64) float32 {
+func fma32Slow(a, b, cf float32) float32 {
+	p, c := float64(a)*float64(b), float64(cf)
+	s := p + c
+	if f := float32(s); roundsOnce(s, f) {
+		return f
+	}
 	// TwoSum: e is the exact error p+c-s.
 	bb := s - p
 	e := (p - (s - bb)) + (c - bb)

@@ -81,6 +81,15 @@ func TestFMA32IsSingleRounding(t *testing.T) {
 		c := float32(math.Ldexp(r.NormFloat64(), -130-r.IntN(18)))
 		check(a, b, c)
 	}
+	// Halfway points of float32's subnormal range (odd multiples of 2^-150), reached from an
+	// inexact float64 sum: the low 29 bits are zero there, not 1<<28, and a second rounding
+	// ties to even where the single rounding goes the other way.
+	for i := range 2000 {
+		c, a, b := subnormalHalfwayCase(r, i%2 == 1)
+		require.False(t, roundsOnce(float64(a)*float64(b)+float64(c), float32(float64(a)*float64(b)+float64(c))))
+		check(a, b, c)
+		check(-a, b, -c)
+	}
 	inf := float32(math.Inf(1))
 	check(0, 0, 0)
 	check(-1, 0, 0)
@@ -282,6 +291,95 @@ func TestMatMulRoundsOnceAtHalfwayPoints(t *testing.T) {
 		matMulWith(k, nil, m, y, x, 1)
 		requireSameBits(t, want, y, "%s", k.name)
 	}
+}
+
+// subnormalHalfwayCase returns c, a, b with a·b+c just off a halfway point of float32's
+// subnormal grid, onto which its float64 rounding falls, where ties-to-even picks the wrong
+// neighbour. c = (2^22+j)·2^-149 with j odd lies in [2^-127, 2^-126), where float64's spacing
+// is 2^-179. Down: a·b = 2^-150 − 2^-196, so the exact sum is just below the halfway point above
+// c and rounds down to the odd c, while the tie goes up to the even neighbour. Up: a·b =
+// 3·2^-150 + 19·2^-196 (14200343·14866277 = 3·2^46+19), just above the halfway point between
+// c+2^-149 (even) and c+2^-148, so the single rounding goes up and the tie down.
+func subnormalHalfwayCase(r *rand.Rand, up bool) (c, a, b float32) {
+	c = float32(math.Ldexp(float64(1<<22+r.IntN(1<<21)*2+1), -149))
+	if up {
+		return c, float32(math.Ldexp(14200343, -98)), float32(math.Ldexp(14866277, -98))
+	}
+	return c, float32(math.Ldexp(1+0x1p-23, -75)), float32(math.Ldexp(1-0x1p-23, -75))
+}
+
+func TestMatMulRoundsOnceAtSubnormalHalfwayPoints(t *testing.T) {
+	// Row r is [c_r, a] and x is [1, b]: the chain's second FMA lands on a subnormal halfway
+	// point (see subnormalHalfwayCase); each direction has its own a and b, so its own matrix.
+	r := rand.New(rand.NewPCG(15, 16))
+	for _, up := range []bool{false, true} {
+		const rows = 37
+		w := make([]float32, rows*2)
+		want := make([]float32, rows)
+		var b float32
+		for i := range rows {
+			var c, a float32
+			c, a, b = subnormalHalfwayCase(r, up)
+			w[2*i], w[2*i+1] = c, a
+			want[i] = exactFMA32(a, b, c)
+			require.NotEqual(t, math.Float32bits(want[i]), math.Float32bits(float32(float64(a)*float64(b)+float64(c))), "a double rounding case")
+		}
+		m, err := NewMatrix(w, rows, 2)
+		require.NoError(t, err)
+		x := []float32{1, b}
+		for _, k := range allImpls() {
+			y := make([]float32, rows)
+			matMulWith(k, nil, m, y, x, 1)
+			requireSameBits(t, want, y, "%s up=%v", k.name, up)
+		}
+	}
+}
+
+func TestChain8StopsOnlyWhereTheRoundingIsInDoubt(t *testing.T) {
+	// chain8 must leave a step whose float64 sum is a float32 halfway point to fma32, and run
+	// through the steps of structured inputs whose sums are float32 values (zero weights, zero
+	// inputs, exact sums), where the cheap low-bits test alone would stop.
+	r := rand.New(rand.NewPCG(17, 18))
+	const cols = 40
+	w := make([]float32, cols*PanelRows)
+	x := make([]float32, cols)
+	for k := range cols {
+		x[k] = float32(r.NormFloat64())
+		if k%5 == 0 {
+			x[k] = 0
+		}
+		for i := range PanelRows {
+			if i%3 != 0 && k%7 != 3 { // whole zero rows (i%3 == 0) and zero steps
+				w[k*PanelRows+i] = float32(r.NormFloat64())
+			}
+		}
+	}
+	x[11] = 1 // sums of float32 values that are often exact
+	for _, off := range []int{0, 8} {
+		var acc [8]float32
+		require.Equal(t, cols, chain8(w, x, &acc, off), "off %d: no step is in doubt", off)
+		for j := range acc {
+			want := float32(0)
+			for k := range cols {
+				want = fma32(w[k*PanelRows+off+j], x[k], want)
+			}
+			require.Equal(t, math.Float32bits(want), math.Float32bits(acc[j]), "off %d lane %d", off, j)
+		}
+	}
+	// Lane 5 of step 2 adds a product on a float32 halfway point to a tiny partial sum: the
+	// float64 sum is the halfway point, so chain8 stops before step 2 with steps 0 and 1 done.
+	hw := make([]float32, 4*PanelRows)
+	hx := []float32{1, 1, 1.5, 1}
+	for i := range hw {
+		hw[i] = 0.25
+	}
+	hw[0*PanelRows+5] = float32(math.Ldexp(1.5, -60))
+	hw[1*PanelRows+5] = 0
+	hw[2*PanelRows+5] = float32(1 + 3*0x1p-23) // ·1.5 ends in a 1 just past float32's bits
+	var acc [8]float32
+	require.Equal(t, 2, chain8(hw, hx, &acc, 0))
+	assert.Equal(t, [8]float32{0.5, 0.5, 0.5, 0.5, 0.5, float32(math.Ldexp(1.5, -60)), 0.5, 0.5}, acc)
+	assert.Equal(t, 2, chain8(hw[2*PanelRows:], hx[2:], &acc, 8)-0+0*len(acc), "the other half has no halfway step")
 }
 
 func TestPackStackedReusesSameShapeOnly(t *testing.T) {

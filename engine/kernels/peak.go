@@ -46,19 +46,26 @@ func PeakFMA(pool *Pool, d time.Duration) float64 {
 const peakChainsGeneric = 8
 
 // fmaPeakGeneric runs iters steps of peakChainsGeneric fma32 chains, the portable kernel's
-// rounding emulation included, so its figure is the portable kernel's ceiling.
+// rounding emulation included (fmaFast inline, as in the matmul loop; its rare case never
+// arises here), so its figure is the portable kernel's ceiling. Each step loads and converts
+// its weights like a MatMul step does; x and the weights are not constants (the branch never
+// runs), so the compiler can neither fold nor share the products.
 func fmaPeakGeneric(iters int) float32 {
 	var a0, a1, a2, a3, a4, a5, a6, a7 float32
-	w, x := float32(1), float32(0.5)
+	w := [peakChainsGeneric]float32{1, 1, 1, 1, 1, 1, 1, 1}
+	x := float32(0.5)
+	if iters < 0 {
+		w, x = [peakChainsGeneric]float32{}, 0
+	}
 	for range iters {
-		a0 = fma32(w, x, a0)
-		a1 = fma32(w, x, a1)
-		a2 = fma32(w, x, a2)
-		a3 = fma32(w, x, a3)
-		a4 = fma32(w, x, a4)
-		a5 = fma32(w, x, a5)
-		a6 = fma32(w, x, a6)
-		a7 = fma32(w, x, a7)
+		a0, _ = fmaFast(w[0], x, a0)
+		a1, _ = fmaFast(w[1], x, a1)
+		a2, _ = fmaFast(w[2], x, a2)
+		a3, _ = fmaFast(w[3], x, a3)
+		a4, _ = fmaFast(w[4], x, a4)
+		a5, _ = fmaFast(w[5], x, a5)
+		a6, _ = fmaFast(w[6], x, a6)
+		a7, _ = fmaFast(w[7], x, a7)
 	}
 	return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
 }

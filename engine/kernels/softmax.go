@@ -79,8 +79,28 @@ const (
 
 // exp32 is the canonical exponential of d, which the caller has clamped to [-87, 0]. Every
 // operation is one float32 rounding (fma32 for the fused ones; the explicit conversions keep
-// the compiler from fusing anything else), which is what each vector lane does.
+// the compiler from fusing anything else), which is what each vector lane does. The fused
+// steps take fmaFast inline; if any of them is in doubt, exp32Exact redoes d with fma32.
 func exp32(d float32) float32 {
+	k := float32(math.RoundToEven(float64(float32(d * float32(math.Log2E)))))
+	r, ok0 := fmaFast(k, -expLn2H, d)
+	r, ok1 := fmaFast(k, -expLn2L, r)
+	p, ok2 := fmaFast(expP0, r, expP1)
+	p, ok3 := fmaFast(p, r, expP2)
+	p, ok4 := fmaFast(p, r, expP3)
+	p, ok5 := fmaFast(p, r, expP4)
+	p, ok6 := fmaFast(p, r, expP5)
+	e, ok7 := fmaFast(p, float32(r*r), float32(r+1))
+	if !(ok0 && ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7) {
+		return exp32Exact(d)
+	}
+	return float32(e * math.Float32frombits(uint32(int32(k)+127)<<23))
+}
+
+// exp32Exact is exp32 with fma32 for every fused step: the reference, and exp32's rare case.
+//
+//go:noinline
+func exp32Exact(d float32) float32 {
 	k := float32(math.RoundToEven(float64(float32(d * float32(math.Log2E)))))
 	r := fma32(k, -expLn2H, d)
 	r = fma32(k, -expLn2L, r)

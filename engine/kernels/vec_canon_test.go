@@ -234,3 +234,35 @@ func BenchmarkNormSwiGLU(b *testing.B) {
 		}
 	}
 }
+
+// TestExpRareStepMatchesEveryPath takes exp32 through its rare case: at these two inputs (found
+// by a search over every float32 in [-1, 0)) one fused step's float64 sum has its low bits zero
+// and is neither a float32 nor exact, so exp32 hands the element to exp32Exact. Every path must
+// give the same bits there.
+func TestExpRareStepMatchesEveryPath(t *testing.T) {
+	x := []float32{math.Float32frombits(0xb51000c6), math.Float32frombits(0xb945d2f8)}
+	for _, d := range x {
+		require.True(t, expInDoubt(d), "d=%v must take the rare case", d)
+		require.Equal(t, math.Float32bits(exp32Exact(d)), math.Float32bits(exp32(d)))
+	}
+	want := []float32{exp32Exact(x[0]), exp32Exact(x[1])}
+	for _, impl := range vecImpls() {
+		got := make([]float32, len(x))
+		impl.expSum(got, x, 0)
+		require.True(t, sameBits32(want, got), "%s: %v, want %v", impl.name, got, want)
+	}
+}
+
+// expInDoubt reports whether some fused step of exp32(d) fails fmaFast's test.
+func expInDoubt(d float32) bool {
+	k := float32(math.RoundToEven(float64(float32(d * float32(math.Log2E)))))
+	r, ok0 := fmaFast(k, -expLn2H, d)
+	r, ok1 := fmaFast(k, -expLn2L, r)
+	p, ok2 := fmaFast(expP0, r, expP1)
+	p, ok3 := fmaFast(p, r, expP2)
+	p, ok4 := fmaFast(p, r, expP3)
+	p, ok5 := fmaFast(p, r, expP4)
+	p, ok6 := fmaFast(p, r, expP5)
+	_, ok7 := fmaFast(p, float32(r*r), float32(r+1))
+	return !(ok0 && ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7)
+}
