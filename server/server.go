@@ -293,7 +293,8 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 		// s.agent is set below, before anything can call /ready (the server is not running).
 		ready = func() error { return s.agent.Ready() }
 	}
-	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config,
+	// The API owns m.Weights from here on: nothing else keeps it, and an update reuses it.
+	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config, Weights: m.Weights,
 		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, BOSToken: m.BOSToken, EOSToken: m.EOSToken, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
 		WeightsRoot: cfg.WeightsRoot, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue, MaxBodyBytes: cfg.MaxBodyBytes,
 		SeparateAdmin: adm != nil, AllowedHosts: cfg.AllowedHosts, AllowUnverifiedWeights: cfg.AllowUnverifiedWeights,
@@ -332,7 +333,7 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		}
 	}
 	acfg := agent.Config{Bus: cfg.Bus, Fleet: cfg.Fleet, ServerID: id, AdvertiseURL: adv, Build: cfg.Version,
-		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps},
+		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps, Slept: s.api.ReleaseWeightSets},
 		Stage: func(ctx context.Context, ref protocol.WeightsRef) (int64, error) {
 			return s.api.StageWeights(ctx, weights.Ref{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256})
 		},
