@@ -80,11 +80,16 @@ func (r *Recycler) Release(inUse ...int64) {
 	r.sets = slices.DeleteFunc(r.sets, func(s recycled) bool { return s.free || !slices.Contains(inUse, s.version) })
 }
 
-// Len is the number of sets held, in use or not.
-func (r *Recycler) Len() int {
+// Sets returns the sets held, in use or not, in the order kept, for inspection: the caller
+// must not write them.
+func (r *Recycler) Sets() []*model.Weights {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.sets)
+	out := make([]*model.Weights, len(r.sets))
+	for i, s := range r.sets {
+		out[i] = s.w
+	}
+	return out
 }
 
 // Prefault allocates a weight set of c's shape and writes to every page of it, so that a load
