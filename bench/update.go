@@ -31,7 +31,8 @@ type UpdateResult struct {
 	ReadGBs   float64 `json:"read_gb_per_s"`
 	SHA256GBs float64 `json:"sha256_gb_per_s"`
 	StageMs   float64 `json:"stage_ms"`
-	// FirstStageMs is the first update's stage, which has no retired weight set to pack into.
+	// FirstStageMs is the first update's stage, which packs into the spare a server prepares
+	// at start-up (engine.Engine.PrepareSpare) rather than into a set a commit retired.
 	FirstStageMs float64 `json:"first_stage_ms"`
 	// Rounds are every update's figures, the first included.
 	Rounds []UpdateRound `json:"rounds"`

@@ -105,6 +105,9 @@ type Config struct {
 	WeightsRoot string
 	// AllowUnverifiedWeights accepts http(s) weight sources without a sha256.
 	AllowUnverifiedWeights bool
+	// NoSpareWeights skips the spare weight sets prepared at start-up for the first update
+	// (api.Config.NoSpareWeights, which states their memory).
+	NoSpareWeights bool
 	// WeightsAllowPrivate lets http(s) weight fetches reach loopback, private and link-local
 	// addresses. Loopback alone is allowed when the server listens on loopback only.
 	WeightsAllowPrivate bool
@@ -298,6 +301,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, BOSToken: m.BOSToken, EOSToken: m.EOSToken, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
 		WeightsRoot: cfg.WeightsRoot, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue, MaxBodyBytes: cfg.MaxBodyBytes,
 		SeparateAdmin: adm != nil, AllowedHosts: cfg.AllowedHosts, AllowUnverifiedWeights: cfg.AllowUnverifiedWeights,
+		NoSpareWeights: cfg.NoSpareWeights,
 		// A server bound to loopback is a local setup: its weights may come from this host.
 		WeightsFetch:    weights.FetchPolicy{AllowLoopback: cfg.WeightsAllowPrivate || isLocal(ln.Addr()), AllowPrivate: cfg.WeightsAllowPrivate},
 		BodyReadTimeout: cfg.BodyReadTimeout, WriteTimeout: cfg.WriteTimeout,
