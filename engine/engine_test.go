@@ -862,3 +862,60 @@ func TestQueueCappedWhileRunning(t *testing.T) {
 	require.ErrorIs(t, err, ErrQueueFull)
 	e.Abort("long", "waits")
 }
+
+// TestPrepareSpare: a spare packed from a zero set becomes the retired set the first stage
+// packs into, generation is exactly the staged version's, and a sleeping engine keeps none.
+func TestPrepareSpare(t *testing.T) {
+	e, w1 := testEngine(t, nil)
+	ctx := ctxT(t)
+	zero, err := model.Random(w1.Config, 1)
+	require.NoError(t, err)
+	for _, tn := range zero.Tensors() {
+		clear(*tn.Data)
+	}
+	bad := w1.Config
+	bad.HiddenSize *= 2
+	require.ErrorIs(t, e.PrepareSpare(ctx, &model.Weights{Config: bad}), ErrInvalidArgument)
+	require.Nil(t, e.spare.Load())
+	require.NoError(t, e.PrepareSpare(ctx, zero))
+	spare := e.spare.Load()
+	require.NotNil(t, spare)
+	require.NoError(t, e.PrepareSpare(ctx, zero))
+	assert.Same(t, spare, e.spare.Load(), "an existing spare stays")
+
+	w2, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	require.NoError(t, e.StageWeights(ctx, w2, 2))
+	assert.Nil(t, e.spare.Load(), "the first stage packed into the prepared spare")
+	_, err = e.CommitWeights(ctx, 2)
+	require.NoError(t, err)
+	p := prompt(12, 9)
+	s, err := e.Add(ctx, Request{ID: "v2", PromptTokenIDs: p, Sampling: greedy(6)})
+	require.NoError(t, err)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	require.Equal(t, referenceGreedy(t, w2, p, 6), tokenIDs(res.Tokens))
+
+	require.NoError(t, e.Sleep(ctx, 1, PauseAbort))
+	require.NoError(t, e.PrepareSpare(ctx, zero))
+	assert.Nil(t, e.spare.Load(), "a sleeping engine gives memory back, it takes none")
+}
+
+// TestVersionsInUse: the staged and the serving version, and only those.
+func TestVersionsInUse(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	v0 := e.Version()
+	assert.Equal(t, []int64{v0}, e.VersionsInUse())
+	w2, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	require.NoError(t, e.StageWeights(ctx, w2, v0+1))
+	assert.Equal(t, []int64{v0 + 1, v0}, e.VersionsInUse())
+	assert.Equal(t, v0+1, e.StagedVersion())
+	require.NoError(t, e.StageWeights(ctx, w2, v0+2))
+	assert.Equal(t, []int64{v0 + 2, v0}, e.VersionsInUse(), "a replaced staged set is free")
+	_, err = e.CommitWeights(ctx, v0+2)
+	require.NoError(t, err)
+	assert.Equal(t, []int64{v0 + 2}, e.VersionsInUse())
+	assert.Zero(t, e.StagedVersion())
+}

@@ -160,5 +160,27 @@ func (e *Engine) stateName() string { return e.ctl.Phase.String() }
 // Version returns the serving weight version.
 func (e *Engine) Version() int64 { return e.metrics.weightVersion.Load() }
 
+// StagedVersion returns the version of the staged weight set, 0 when none is staged.
+func (e *Engine) StagedVersion() int64 { return e.metrics.stagedVersion.Load() }
+
+// VersionsInUse returns the versions of the weight sets (the *model.Weights passed to
+// StageWeights, UpdateWeights or Config.Weights) the engine may still read: the staged one
+// and the serving one. A set staged with any other version is no longer read by the engine,
+// and never will be again, since versions only grow: a caller that owns it may overwrite it
+// (weights.Options.Reuse). The model packed from it may still be the engine's retired spare,
+// which shares its embedding and norms but is never run (it is only packed into). The staged
+// version is read first: a commit moves a version from staged to serving, so reading in
+// this order cannot miss a set on its way between the two.
+func (e *Engine) VersionsInUse() []int64 {
+	staged := e.StagedVersion()
+	serving := e.Version()
+	if staged == 0 && serving >= 0 {
+		// 0 means none: a staged version is newer than the serving one, so a real 0 was
+		// staged below 0 and, if committed since, is the serving version now.
+		return []int64{serving}
+	}
+	return []int64{staged, serving}
+}
+
 // usedBlocks counts blocks owned by requests (free blocks that only hold cached KV are free).
 func (e *Engine) usedBlocks() int { return e.blocks.NumBlocks() - 1 - e.blocks.NumFreeBlocks() }

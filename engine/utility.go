@@ -364,6 +364,33 @@ func (e *Engine) pack(w *model.Weights) (*model.Model, error) {
 	return model.NewReusing(w, e.kpool, e.spare.Swap(nil))
 }
 
+// PrepareSpare packs w, a set of the serving shape whose values do not matter (e.g. zeros),
+// into a new model and keeps it as the retired spare the next StageWeights packs into, when
+// the engine has none and is not asleep; otherwise it is dropped. Packing runs on the
+// caller's goroutine alone, not on the kernel pool, so serving keeps its cores. Without it
+// the first stage packs into new memory and pays the first-touch page fault of every page
+// (on a virtual machine about as long as the load), while every later stage reuses the set
+// the commit before retired. It costs one packed model's memory, which the engine holds
+// anyway from its first commit on; a sleep gives it back. The spare shares w's embedding and
+// norms but is never run (a pack only takes its matrices), so w is free again once
+// PrepareSpare returns.
+func (e *Engine) PrepareSpare(ctx context.Context, w *model.Weights) error {
+	if w == nil || !sameShape(w.Config, e.shape) {
+		return fmt.Errorf("%w: a spare needs weights of the serving shape", ErrInvalidArgument)
+	}
+	m, err := model.NewReusing(w, nil, nil)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	_, err = call(ctx, e, "prepare_spare", func(_ context.Context, done func(struct{}, error)) {
+		if !e.asleep() {
+			e.spare.CompareAndSwap(nil, m)
+		}
+		done(struct{}{}, nil)
+	})
+	return err
+}
+
 // stage makes the packed m the staged set, on the engine goroutine. A refused m becomes the
 // spare again.
 func (e *Engine) stage(m *model.Model, w *model.Weights, version int64) error {

@@ -107,6 +107,9 @@ type Config struct {
 	WeightsRoot string
 	// AllowUnverifiedWeights accepts http(s) weight sources without a sha256.
 	AllowUnverifiedWeights bool
+	// NoSpareWeights skips the spare weight sets prepared at start-up for the first update
+	// (api.Config.NoSpareWeights, which states their memory).
+	NoSpareWeights bool
 	// WeightsAllowPrivate lets http(s) weight fetches reach loopback, private and link-local
 	// addresses. Loopback alone is allowed when the server listens on loopback only.
 	WeightsAllowPrivate bool
@@ -295,10 +298,12 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 		// s.agent is set below, before anything can call /ready (the server is not running).
 		ready = func() error { return s.agent.Ready() }
 	}
-	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config,
+	// The API owns m.Weights from here on: nothing else keeps it, and an update reuses it.
+	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config, Weights: m.Weights,
 		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, BOSToken: m.BOSToken, EOSToken: m.EOSToken, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
 		WeightsRoot: cfg.WeightsRoot, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue, MaxBodyBytes: cfg.MaxBodyBytes,
 		SeparateAdmin: adm != nil, AllowedHosts: cfg.AllowedHosts, AllowUnverifiedWeights: cfg.AllowUnverifiedWeights,
+		NoSpareWeights: cfg.NoSpareWeights,
 		// A server bound to loopback is a local setup: its weights may come from this host.
 		WeightsFetch:    weights.FetchPolicy{AllowLoopback: cfg.WeightsAllowPrivate || isLocal(ln.Addr()), AllowPrivate: cfg.WeightsAllowPrivate},
 		BodyReadTimeout: cfg.BodyReadTimeout, WriteTimeout: cfg.WriteTimeout,
@@ -334,7 +339,7 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		}
 	}
 	acfg := agent.Config{Bus: cfg.Bus, Fleet: cfg.Fleet, ServerID: id, AdvertiseURL: adv, Build: cfg.Version,
-		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps},
+		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps, Slept: s.api.ReleaseWeightSets},
 		Stage: func(ctx context.Context, ref protocol.WeightsRef) (int64, error) {
 			return s.api.StageWeights(ctx, weights.Ref{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256})
 		},

@@ -120,6 +120,7 @@ func newServeCmd() *cobra.Command {
 	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil, "extra Host names tokenless admin requests may use (default: loopback and localhost only)")
 	f.StringVar(&cfg.WeightsRoot, "weights-root", "", "directory file:// weight sources must lie in (unset: anywhere)")
 	f.BoolVar(&cfg.AllowUnverifiedWeights, "allow-unverified-weights", false, "accept http(s) weight sources without a sha256")
+	f.BoolVar(&cfg.NoSpareWeights, "no-spare-weights", false, "do not prepare a spare weight set (and its packed copy) at start-up for the first update (saves about twice the checkpoint's float32 size until the second update)")
 	f.BoolVar(&cfg.WeightsAllowPrivate, "weights-allow-private", false,
 		"let http(s) weight fetches reach loopback, private and link-local addresses (loopback is allowed when --addr is loopback)")
 	f.StringVar(&cfg.PeerDir, "peer-dir", "", "directory of the versions this fleet server serves its peers at /weights/ (default: a temporary one)")

@@ -83,7 +83,7 @@ func FuzzLlama2CHeader(f *testing.F) {
 	f.Add(hdr(2, 2, 1, 1, 1, -2147483648, 1))
 	f.Add(hdr(2, 1, 1, 1, 1, 3, 1))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		w, err := readLlama2C(context.Background(), bytes.NewReader(data), int64(len(data)), "fuzz")
+		w, err := readLlama2C(context.Background(), bytes.NewReader(data), int64(len(data)), "fuzz", nil)
 		if err != nil {
 			require.ErrorIs(t, err, ErrBadCheckpoint)
 			return

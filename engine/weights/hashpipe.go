@@ -51,6 +51,13 @@ func (p *hashPipe) readFull(r io.Reader, b []byte, recycle chan<- []byte) error 
 	return nil
 }
 
+// sync returns once every chunk queued so far is hashed, so their memory may be reused.
+func (p *hashPipe) sync() {
+	done := make(chan []byte, 1)
+	p.write(nil, done) // chunks are hashed in order: this one comes back after all before it
+	<-done
+}
+
 // wait hashes what is queued and stops the goroutine; after it the hash holds every chunk.
 func (p *hashPipe) wait() {
 	close(p.ch)

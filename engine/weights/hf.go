@@ -113,7 +113,7 @@ func parseIndex(data []byte) (map[string]string, []string, error) {
 // LoadHF loads a Hugging Face checkpoint directory: config.json plus model.safetensors or,
 // when that is absent, model.safetensors.index.json and its shards.
 func LoadHF(dir string) (*model.Weights, error) {
-	w, _, err := loadHF(context.Background(), osOpener{}, dir)
+	w, _, err := loadHF(context.Background(), osOpener{}, dir, nil)
 	return w, err
 }
 
@@ -126,9 +126,10 @@ type openShard struct {
 	hdr  *stHeader
 }
 
-// loadHF loads dir through op and returns the weights and the checkpoint digest (see Digest),
-// computed over exactly the bytes that were parsed.
-func loadHF(ctx context.Context, op fileOpener, dir string) (*model.Weights, Info, error) {
+// loadHF loads dir through op, decoding into reuse's tensors where they fit (see
+// Options.Reuse), and returns the weights and the checkpoint digest (see Digest), computed
+// over exactly the bytes that were parsed.
+func loadHF(ctx context.Context, op fileOpener, dir string, reuse *model.Weights) (*model.Weights, Info, error) {
 	cfgBytes, err := readSmall(op, filepath.Join(dir, ConfigFile), maxJSONBytes)
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("%w: %w", ErrBadCheckpoint, err)
@@ -199,6 +200,7 @@ func loadHF(ctx context.Context, op fileOpener, dir string) (*model.Weights, Inf
 	}
 
 	w := &model.Weights{Config: cfg}
+	fill(w, reuseTensors(reuse))
 	dst := make(map[*openShard]map[string]*[]float32, len(shards))
 	add := func(name string, shape []int, p *[]float32) error {
 		s := shards[0]

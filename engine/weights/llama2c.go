@@ -78,12 +78,13 @@ func llama2cSize(c model.Config) int64 {
 // epsilon or special tokens, so the config gets run.c's fixed values: rope_theta 10000,
 // rms_norm_eps 1e-5, bos 1, eos 2.
 func LoadLlama2C(path string) (*model.Weights, error) {
-	w, _, err := loadLlama2C(context.Background(), osOpener{}, path)
+	w, _, err := loadLlama2C(context.Background(), osOpener{}, path, nil)
 	return w, err
 }
 
-// loadLlama2C loads path through op and returns the weights and the SHA-256 of the file.
-func loadLlama2C(ctx context.Context, op fileOpener, path string) (*model.Weights, Info, error) {
+// loadLlama2C loads path through op, into reuse's tensors where they fit (see
+// Options.Reuse), and returns the weights and the SHA-256 of the file.
+func loadLlama2C(ctx context.Context, op fileOpener, path string, reuse *model.Weights) (*model.Weights, Info, error) {
 	f, err := op.Open(path)
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("%w: %w", ErrBadCheckpoint, err)
@@ -98,7 +99,7 @@ func loadLlama2C(ctx context.Context, op fileOpener, path string) (*model.Weight
 	}
 	h := sha256.New()
 	hp := newHashPipe(h) // hashing overlaps reading, as for safetensors
-	w, err := readLlama2C(ctx, &pipeReader{r: bufio.NewReaderSize(f, readBufBytes), hp: hp}, st.Size(), path)
+	w, err := readLlama2C(ctx, &pipeReader{r: bufio.NewReaderSize(f, readBufBytes), hp: hp}, st.Size(), path, reuse)
 	hp.wait()
 	if err != nil {
 		return nil, Info{}, err
@@ -106,9 +107,10 @@ func loadLlama2C(ctx context.Context, op fileOpener, path string) (*model.Weight
 	return w, Info{Format: FormatLlama2C, Digest: fmt.Sprintf("%x", h.Sum(nil)), Bytes: st.Size()}, nil
 }
 
-// readLlama2C parses a .bin of the given total size from r. The header is validated and the
-// exact expected size compared with size before any tensor is allocated.
-func readLlama2C(ctx context.Context, r io.Reader, size int64, file string) (*model.Weights, error) {
+// readLlama2C parses a .bin of the given total size from r, into reuse's tensors where they
+// fit. The header is validated and the exact expected size compared with size before any
+// tensor is allocated.
+func readLlama2C(ctx context.Context, r io.Reader, size int64, file string, reuse *model.Weights) (*model.Weights, error) {
 	if size < llama2cHeaderBytes {
 		return nil, badf(file, "truncated: %d bytes, the header alone is %d", size, llama2cHeaderBytes)
 	}
@@ -126,12 +128,15 @@ func readLlama2C(ctx context.Context, r io.Reader, size int64, file string) (*mo
 	d, f, kv, hs := c.HiddenSize, c.IntermediateSize, c.KVDim(), c.HeadDim()
 	w := &model.Weights{Config: c}
 	w.Tensors() // allocates w.Layers
+	fill(w, reuseTensors(reuse))
 	buf := make([]byte, min(chunkBytes, size))
-	read := func(name string, n int) ([]float32, error) {
+	// read fills into (a tensor of reuse, or a new slice when it has not n elements) and
+	// checks it.
+	read := func(name string, into []float32, n int) ([]float32, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		out := make([]float32, n)
+		out := tensorFor(into, n)
 		if err := readF32(r, out, buf); err != nil {
 			return nil, badf(file, "%s: %v", name, err)
 		}
@@ -140,41 +145,66 @@ func readLlama2C(ctx context.Context, r io.Reader, size int64, file string) (*mo
 		}
 		return out, nil
 	}
-	// perLayer reads one [L][rows][cols] block and hands each layer's slice to set.
-	perLayer := func(name string, rows, cols int, set func(*model.Layer, []float32)) error {
+	// The q and k rows arrive in llama2.c's order and are permuted into the layer's tensor,
+	// through one scratch tensor for all of them. It is read straight from the file and hashed
+	// from there, so it is only overwritten once the hasher is done with it (syncHash).
+	var scratch []float32
+	permuted := func(name string, dst []float32, heads, rows int) ([]float32, error) {
+		if len(scratch) < rows*d {
+			scratch = make([]float32, max(d, kv)*d)
+		}
+		syncHash(r)
+		t, err := read(name, scratch[:rows*d], rows*d)
+		if err != nil {
+			return nil, err
+		}
+		return fromInterleaved(tensorFor(dst, rows*d), t, heads, hs, d), nil
+	}
+	// perLayer reads one [L][rows][cols] block into the tensor get gives of each layer.
+	perLayer := func(name string, rows, cols int, get func(*model.Layer) *[]float32) error {
 		for i := range w.Layers {
-			t, err := read(fmt.Sprintf("%s[%d]", name, i), rows*cols)
+			p := get(&w.Layers[i])
+			var t []float32
+			var err error
+			switch name {
+			case "wq":
+				t, err = permuted(fmt.Sprintf("%s[%d]", name, i), *p, c.NumAttentionHeads, rows)
+			case "wk":
+				t, err = permuted(fmt.Sprintf("%s[%d]", name, i), *p, c.NumKeyValueHeads, rows)
+			default:
+				t, err = read(fmt.Sprintf("%s[%d]", name, i), *p, rows*cols)
+			}
 			if err != nil {
 				return err
 			}
-			set(&w.Layers[i], t)
+			*p = t
 		}
 		return nil
 	}
-	if w.Embed, err = read("token_embedding_table", c.VocabSize*d); err != nil {
+	if w.Embed, err = read("token_embedding_table", w.Embed, c.VocabSize*d); err != nil {
 		return nil, err
 	}
 	steps := []struct {
 		name       string
 		rows, cols int
-		set        func(*model.Layer, []float32)
+		get        func(*model.Layer) *[]float32
 	}{
-		{"rms_att_weight", 1, d, func(y *model.Layer, t []float32) { y.AttnNorm = t }},
-		{"wq", d, d, func(y *model.Layer, t []float32) { y.Wq = fromInterleaved(t, c.NumAttentionHeads, hs, d) }},
-		{"wk", kv, d, func(y *model.Layer, t []float32) { y.Wk = fromInterleaved(t, c.NumKeyValueHeads, hs, d) }},
-		{"wv", kv, d, func(y *model.Layer, t []float32) { y.Wv = t }},
-		{"wo", d, d, func(y *model.Layer, t []float32) { y.Wo = t }},
-		{"rms_ffn_weight", 1, d, func(y *model.Layer, t []float32) { y.FFNNorm = t }},
-		{"w1", f, d, func(y *model.Layer, t []float32) { y.WGate = t }},
-		{"w2", d, f, func(y *model.Layer, t []float32) { y.WDown = t }},
-		{"w3", f, d, func(y *model.Layer, t []float32) { y.WUp = t }},
+		{"rms_att_weight", 1, d, func(y *model.Layer) *[]float32 { return &y.AttnNorm }},
+		{"wq", d, d, func(y *model.Layer) *[]float32 { return &y.Wq }},
+		{"wk", kv, d, func(y *model.Layer) *[]float32 { return &y.Wk }},
+		{"wv", kv, d, func(y *model.Layer) *[]float32 { return &y.Wv }},
+		{"wo", d, d, func(y *model.Layer) *[]float32 { return &y.Wo }},
+		{"rms_ffn_weight", 1, d, func(y *model.Layer) *[]float32 { return &y.FFNNorm }},
+		{"w1", f, d, func(y *model.Layer) *[]float32 { return &y.WGate }},
+		{"w2", d, f, func(y *model.Layer) *[]float32 { return &y.WDown }},
+		{"w3", f, d, func(y *model.Layer) *[]float32 { return &y.WUp }},
 	}
 	for _, s := range steps {
-		if err := perLayer(s.name, s.rows, s.cols, s.set); err != nil {
+		if err := perLayer(s.name, s.rows, s.cols, s.get); err != nil {
 			return nil, err
 		}
 	}
-	if w.FinalNorm, err = read("rms_final_weight", d); err != nil {
+	if w.FinalNorm, err = read("rms_final_weight", w.FinalNorm, d); err != nil {
 		return nil, err
 	}
 	// run.c skips the precomputed freq_cis tables; they are still read (and hashed).
@@ -182,7 +212,7 @@ func readLlama2C(ctx context.Context, r io.Reader, size int64, file string) (*mo
 		return nil, badf(file, "freq_cis: %v", err)
 	}
 	if !c.TieWordEmbeddings {
-		if w.LMHead, err = read("wcls", c.VocabSize*d); err != nil {
+		if w.LMHead, err = read("wcls", w.LMHead, c.VocabSize*d); err != nil {
 			return nil, err
 		}
 	}
@@ -194,6 +224,13 @@ func readLlama2C(ctx context.Context, r io.Reader, size int64, file string) (*mo
 		return nil, fmt.Errorf("%w: %s: %w", ErrBadCheckpoint, file, err)
 	}
 	return w, nil
+}
+
+// syncHash waits until r, when it is a pipeReader, has hashed every byte read so far.
+func syncHash(r io.Reader) {
+	if pr, ok := r.(*pipeReader); ok {
+		pr.hp.sync()
+	}
 }
 
 // readF32 fills out with little-endian float32s from r, through buf; from a pipeReader on a
@@ -222,9 +259,9 @@ func readF32(r io.Reader, out []float32, buf []byte) error {
 // fromInterleaved converts the rows of a q or k projection ([heads×hd][cols]) from
 // llama2.c's RoPE layout, which rotates adjacent rows (2j, 2j+1) of each head, to HF's
 // rotate-half layout, which rotates (j, j+hd/2): HF row j ← row 2j, HF row j+hd/2 ← row 2j+1.
-// This is the inverse of permute() in transformers' convert_llama_weights_to_hf.py.
-func fromInterleaved(t []float32, heads, hd, cols int) []float32 {
-	out := make([]float32, len(t))
+// This is the inverse of permute() in transformers' convert_llama_weights_to_hf.py. The rows
+// are written into out (len(t) elements, not overlapping t), which is returned.
+func fromInterleaved(out, t []float32, heads, hd, cols int) []float32 {
 	half := hd / 2
 	for h := range heads {
 		base := h * hd

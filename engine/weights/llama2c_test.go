@@ -50,14 +50,14 @@ func TestLlama2CPresetRoundTrip(t *testing.T) {
 func TestInterleavePermutation(t *testing.T) {
 	// One head of width 4 with 1 column: llama2.c rows (0,1) and (2,3) are RoPE pairs; in HF
 	// layout the pairs are rows (0,2) and (1,3).
-	assert.Equal(t, []float32{10, 12, 11, 13}, fromInterleaved([]float32{10, 11, 12, 13}, 1, 4, 1))
+	assert.Equal(t, []float32{10, 12, 11, 13}, fromInterleaved(make([]float32, 4), []float32{10, 11, 12, 13}, 1, 4, 1))
 	x := make([]float32, 3*6*5)
 	for i := range x {
 		x[i] = float32(i)
 	}
-	assert.Equal(t, x, fromInterleaved(toInterleaved(x, 3, 6, 5), 3, 6, 5))
-	assert.Equal(t, x, toInterleaved(fromInterleaved(x, 3, 6, 5), 3, 6, 5))
-	assert.NotEqual(t, x, fromInterleaved(x, 3, 6, 5))
+	assert.Equal(t, x, fromInterleaved(make([]float32, len(x)), toInterleaved(x, 3, 6, 5), 3, 6, 5))
+	assert.Equal(t, x, toInterleaved(fromInterleaved(make([]float32, len(x)), x, 3, 6, 5), 3, 6, 5))
+	assert.NotEqual(t, x, fromInterleaved(make([]float32, len(x)), x, 3, 6, 5))
 }
 
 func TestSaveLlama2CRefusesWhatItCannotCarry(t *testing.T) {

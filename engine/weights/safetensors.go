@@ -162,8 +162,9 @@ func parseSTHeader(js []byte, dataLen int64, file string) (*stHeader, error) {
 }
 
 // readSTData streams the data section of h from r (positioned at its start) into sum, decoding
-// the tensors named in dst into freshly allocated float32 slices and discarding the rest
-// (which are still hashed). Shapes in dst must already have been checked against h. It then
+// the tensors named in dst into the slice each already points at when that has the tensor's
+// length (memory of a reused set, see Options.Reuse), else into a new one, and discarding the
+// rest (which are still hashed). Shapes in dst must already have been checked against h. It then
 // requires r to be at EOF. Hashing runs on its own goroutine (hashPipe), F32 data on a
 // little-endian host is read straight into its tensor, and other dtypes go through a few
 // recycled chunk buffers, so a load costs about one pass of the hash.
@@ -204,7 +205,7 @@ func readSTData(ctx context.Context, r io.Reader, sum hash.Hash, h *stHeader, ds
 			continue
 		}
 		es := int64(t.dtype.Size())
-		out := make([]float32, n/es)
+		out := tensorFor(*p, int(n/es))
 		raw := float32Bytes(out)
 		for off := int64(0); off < n; {
 			if err := ctx.Err(); err != nil {

@@ -61,6 +61,10 @@ type EngineAdapter struct {
 	AbortRequests func(ids []string) int
 	// Clock is the clock the engine's OnStep hook feeds (StepClock.Hook).
 	Clock *StepClock
+	// Slept, when set, runs after every successful Sleep with its level; the server passes
+	// its API's ReleaseWeightSets, so that a sleep the fleet asks for gives back the weight
+	// sets kept for reuse as one through the admin route does.
+	Slept func(level int)
 }
 
 var _ Engine = (*EngineAdapter)(nil)
@@ -87,7 +91,13 @@ func (a *EngineAdapter) Sleep(ctx context.Context, level int, mode string) error
 	if err != nil {
 		return err
 	}
-	return a.Engine.Sleep(ctx, level, m)
+	if err := a.Engine.Sleep(ctx, level, m); err != nil {
+		return err
+	}
+	if a.Slept != nil {
+		a.Slept(level)
+	}
+	return nil
 }
 
 // WakeUp implements Engine.

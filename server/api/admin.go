@@ -95,6 +95,7 @@ func (a *API) handleSleep(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
+	a.ReleaseWeightSets(level)
 	c.PureJSON(http.StatusOK, gin.H{"status": "sleeping", "level": level})
 }
 
@@ -265,6 +266,9 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref, tweak func(*we
 	if tweak != nil {
 		tweak(&opts)
 	}
+	// Into a set the engine no longer reads (the rule is at API.sets); a failed load leaves it
+	// undefined, and it is dropped with opts.
+	opts.Reuse = a.sets.Take(a.eng.VersionsInUse()...)
 	w, info, err := weights.LoadWithInfo(fctx, ref, opts)
 	span.SetAttributes(attribute.Int64("rollout.bytes", info.Bytes))
 	if err != nil {
@@ -276,7 +280,9 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref, tweak func(*we
 	span.End()
 	a.metrics.ObserveUpdate(ctx, "fetch", time.Since(start))
 	t := time.Now()
-	if err := a.eng.StageWeights(ctx, w, ref.Version); err != nil {
+	err = a.eng.StageWeights(ctx, w, ref.Version)
+	a.sets.Keep(w, ref.Version) // staged or not: the version decides when it is free
+	if err != nil {
 		if errors.Is(err, engine.ErrInvalidArgument) {
 			return info, &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "shape_mismatch", Param: "source", Message: err.Error()}
 		}
@@ -311,6 +317,19 @@ func (a *API) StageWeightsWith(ctx context.Context, ref weights.Ref, tweak func(
 	}
 	a.metrics.ObserveUpdate(ctx, "total", time.Since(start))
 	return info.Bytes, nil
+}
+
+// ReleaseWeightSets gives back the memory of the weight sets kept for reuse that an engine
+// sleep at level frees: at level 1 or 2 every set the engine no longer reads, at level 2 the
+// serving one too (the engine dropped it; a staged set stays). The server calls it after
+// every successful Sleep, the fleet agent's included.
+func (a *API) ReleaseWeightSets(level int) {
+	switch level {
+	case 1:
+		a.sets.Release(a.eng.VersionsInUse()...)
+	case 2:
+		a.sets.Release(a.eng.StagedVersion())
+	}
 }
 
 // ErrorCode is the machine-readable code the API would answer err with (e.g.

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
@@ -76,6 +77,20 @@ type Config struct {
 	// AllowUnverifiedWeights accepts http(s) weight sources without a sha256; by default one
 	// is required (a file source may omit it).
 	AllowUnverifiedWeights bool
+	// Weights, when set, is the set Engine was started with (at its serving version): the API
+	// owns it from then on (nobody else may read it once it is retired) and loads a later
+	// update into its memory (see API.sets).
+	Weights *model.Weights
+	// NoSpareWeights turns off the spare weight sets New prepares in the background: one set
+	// of ModelConfig's shape (its parameter count × 4 bytes, 0.44 GB for stories110m), every
+	// page written once, and the engine's packed model of it (engine.Engine.PrepareSpare,
+	// about as large again), at the lowest CPU priority, so that the first update decodes
+	// and packs into memory without page faults, as every later one does into the sets the
+	// one before retired. Off, the first update (or two, without Weights) allocates new sets,
+	// which on a virtual machine makes its load and stage several times slower. The memory
+	// is what a server holds anyway from its second update on; a sleep (level 1 or 2) gives
+	// it back.
+	NoSpareWeights bool
 	// BodyReadTimeout bounds reading a request body (default 30s: 408 beyond); WriteTimeout
 	// bounds every write of a response (default 60s; a stream extends it per chunk).
 	BodyReadTimeout, WriteTimeout time.Duration
@@ -129,6 +144,18 @@ type API struct {
 	// updates.
 	updating atomic.Bool
 	updateMu updateLock
+	// sets holds the weight sets the update path loaded (and Config.Weights), so that a load
+	// decodes into one the engine no longer reads instead of faulting in new memory. Rule:
+	// only fetchAndStage takes a set, under updateMu, as Options.Reuse; it keeps every set it
+	// loaded under the version it staged it as, whatever the stage's outcome (a stage whose
+	// context ends may still happen), so a set is reused only once its version is neither
+	// staged nor served (engine.Engine.VersionsInUse): versions only grow, so nothing reads
+	// it again. A failed load drops the set it was given. A sleep drops the free sets, and at
+	// level 2 the serving one too (ReleaseWeightSets). The packed spare the engine keeps
+	// aliases a retired set's embedding and norms, but is never run.
+	sets weights.Recycler
+	// spareReady is closed once the spare set of Config.NoSpareWeights is ready (or failed).
+	spareReady chan struct{}
 	// reading counts requests reading their body (not yet admitted).
 	reading atomic.Int64
 	csrf    *http.CrossOriginProtection
@@ -215,12 +242,35 @@ func New(cfg Config) (*API, error) {
 			a.log.Warn("api: the chat template fails on a one-message user conversation", "error", err)
 		}
 	}
+	a.sets.Keep(cfg.Weights, cfg.Engine.Version())
+	a.spareReady = make(chan struct{})
+	if cfg.NoSpareWeights {
+		close(a.spareReady)
+	} else {
+		go a.prepareSpare()
+	}
 	a.metrics.bind(a)
 	a.router = a.routes(true, !cfg.SeparateAdmin)
 	if cfg.SeparateAdmin {
 		a.adminR = a.routes(false, true)
 	}
 	return a, nil
+}
+
+// prepareSpare makes the spare weight set (Config.NoSpareWeights) at the lowest priority.
+func (a *API) prepareSpare() {
+	defer close(a.spareReady)
+	lowPriority()
+	w, err := weights.Prefault(a.cfg.ModelConfig)
+	if err != nil {
+		a.log.Debug("api: no spare weight set", "err", err)
+		return
+	}
+	// The engine's packed spare too (the first stage's memory); its values do not matter.
+	if err := a.eng.PrepareSpare(context.Background(), w); err != nil {
+		a.log.Debug("api: no packed spare", "err", err)
+	}
+	a.sets.KeepFree(w)
 }
 
 // Handler is the http.Handler serving every route, or with Config.SeparateAdmin every route

@@ -1,0 +1,205 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/tokenizer"
+	"github.com/rolloutkit/rollout/engine/weights"
+)
+
+// recycleServer is an API over a running engine of the tiny preset (seed 1, version 0), whose
+// initial set it owns, served on a real listener.
+type recycleServer struct {
+	a   *API
+	e   *engine.Engine
+	w0  *model.Weights
+	url string
+}
+
+func newRecycleServer(t *testing.T, spare bool) *recycleServer {
+	t.Helper()
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	e, err := engine.New(engine.Config{Weights: w, NumBlocks: 64})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	a, err := New(Config{Engine: e, Tokenizer: tokenizer.NewByte(), ModelConfig: w.Config, Weights: w, NoSpareWeights: !spare})
+	require.NoError(t, err)
+	srv := httptest.NewServer(a.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		<-a.spareReady
+		cancel()
+		<-done
+	})
+	return &recycleServer{a: a, e: e, w0: w, url: srv.URL}
+}
+
+// post sends a JSON body to path and returns the status and the body.
+func (s *recycleServer) post(t *testing.T, path string, body any) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		require.NoError(t, err)
+		rd = bytes.NewReader(b)
+	}
+	resp, err := http.Post(s.url+path, "application/json", rd)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+func (s *recycleServer) update(t *testing.T, body map[string]any) {
+	t.Helper()
+	code, out := s.post(t, "/update_weights", body)
+	require.Equal(t, http.StatusOK, code, "%s", out)
+}
+
+// held is the memory (the embedding's address) of every set the API keeps.
+func (s *recycleServer) held() map[*float32]bool {
+	m := map[*float32]bool{}
+	for _, w := range s.a.sets.Sets() {
+		m[unsafe.SliceData(w.Embed)] = true
+	}
+	return m
+}
+
+// requireServing asserts the engine serves exactly want's tensors.
+func (s *recycleServer) requireServing(t *testing.T, want *model.Weights) {
+	t.Helper()
+	got, err := s.e.Weights(t.Context())
+	require.NoError(t, err)
+	wt, gt := want.Tensors(), got.Tensors()
+	require.Len(t, gt, len(wt))
+	for i := range wt {
+		require.Equal(t, *wt[i].Data, *gt[i].Data, "served tensor %s", wt[i].Name)
+	}
+}
+
+// ckpt writes the tiny preset of seed as an F32 checkpoint and returns its URI, digest and
+// weights.
+func ckpt(t *testing.T, seed uint64) (string, string, *model.Weights) {
+	t.Helper()
+	w, err := model.Preset("tiny", seed)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, weights.SaveHF(dir, w, weights.F32))
+	d, err := weights.Digest(t.Context(), dir)
+	require.NoError(t, err)
+	return "file://" + dir, d, w
+}
+
+// TestUpdateRecyclesRetiredSets follows the API's ownership rule through updates, stage-only
+// updates that replace a staged set, failed loads and a level-2 sleep, with a real engine and
+// real checkpoints: a load reuses a set only when the engine neither serves nor stages it,
+// never the serving one (whose tensors stay exactly what was committed), and a failed load
+// drops the set it was given.
+func TestUpdateRecyclesRetiredSets(t *testing.T) {
+	s := newRecycleServer(t, false)
+	uri2, d2, w2 := ckpt(t, 2)
+	uri3, d3, w3 := ckpt(t, 3)
+	uri4, d4, _ := ckpt(t, 4)
+	uri5, d5, w5 := ckpt(t, 5)
+	a := unsafe.SliceData(s.w0.Embed)
+	require.Equal(t, map[*float32]bool{a: true}, s.held())
+
+	// v2: version 0's set serves, nothing is free: new memory.
+	s.update(t, map[string]any{"version": 2, "source": uri2, "sha256": d2})
+	s.requireServing(t, w2)
+	held := s.held()
+	require.Len(t, held, 2)
+	require.True(t, held[a])
+
+	// v3 stage-only: decodes into version 0's set (retired by the commit of 2), not the
+	// serving one, which keeps serving exactly version 2.
+	s.update(t, map[string]any{"version": 3, "source": uri3, "sha256": d3, "stage_only": true})
+	s.requireServing(t, w2)
+	assert.Equal(t, held, s.held(), "no new memory: version 3 lives in version 0's set")
+
+	// v4 stage-only replaces the staged 3: 3 was staged and 2 serves when it loads, so it
+	// gets new memory; v5 then reuses 3's, the replaced staged set.
+	s.update(t, map[string]any{"version": 4, "source": uri4, "sha256": d4, "stage_only": true})
+	s.requireServing(t, w2)
+	held4 := s.held()
+	require.Len(t, held4, 3)
+	s.update(t, map[string]any{"version": 5, "source": uri5, "sha256": d5, "stage_only": true})
+	s.requireServing(t, w2)
+	assert.Equal(t, held4, s.held())
+	assert.Equal(t, int64(5), s.e.StagedVersion())
+
+	// Commit 5: it serves from version 0's original memory.
+	s.update(t, map[string]any{"version": 5})
+	s.requireServing(t, w5)
+
+	// A failed load (bad digest, a NaN in the last tensor, a truncated file) takes a free set and drops it; the
+	// served weights are untouched, and what the API keeps is only the serving set.
+	code, out := s.post(t, "/update_weights", map[string]any{"version": 6, "source": uri2, "sha256": strings.Repeat("0", 64)})
+	require.Equal(t, http.StatusUnprocessableEntity, code, "%s", out)
+	s.requireServing(t, w5)
+	assert.Equal(t, map[*float32]bool{a: true}, s.held(), "the other free set was forgotten, the used one dropped")
+	p := filepath.Join(strings.TrimPrefix(uri2, "file://"), weights.SafetensorsFile)
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	nan := append(bytes.Clone(b[:len(b)-4]), 0, 0, 0xc0, 0x7f) // decoded after every other tensor
+	require.NoError(t, os.WriteFile(p, nan, 0o644))
+	code, out = s.post(t, "/update_weights", map[string]any{"version": 6, "source": uri2})
+	require.Equal(t, http.StatusUnprocessableEntity, code, "%s", out)
+	require.Contains(t, out, "bad_checkpoint")
+	s.requireServing(t, w5)
+	assert.Equal(t, map[*float32]bool{a: true}, s.held())
+	require.NoError(t, os.WriteFile(p, b[:len(b)-8], 0o644))
+	code, out = s.post(t, "/update_weights", map[string]any{"version": 6, "source": uri2})
+	require.Equal(t, http.StatusUnprocessableEntity, code, "%s", out)
+	s.requireServing(t, w5)
+	assert.Equal(t, map[*float32]bool{a: true}, s.held())
+
+	// A level-2 sleep drops the weights in the engine and here; an update while asleep
+	// allocates.
+	code, out = s.post(t, "/sleep?level=2", nil)
+	require.Equal(t, http.StatusOK, code, "%s", out)
+	assert.Empty(t, s.held())
+	s.update(t, map[string]any{"version": 7, "source": uri3, "sha256": d3})
+	assert.Len(t, s.held(), 1)
+	code, out = s.post(t, "/wake_up", nil)
+	require.Equal(t, http.StatusOK, code, "%s", out)
+	s.requireServing(t, w3)
+}
+
+// TestFirstUpdateUsesTheSpare: the spare set prepared in the background takes the first
+// update, so it faults no new memory in; a level-1 sleep gives the free sets back.
+func TestFirstUpdateUsesTheSpare(t *testing.T) {
+	s := newRecycleServer(t, true)
+	<-s.a.spareReady
+	held := s.held()
+	require.Len(t, held, 2, "the initial set and the spare")
+	uri2, d2, w2 := ckpt(t, 2)
+	s.update(t, map[string]any{"version": 2, "source": uri2, "sha256": d2})
+	s.requireServing(t, w2)
+	assert.Equal(t, held, s.held(), "version 2 decoded into the spare")
+
+	code, out := s.post(t, "/sleep?level=1", nil)
+	require.Equal(t, http.StatusOK, code, "%s", out)
+	after := s.held()
+	assert.Len(t, after, 1, "only the serving set stays")
+	assert.False(t, after[unsafe.SliceData(s.w0.Embed)], "the retired initial set went")
+}
