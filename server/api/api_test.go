@@ -82,7 +82,9 @@ func TestLogprobJSON(t *testing.T) {
 	assert.Equal(t, "[-0.5,null,null]", string(b))
 }
 
-func testAPI(t *testing.T, cfg Config) *API {
+// runTinyEngine starts an engine on the tiny preset and returns it, its initial weights and the
+// function that stops it.
+func runTinyEngine(t *testing.T) (*engine.Engine, *model.Weights, func()) {
 	t.Helper()
 	w, err := model.Preset("tiny", 1)
 	require.NoError(t, err)
@@ -91,7 +93,13 @@ func testAPI(t *testing.T, cfg Config) *API {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	return e, w, func() { cancel(); <-done }
+}
+
+func testAPI(t *testing.T, cfg Config) *API {
+	t.Helper()
+	e, w, stop := runTinyEngine(t)
+	t.Cleanup(stop)
 	cfg.Engine, cfg.Tokenizer, cfg.ModelConfig = e, tokenizer.NewByte(), w.Config
 	a, err := New(cfg)
 	require.NoError(t, err)

@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -33,21 +32,14 @@ type recycleServer struct {
 
 func newRecycleServer(t *testing.T, spare bool) *recycleServer {
 	t.Helper()
-	w, err := model.Preset("tiny", 1)
-	require.NoError(t, err)
-	e, err := engine.New(engine.Config{Weights: w, NumBlocks: 64})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
+	e, w, stop := runTinyEngine(t)
 	a, err := New(Config{Engine: e, Tokenizer: tokenizer.NewByte(), ModelConfig: w.Config, Weights: w, NoSpareWeights: !spare})
 	require.NoError(t, err)
 	srv := httptest.NewServer(a.Handler())
 	t.Cleanup(func() {
 		srv.Close()
 		<-a.spareReady
-		cancel()
-		<-done
+		stop()
 	})
 	return &recycleServer{a: a, e: e, w0: w, url: srv.URL}
 }
