@@ -147,7 +147,8 @@ func PrefixTTFT(ctx context.Context, w *model.Weights, preset string, prefix, wo
 
 // PauseResult is the latency of Pause(keep, clear_cache) with requests running.
 type PauseResult struct {
-	Running        int     `json:"running"`
+	Running int `json:"running"`
+	// Steps is the engine steps the pause waited for (engine DrainSteps).
 	Steps          int64   `json:"engine_steps"`
 	Milliseconds   float64 `json:"ms"`
 	StepMillis     float64 `json:"mean_step_ms"`
@@ -167,12 +168,12 @@ func PauseLatency(ctx context.Context, w *model.Weights, running, workers int) (
 		return PauseResult{}, err
 	}
 	stepMs := meanStepMillis(e)
-	before := e.Metrics().Steps
+	before := e.Metrics().DrainSteps
 	start := time.Now()
 	if _, err := e.Pause(ctx, engine.PauseKeep, true); err != nil {
 		return PauseResult{}, err
 	}
-	r := PauseResult{Running: running, Steps: e.Metrics().Steps - before, Milliseconds: time.Since(start).Seconds() * 1e3, StepMillis: stepMs}
+	r := PauseResult{Running: running, Steps: e.Metrics().DrainSteps - before, Milliseconds: time.Since(start).Seconds() * 1e3, StepMillis: stepMs}
 	if err := e.Resume(ctx); err != nil {
 		return r, err
 	}

@@ -41,8 +41,9 @@ type UpdateResult struct {
 	ServedSteps int64 `json:"steps_served_during_load_and_stage"`
 
 	// CutMs spans Pause(keep, clear_cache) to Resume returning, the only time generation
-	// stops; CutSteps counts the engine steps from the Pause call to the commit (the steps the
-	// pause waited for).
+	// stops; CutSteps counts the engine steps the pause waited for (engine DrainSteps: not
+	// the steps run before the engine took the call, which depend on how the OS scheduled the
+	// caller).
 	CutMs      float64 `json:"cut_ms"`
 	CutSteps   int64   `json:"cut_steps"`
 	StepMillis float64 `json:"mean_step_ms"`
@@ -163,7 +164,7 @@ func WeightUpdate(ctx context.Context, preset string, running, updates, workers 
 			r.StepMillis = meanStepMillis(e)
 		}
 
-		before := e.Metrics().Steps
+		before := e.Metrics().DrainSteps
 		t0 = time.Now()
 		if _, err := e.Pause(ctx, engine.PauseKeep, true); err != nil {
 			return r, err
@@ -173,7 +174,7 @@ func WeightUpdate(ctx context.Context, preset string, running, updates, workers 
 		}
 		// Read while still paused: after Resume the engine steps on at once, and a read then
 		// would count steps of the resumed generation (dozens on tiny).
-		r.CutSteps = e.Metrics().Steps - before
+		r.CutSteps = e.Metrics().DrainSteps - before
 		if err := e.Resume(ctx); err != nil {
 			return r, err
 		}

@@ -656,6 +656,9 @@ func (e *Engine) step() {
 	}
 	e.deliver(outs)
 	e.metrics.steps.Add(1)
+	if len(e.idle) > 0 {
+		e.metrics.drainSteps.Add(1)
+	}
 	e.metrics.snapshot(e)
 	if h := e.cfg.Hooks.OnStep; h != nil {
 		h(so.NumScheduledTokens)

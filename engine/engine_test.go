@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,6 +151,44 @@ func TestPauseWaitLetsRunningFinish(t *testing.T) {
 	assert.Len(t, res2.Tokens, 3)
 }
 
+// DrainSteps counts exactly the steps a Pause(wait) ran for: the test holds the loop inside a
+// forward pass until the pause is queued, so the request still has tokens to make when the
+// engine takes the pause, and every later step is one the caller waited for.
+func TestDrainStepsCountsWhatAPauseWaitedFor(t *testing.T) {
+	const n = 12
+	var forwards atomic.Int64
+	held, release := make(chan struct{}), make(chan struct{})
+	e, _ := testEngine(t, func(c *Config) {
+		c.Hooks.BeforeForward = func(uint64) error {
+			if forwards.Add(1) == 2 { // the first decode step, after the prefill made token 1
+				close(held)
+				<-release
+			}
+			return nil
+		}
+	})
+	ctx := ctxT(t)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(8, 1), Sampling: greedy(n)})
+	require.NoError(t, err)
+	<-held
+	drain0, steps0 := e.Metrics().DrainSteps, e.Metrics().Steps
+	paused := make(chan error, 1)
+	go func() { _, err := e.Pause(ctx, PauseWait, false); paused <- err }()
+	for e.Metrics().InputQueued == 0 { // queued while the loop is held in the forward
+		runtime.Gosched()
+	}
+	close(release)
+	require.NoError(t, <-paused)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, FinishLength, res.FinishReason)
+	assert.Len(t, res.Tokens, n)
+	// The held step (token 2) ran before the engine took the pause; tokens 3..n each took a
+	// step the caller waited for, and one more step delivered the finished request.
+	assert.Equal(t, int64(n), e.Metrics().Steps-steps0)
+	assert.Equal(t, int64(n-1), e.Metrics().DrainSteps-drain0)
+}
+
 // long is a request that cannot finish while a test pokes at it: it is aborted once the test
 // has read what it checks.
 const long = 1500
@@ -183,8 +222,10 @@ func TestPauseKeepFreezesAndResumeContinues(t *testing.T) {
 	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(long)})
 	require.NoError(t, err)
 	toks := recvAtLeast(t, ctx, s, nil, 1)
+	drain := e.Metrics().DrainSteps
 	_, err = e.Pause(ctx, PauseKeep, false)
 	require.NoError(t, err)
+	assert.Equal(t, drain, e.Metrics().DrainSteps, "keep completes where the engine takes it, without a step")
 	st, err := e.Stats(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Running, "keep leaves the request running, frozen")

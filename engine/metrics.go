@@ -14,6 +14,7 @@ type Metrics struct {
 	weightVersion atomic.Int64
 	stagedVersion atomic.Int64
 	steps         atomic.Int64
+	drainSteps    atomic.Int64
 	promptTokens  atomic.Int64
 	genTokens     atomic.Int64
 	finishedStop  atomic.Int64
@@ -55,11 +56,15 @@ func (m *Metrics) snapshot(e *Engine) {
 
 // MetricsSnapshot is a consistent-enough copy of the counters for exporters.
 type MetricsSnapshot struct {
-	Alive            bool
-	State            string
-	WeightVersion    int64
-	StagedVersion    int64
-	Steps            int64
+	Alive         bool
+	State         string
+	WeightVersion int64
+	StagedVersion int64
+	Steps         int64
+	// DrainSteps counts the steps run while a pause or sleep waited for the engine to drain
+	// (running requests to finish, transfers to land, a reset's flush to be delivered): the
+	// steps a caller of Pause or Sleep actually waited for, however late it was scheduled.
+	DrainSteps       int64
 	PromptTokens     int64
 	GenerationTokens int64
 	FinishedStop     int64
@@ -90,7 +95,7 @@ func (e *Engine) Metrics() MetricsSnapshot {
 	}
 	return MetricsSnapshot{
 		Alive: m.alive.Load(), State: st, WeightVersion: m.weightVersion.Load(), StagedVersion: m.stagedVersion.Load(),
-		Steps: m.steps.Load(), PromptTokens: m.promptTokens.Load(), GenerationTokens: m.genTokens.Load(),
+		Steps: m.steps.Load(), DrainSteps: m.drainSteps.Load(), PromptTokens: m.promptTokens.Load(), GenerationTokens: m.genTokens.Load(),
 		FinishedStop: m.finishedStop.Load(), FinishedLength: m.finishedLen.Load(), FinishedAbort: m.finishedAbort.Load(),
 		Running: m.running.Load(), Waiting: m.waiting.Load(), KVUsedBlocks: m.kvUsedBlocks.Load(),
 		KVTotalBlocks: m.kvTotalBlocks.Load(), PrefixQueries: m.prefixQueries.Load(), PrefixHits: m.prefixHits.Load(),
