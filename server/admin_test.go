@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/engine"
 )
 
 func greedyGen(prompt []int, maxTokens int) map[string]any {
@@ -184,16 +186,17 @@ func (g asyncGen) wait(t *testing.T) genResp {
 }
 
 func TestAdminFlowWithRequestsInFlight(t *testing.T) {
-	ts := start(t, nil)
+	ts, g := startGated(t, nil)
 	uri2, digest2 := writeCheckpoint(t, 2)
 	prompt := []int{256, 1, 2, 3}
 
-	// A streams; once its first tokens arrived, pause(keep, clear_cache) freezes it.
+	// A streams; once its first token arrived, pause(keep, clear_cache) freezes it.
+	g.holdAfterTokens(g.tokens())
 	a := ts.stream(t, map[string]any{"prompt": prompt, "max_tokens": longTokens, "temperature": 0, "ignore_eos": true, "return_token_ids": true})
 	first, ok := a.next(t)
 	require.True(t, ok)
 	var pause map[string]any
-	ts.doJSON(t, http.MethodPost, "/pause?mode=keep&clear_cache=true", nil, http.StatusOK, &pause)
+	ts.callHeld(t, g, http.MethodPost, "/pause?mode=keep&clear_cache=true", nil, http.StatusOK, &pause)
 	assert.Equal(t, "paused", pause["status"])
 	st := ts.state(t)
 	assert.Equal(t, "paused", st.State)
@@ -248,9 +251,9 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	assert.EqualValues(t, 2, dr.WeightVersion)
 
 	// pause(abort) ends B with finish_reason abort and frees its blocks.
+	g.holdAfterTokens(g.tokens())
 	b := ts.generateAsync(t, greedyGen([]int{256, 5}, longTokens))
-	ts.waitState(t, "B running", func(s stateResp) bool { return s.RequestsRunning == 1 })
-	ts.doJSON(t, http.MethodPost, "/pause?mode=abort", nil, http.StatusOK, nil)
+	ts.callHeld(t, g, http.MethodPost, "/pause?mode=abort", nil, http.StatusOK, nil)
 	br := b.wait(t)
 	assert.Equal(t, "abort", br.Outputs[0].FinishReason)
 	st = ts.state(t)
@@ -259,9 +262,9 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	ts.doJSON(t, http.MethodPost, "/resume", nil, http.StatusOK, nil)
 
 	// pause(wait) answers once C has finished normally.
+	g.holdAfterTokens(g.tokens())
 	c := ts.generateAsync(t, greedyGen([]int{256, 6}, longTokens))
-	ts.waitState(t, "C running", func(s stateResp) bool { return s.RequestsRunning == 1 })
-	ts.doJSON(t, http.MethodPost, "/pause?mode=wait&clear_cache=false", nil, http.StatusOK, nil)
+	ts.callHeld(t, g, http.MethodPost, "/pause?mode=wait&clear_cache=false", nil, http.StatusOK, nil)
 	st = ts.state(t)
 	assert.Zero(t, st.RequestsRunning, "pause(wait) answers only once the running request finished")
 	cr := c.wait(t)
@@ -293,16 +296,21 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	ts.doJSON(t, http.MethodPost, "/update_weights", map[string]any{"version": 4, "source": uri4, "sha256": digest4}, http.StatusOK, nil)
 	ts.doJSON(t, http.MethodPost, "/wake_up", nil, http.StatusOK, nil)
 	assert.Equal(t, "running", ts.state(t).State, "the sleep paused the engine itself, so waking resumes it")
-	var g genResp
-	ts.doJSON(t, http.MethodPost, "/generate", greedyGen(prompt, 3), http.StatusOK, &g)
-	assert.Equal(t, []int64{4}, uniq(g.Outputs[0].WeightVersions))
+	var gr genResp
+	ts.doJSON(t, http.MethodPost, "/generate", greedyGen(prompt, 3), http.StatusOK, &gr)
+	assert.Equal(t, []int64{4}, uniq(gr.Outputs[0].WeightVersions))
 
 	// /abort_requests by the client's request id.
+	// The server adds E1's two samples one after the other: hold the first at its second token
+	// until the second's Add is taken or queued, then hold again once both run.
+	prompted := ts.Engine().Metrics().PromptTokens
+	g.holdAfterTokens(g.tokens())
 	e := ts.generateAsync(t, map[string]any{"prompt_token_ids": []int{256, 7}, "request_id": "E1", "n": 2,
 		"sampling": map[string]any{"max_tokens": longTokens, "ignore_eos": true}})
-	ts.waitState(t, "E running", func(s stateResp) bool { return s.RequestsRunning == 2 })
+	g.waitUntil(t, "E1's second sample", func(m engine.MetricsSnapshot) bool { return m.PromptTokens == prompted+4 || m.InputQueued > 0 })
+	g.holdWhen(func(m engine.MetricsSnapshot) bool { return m.Running == 2 })
 	var ab map[string]any
-	ts.doJSON(t, http.MethodPost, "/abort_requests", map[string]any{"request_ids": []string{"E1"}}, http.StatusOK, &ab)
+	ts.callHeld(t, g, http.MethodPost, "/abort_requests", map[string]any{"request_ids": []string{"E1"}}, http.StatusOK, &ab)
 	assert.EqualValues(t, 2, ab["aborted"])
 	er := e.wait(t)
 	for _, o := range er.Outputs {
@@ -323,15 +331,15 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 func TestAdminCyclePerPauseMode(t *testing.T) {
 	for _, mode := range []string{"abort", "wait"} {
 		t.Run(mode, func(t *testing.T) {
-			ts := start(t, nil)
+			ts, g := startGated(t, nil)
 			uri, digest := writeCheckpoint(t, 5)
 			prompt := []int{256}
 			for i := range 40 {
 				prompt = append(prompt, 100+i)
 			}
+			g.holdAfterTokens(g.tokens())
 			r := ts.generateAsync(t, greedyGen(prompt, longTokens))
-			ts.waitState(t, "running", func(s stateResp) bool { return s.RequestsRunning == 1 })
-			ts.doJSON(t, http.MethodPost, "/pause?clear_cache=true&mode="+mode, nil, http.StatusOK, nil)
+			ts.callHeld(t, g, http.MethodPost, "/pause?clear_cache=true&mode="+mode, nil, http.StatusOK, nil)
 			st := ts.state(t)
 			assert.Equal(t, "paused", st.State)
 			assert.Equal(t, mode, st.PauseMode)
@@ -357,10 +365,10 @@ func TestAdminCyclePerPauseMode(t *testing.T) {
 			ts.doJSON(t, http.MethodPost, "/resume", nil, http.StatusOK, nil)
 			assert.Equal(t, "running", ts.state(t).State)
 			ts.doJSON(t, http.MethodGet, "/ready", nil, http.StatusOK, nil)
-			var g genResp
-			ts.doJSON(t, http.MethodPost, "/generate", greedyGen(prompt, 5), http.StatusOK, &g)
-			assert.Equal(t, []int64{2}, uniq(g.Outputs[0].WeightVersions))
-			assert.Zero(t, g.Outputs[0].NumCachedTokens, "no KV from version 1 is reused")
+			var gr genResp
+			ts.doJSON(t, http.MethodPost, "/generate", greedyGen(prompt, 5), http.StatusOK, &gr)
+			assert.Equal(t, []int64{2}, uniq(gr.Outputs[0].WeightVersions))
+			assert.Zero(t, gr.Outputs[0].NumCachedTokens, "no KV from version 1 is reused")
 		})
 	}
 }

@@ -70,6 +70,9 @@ type Config struct {
 	// OffloadDelay slows every transfer (tests and benchmarks only).
 	OffloadCPUBytes int64
 	OffloadDelay    time.Duration
+	// BeforeForward is engine.Hooks.BeforeForward: tests hold the engine loop with it to catch
+	// requests mid-generation without racing them. Nil in production.
+	BeforeForward func(step uint64) error
 	// Fleet membership: with Fleet set the server runs a fleet agent over Bus (an open bus
 	// the server uses and does not close, e.g. an embedded fleet's in-process bus) or over
 	// the Redis at the URL Redis (dialled, and redialled while it is down, by the server).
@@ -277,6 +280,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 		return nil, err
 	}
 	hooks := metrics.Hooks()
+	hooks.BeforeForward = cfg.BeforeForward
 	var steps *agent.StepClock
 	if cfg.Fleet != "" {
 		steps = agent.NewStepClock(nil)

@@ -273,6 +273,11 @@ func (a *API) prepareSpare() {
 	a.sets.KeepFree(w)
 }
 
+// SpareReady is closed once the spare weight sets prepared at start-up are ready, failed, or
+// were not asked for (Config.NoSpareWeights). Until then a preparation call may still reach
+// the engine loop; tests that count the loop's queued calls wait for it.
+func (a *API) SpareReady() <-chan struct{} { return a.spareReady }
+
 // Handler is the http.Handler serving every route, or with Config.SeparateAdmin every route
 // but the admin ones. Every write of a response extends the connection's write deadline.
 func (a *API) Handler() http.Handler { return a.withDeadlines(a.router) }
