@@ -393,7 +393,7 @@ func TestWeightSwapNeverReusesOldKV(t *testing.T) {
 
 // TestWeightUpdatesReuseTheRetiredSet: from the second update on, staging packs into the set
 // the previous commit retired, and every version still generates exactly its own greedy
-// continuation; a sleep gives the retired set back.
+// continuation; a level-1 sleep keeps the retired set, a level-2 sleep gives it back.
 func TestWeightUpdatesReuseTheRetiredSet(t *testing.T) {
 	e, w1 := testEngine(t, nil)
 	ctx := ctxT(t)
@@ -422,8 +422,11 @@ func TestWeightUpdatesReuseTheRetiredSet(t *testing.T) {
 		assert.NotNil(t, e.spare.Load(), "the commit retired version %d", v-1)
 		check("v"+strconv.FormatInt(v, 10), w)
 	}
+	kept := e.spare.Load()
 	require.NoError(t, e.Sleep(ctx, 1, PauseAbort))
-	assert.Nil(t, e.spare.Load(), "sleep gives the retired set back")
+	assert.Same(t, kept, e.spare.Load(), "a level-1 sleep frees the KV only: the next update packs into the retired set")
+	require.NoError(t, e.Sleep(ctx, 2, PauseAbort))
+	assert.Nil(t, e.spare.Load(), "a level-2 sleep gives the retired set back")
 }
 
 func TestPerTokenVersionsAcrossSwapDuringKeep(t *testing.T) {
@@ -937,7 +940,7 @@ func TestPrepareSpare(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, referenceGreedy(t, w2, p, 6), tokenIDs(res.Tokens))
 
-	require.NoError(t, e.Sleep(ctx, 1, PauseAbort))
+	require.NoError(t, e.Sleep(ctx, 2, PauseAbort))
 	require.NoError(t, e.PrepareSpare(ctx, zero))
 	assert.Nil(t, e.spare.Load(), "a sleeping engine gives memory back, it takes none")
 }

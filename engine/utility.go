@@ -233,11 +233,13 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 				e.log.Info("engine: sleep: requests holding KV will recompute", "requests", n)
 			}
 			e.releaseKV()
-			e.spare.Store(nil) // sleeping is for giving memory back
 			if level == 2 {
-				// Every weight set the engine serves or retired goes (the spare is gone
-				// above). A staged set stays: it is what the caller asked to serve next.
+				// Every weight set the engine serves or retired goes. A staged set stays: it
+				// is what the caller asked to serve next. Level 1 keeps the weights, the
+				// retired spare included, so the update that follows packs into touched
+				// memory (the RL cycle sleeps before every update).
 				e.model, e.weights = nil, nil
+				e.spare.Store(nil)
 			}
 			done(struct{}{}, e.transition(ctlEvent{kind: evSleep, level: level}))
 			return true
@@ -371,7 +373,7 @@ func (e *Engine) pack(w *model.Weights) (*model.Model, error) {
 // the first stage packs into new memory and pays the first-touch page fault of every page
 // (on a virtual machine about as long as the load), while every later stage reuses the set
 // the commit before retired. It costs one packed model's memory, which the engine holds
-// anyway from its first commit on; a sleep gives it back. The spare shares w's embedding and
+// anyway from its first commit on; a level-2 sleep gives it back. The spare shares w's embedding and
 // norms but is never run (a pack only takes its matrices), so w is free again once
 // PrepareSpare returns.
 func (e *Engine) PrepareSpare(ctx context.Context, w *model.Weights) error {

@@ -320,15 +320,20 @@ func (a *API) StageWeightsWith(ctx context.Context, ref weights.Ref, tweak func(
 }
 
 // ReleaseWeightSets gives back the memory of the weight sets kept for reuse that an engine
-// sleep at level frees: at level 1 or 2 every set the engine no longer reads, at level 2 the
-// serving one too (the engine dropped it; a staged set stays). The server calls it after
-// every successful Sleep, the fleet agent's included.
+// sleep at level frees. Level 1 frees the KV cache only: like vLLM's level 1, which keeps the
+// weights in host memory, it keeps every set, so the update of the RL cycle (pause, sleep 1,
+// update, wake, resume) still loads and packs into touched memory instead of faulting a
+// model's worth of new pages every training step. Level 2 gives back every set but a staged
+// one (the engine dropped its own). The server calls it after every successful Sleep, the
+// fleet agent's included.
 func (a *API) ReleaseWeightSets(level int) {
-	switch level {
-	case 1:
-		a.sets.Release(a.eng.VersionsInUse()...)
-	case 2:
-		a.sets.Release(a.eng.StagedVersion())
+	if level != 2 {
+		return
+	}
+	if v := a.eng.StagedVersion(); v > 0 { // staged versions are above the serving one, so never 0
+		a.sets.Release(v)
+	} else {
+		a.sets.Release()
 	}
 }
 

@@ -88,7 +88,7 @@ type Config struct {
 	// and packs into memory without page faults, as every later one does into the sets the
 	// one before retired. Off, the first update (or two, without Weights) allocates new sets,
 	// which on a virtual machine makes its load and stage several times slower. The memory
-	// is what a server holds anyway from its second update on; a sleep (level 1 or 2) gives
+	// is what a server holds anyway from its second update on; a level-2 sleep gives
 	// it back.
 	NoSpareWeights bool
 	// BodyReadTimeout bounds reading a request body (default 30s: 408 beyond); WriteTimeout

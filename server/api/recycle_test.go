@@ -178,7 +178,8 @@ func TestUpdateRecyclesRetiredSets(t *testing.T) {
 }
 
 // TestFirstUpdateUsesTheSpare: the spare set prepared in the background takes the first
-// update, so it faults no new memory in; a level-1 sleep gives the free sets back.
+// update, so it faults no new memory in; a level-1 sleep keeps every set (the next update of
+// the RL cycle decodes into the retired one), a level-2 sleep gives them back.
 func TestFirstUpdateUsesTheSpare(t *testing.T) {
 	s := newRecycleServer(t, true)
 	<-s.a.spareReady
@@ -191,7 +192,8 @@ func TestFirstUpdateUsesTheSpare(t *testing.T) {
 
 	code, out := s.post(t, "/sleep?level=1", nil)
 	require.Equal(t, http.StatusOK, code, "%s", out)
-	after := s.held()
-	assert.Len(t, after, 1, "only the serving set stays")
-	assert.False(t, after[unsafe.SliceData(s.w0.Embed)], "the retired initial set went")
+	assert.Equal(t, held, s.held(), "a level-1 sleep frees the KV cache only")
+	code, out = s.post(t, "/sleep?level=2", nil)
+	require.Equal(t, http.StatusOK, code, "%s", out)
+	assert.Empty(t, s.held(), "a level-2 sleep gives every set back (nothing staged)")
 }
