@@ -82,6 +82,14 @@ const (
 // the compiler from fusing anything else), which is what each vector lane does. The fused
 // steps take fmaFast inline; if any of them is in doubt, exp32Exact redoes d with fma32.
 func exp32(d float32) float32 {
+	if e, ok := exp32Fast(d); ok {
+		return e
+	}
+	return exp32Exact(d)
+}
+
+// exp32Fast is exp32 with fmaFast for every fused step, and whether all of them were sure.
+func exp32Fast(d float32) (float32, bool) {
 	k := float32(math.RoundToEven(float64(float32(d * float32(math.Log2E)))))
 	r, ok0 := fmaFast(k, -expLn2H, d)
 	r, ok1 := fmaFast(k, -expLn2L, r)
@@ -91,10 +99,7 @@ func exp32(d float32) float32 {
 	p, ok5 := fmaFast(p, r, expP4)
 	p, ok6 := fmaFast(p, r, expP5)
 	e, ok7 := fmaFast(p, float32(r*r), float32(r+1))
-	if !(ok0 && ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7) {
-		return exp32Exact(d)
-	}
-	return float32(e * math.Float32frombits(uint32(int32(k)+127)<<23))
+	return float32(e * math.Float32frombits(uint32(int32(k)+127)<<23)), ok0 && ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7
 }
 
 // exp32Exact is exp32 with fma32 for every fused step: the reference, and exp32's rare case.

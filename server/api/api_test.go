@@ -18,8 +18,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rolloutkit/rollout/engine"
-	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
+	"github.com/rolloutkit/rollout/internal/enginetest"
 )
 
 func TestMain(m *testing.M) {
@@ -82,24 +82,9 @@ func TestLogprobJSON(t *testing.T) {
 	assert.Equal(t, "[-0.5,null,null]", string(b))
 }
 
-// runTinyEngine starts an engine on the tiny preset and returns it, its initial weights and the
-// function that stops it.
-func runTinyEngine(t *testing.T) (*engine.Engine, *model.Weights, func()) {
-	t.Helper()
-	w, err := model.Preset("tiny", 1)
-	require.NoError(t, err)
-	e, err := engine.New(engine.Config{Weights: w, NumBlocks: 64})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	return e, w, func() { cancel(); <-done }
-}
-
 func testAPI(t *testing.T, cfg Config) *API {
 	t.Helper()
-	e, w, stop := runTinyEngine(t)
-	t.Cleanup(stop)
+	e, w := enginetest.Run(t, engine.Config{})
 	cfg.Engine, cfg.Tokenizer, cfg.ModelConfig = e, tokenizer.NewByte(), w.Config
 	a, err := New(cfg)
 	require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
+	"github.com/rolloutkit/rollout/internal/enginetest"
 )
 
 // conversation is the system+user+assistant+user exchange the golden renders use. The last
@@ -145,15 +146,8 @@ func TestBuiltinChatMLMatchesChatML(t *testing.T) {
 }
 
 func TestBrokenTemplateFailsNew(t *testing.T) {
-	w, err := model.Preset("tiny", 1)
-	require.NoError(t, err)
-	e, err := engine.New(engine.Config{Weights: w, NumBlocks: 16})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	_, err = New(Config{Engine: e, Tokenizer: tokenizer.NewByte(), ModelConfig: w.Config,
+	e, w := enginetest.Run(t, engine.Config{NumBlocks: 16})
+	_, err := New(Config{Engine: e, Tokenizer: tokenizer.NewByte(), ModelConfig: w.Config,
 		ChatTemplate: "{% for m in messages %}{{ m.content }}"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "chat template")

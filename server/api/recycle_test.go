@@ -19,6 +19,7 @@ import (
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
 	"github.com/rolloutkit/rollout/engine/weights"
+	"github.com/rolloutkit/rollout/internal/enginetest"
 )
 
 // recycleServer is an API over a running engine of the tiny preset (seed 1, version 0), whose
@@ -32,14 +33,13 @@ type recycleServer struct {
 
 func newRecycleServer(t *testing.T, spare bool) *recycleServer {
 	t.Helper()
-	e, w, stop := runTinyEngine(t)
+	e, w := enginetest.Run(t, engine.Config{})
 	a, err := New(Config{Engine: e, Tokenizer: tokenizer.NewByte(), ModelConfig: w.Config, Weights: w, NoSpareWeights: !spare})
 	require.NoError(t, err)
 	srv := httptest.NewServer(a.Handler())
 	t.Cleanup(func() {
 		srv.Close()
-		<-a.spareReady
-		stop()
+		<-a.spareReady // before the engine stops (its cleanup runs after this one)
 	})
 	return &recycleServer{a: a, e: e, w0: w, url: srv.URL}
 }
