@@ -7,9 +7,20 @@ package kernels
 // `go install` on amd64.
 
 var (
-	avx512Kernel = simdKernel{name: "avx512", tiles: &a512Tiles, t1: 7, shape: avx512Shape}
+	avx512Kernel = simdKernel{name: "avx512", tiles: &a512Tiles, t1: 7, shape: avx512AsmShape}
 	avx2Kernel   = simdKernel{name: "avx2", tiles: &a256Tiles, t1: 6, shape: avx2Shape}
 )
+
+// avx512AsmShape is the assembly build's AVX-512 main tile for n tokens. Hand-allocated
+// registers fit 4 panels × 6 tokens (24 accumulators, 4 weight and 2 broadcast registers of
+// 32), three times the chains the FMA latency needs on two FMA ports, which the compiler's
+// allocation of the archsimd tiles cannot hold without spilling.
+func avx512AsmShape(n int) (p, t int) {
+	if n <= 2 {
+		return 4, n
+	}
+	return 4, min(n, 6)
+}
 
 // activeKernel is chosen once from the CPU's features; nil means the portable kernel.
 var activeKernel = selectKernel()

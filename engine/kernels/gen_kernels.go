@@ -256,7 +256,7 @@ var (
 // every narrower tail tile of a batch.
 var asmShapes = map[string]map[int]int{
 	"a256": {1: 6, 2: 2, 3: 1, 4: 1},
-	"a512": {1: 7, 2: 4, 3: 2, 4: 2},
+	"a512": {1: 7, 2: 4, 3: 2, 4: 6},
 }
 
 // writeAsmTiles writes the default build's assembly tiles for is (no GOEXPERIMENT needed), with

@@ -81,11 +81,31 @@ func a512P4T1(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y un
 //go:noescape
 func a512P4T2(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
+// a512P4T3 computes a 4-panel × 3-token tile; see tileFunc.
+//
+//go:noescape
+func a512P4T3(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T4 computes a 4-panel × 4-token tile; see tileFunc.
+//
+//go:noescape
+func a512P4T4(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T5 computes a 4-panel × 5-token tile; see tileFunc.
+//
+//go:noescape
+func a512P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T6 computes a 4-panel × 6-token tile; see tileFunc.
+//
+//go:noescape
+func a512P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
 // a512Tiles[P][T] is the a512 assembly tile for P panels × T tokens, nil where none is
 // generated.
 var a512Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{
 	1: {1: a512P1T1, 2: a512P1T2, 3: a512P1T3, 4: a512P1T4, 5: a512P1T5, 6: a512P1T6, 7: a512P1T7},
 	2: {1: a512P2T1, 2: a512P2T2, 3: a512P2T3, 4: a512P2T4},
 	3: {1: a512P3T1, 2: a512P3T2},
-	4: {1: a512P4T1, 2: a512P4T2},
+	4: {1: a512P4T1, 2: a512P4T2, 3: a512P4T3, 4: a512P4T4, 5: a512P4T5, 6: a512P4T6},
 }
