@@ -42,3 +42,12 @@ func matmulPanels(m *Matrix, y, x []float32, n, lo, hi int) {
 	}
 	matmulSIMD(activeKernel, m, y, x, n, lo, hi)
 }
+
+// avx512Shape is the AVX-512 main tile for n tokens (32 registers: up to 4×2 or 2×4 accumulator
+// groups, with several panels when n is small so independent chains hide the FMA latency).
+func avx512Shape(n int) (p, t int) {
+	if n <= 2 {
+		return 4, n
+	}
+	return 2, min(n, 4)
+}

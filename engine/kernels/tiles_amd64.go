@@ -36,15 +36,6 @@ type simdKernel struct {
 	t1 int
 }
 
-// avx512Shape is the AVX-512 main tile for n tokens (32 registers: up to 4×2 or 2×4 accumulator
-// groups, with several panels when n is small so independent chains hide the FMA latency).
-func avx512Shape(n int) (p, t int) {
-	if n <= 2 {
-		return 4, n
-	}
-	return 2, min(n, 4)
-}
-
 // avx2Shape is the AVX2 main tile for n tokens: from three tokens up the 1×6 tile (12
 // accumulators, BLIS's Haswell shape), which is assembly in both builds: twice the FLOP/s of
 // the compiler's best spill-free archsimd tile, 1×4.
