@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,18 +101,19 @@ func TestGreedyMatchesReferenceUnderConcurrency(t *testing.T) {
 }
 
 func TestPauseAbortFinishesEverything(t *testing.T) {
-	e, _ := testEngine(t, func(c *Config) { c.MaxNumSeqs = 2 })
+	g := newForwardGate(2) // two running, two waiting, at least one step done
+	e, _ := testEngine(t, func(c *Config) { c.MaxNumSeqs = 2; g.install(c) })
 	ctx := ctxT(t)
+	_, err := e.Pause(ctx, PauseKeep, false) // queue all four before a step runs (an Add waits for the loop)
+	require.NoError(t, err)
 	var streams []*Stream
 	for i := range 4 {
-		s, err := e.Add(ctx, Request{ID: string(rune('a' + i)), PromptTokenIDs: prompt(10, i), Sampling: greedy(1000)})
+		s, err := e.Add(ctx, Request{ID: string(rune('a' + i)), PromptTokenIDs: prompt(10, i), Sampling: greedy(long)})
 		require.NoError(t, err)
 		streams = append(streams, s)
 	}
-	_, err := streams[0].Recv(ctx) // at least one step ran
-	require.NoError(t, err)
-	_, err = e.Pause(ctx, PauseAbort, false)
-	require.NoError(t, err)
+	require.NoError(t, e.Resume(ctx))
+	require.NoError(t, g.during(t, e, func() error { _, err := e.Pause(ctx, PauseAbort, false); return err }))
 	for _, s := range streams {
 		res, err := s.Collect(ctx)
 		require.NoError(t, err)
@@ -156,29 +156,17 @@ func TestPauseWaitLetsRunningFinish(t *testing.T) {
 // engine takes the pause, and every later step is one the caller waited for.
 func TestDrainStepsCountsWhatAPauseWaitedFor(t *testing.T) {
 	const n = 12
-	var forwards atomic.Int64
-	held, release := make(chan struct{}), make(chan struct{})
-	e, _ := testEngine(t, func(c *Config) {
-		c.Hooks.BeforeForward = func(uint64) error {
-			if forwards.Add(1) == 2 { // the first decode step, after the prefill made token 1
-				close(held)
-				<-release
-			}
-			return nil
-		}
-	})
+	g := newForwardGate(2) // the first decode step, after the prefill made token 1
+	e, _ := testEngine(t, g.install)
 	ctx := ctxT(t)
 	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(8, 1), Sampling: greedy(n)})
 	require.NoError(t, err)
-	<-held
-	drain0, steps0 := e.Metrics().DrainSteps, e.Metrics().Steps
-	paused := make(chan error, 1)
-	go func() { _, err := e.Pause(ctx, PauseWait, false); paused <- err }()
-	for e.Metrics().InputQueued == 0 { // queued while the loop is held in the forward
-		runtime.Gosched()
-	}
-	close(release)
-	require.NoError(t, <-paused)
+	var drain0, steps0 int64
+	require.NoError(t, g.during(t, e, func() error {
+		drain0, steps0 = e.Metrics().DrainSteps, e.Metrics().Steps
+		_, err := e.Pause(ctx, PauseWait, false)
+		return err
+	}))
 	res, err := s.Collect(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, FinishLength, res.FinishReason)
@@ -216,16 +204,20 @@ func tokenIDs(toks []Token) []int {
 }
 
 func TestPauseKeepFreezesAndResumeContinues(t *testing.T) {
-	e, w := testEngine(t, nil)
+	g := newForwardGate(2)
+	e, w := testEngine(t, g.install)
 	ctx := ctxT(t)
 	p := prompt(9, 3)
 	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(long)})
 	require.NoError(t, err)
-	toks := recvAtLeast(t, ctx, s, nil, 1)
-	drain := e.Metrics().DrainSteps
-	_, err = e.Pause(ctx, PauseKeep, false)
-	require.NoError(t, err)
+	var drain int64
+	require.NoError(t, g.during(t, e, func() error {
+		drain = e.Metrics().DrainSteps
+		_, err := e.Pause(ctx, PauseKeep, false)
+		return err
+	}))
 	assert.Equal(t, drain, e.Metrics().DrainSteps, "keep completes where the engine takes it, without a step")
+	toks := recvAtLeast(t, ctx, s, nil, 1)
 	st, err := e.Stats(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Running, "keep leaves the request running, frozen")
@@ -237,14 +229,15 @@ func TestPauseKeepFreezesAndResumeContinues(t *testing.T) {
 }
 
 func TestPauseKeepClearCachePreemptsAndRecomputes(t *testing.T) {
-	e, w := testEngine(t, nil)
+	g := newForwardGate(2)
+	e, w := testEngine(t, g.install)
 	ctx := ctxT(t)
 	p := prompt(20, 4)
 	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(long)})
 	require.NoError(t, err)
+	var r ResetResult
+	require.NoError(t, g.during(t, e, func() (err error) { r, err = e.Pause(ctx, PauseKeep, true); return err }))
 	toks := recvAtLeast(t, ctx, s, nil, 1)
-	r, err := e.Pause(ctx, PauseKeep, true)
-	require.NoError(t, err)
 	assert.True(t, r.Success, r.Reason)
 	assert.Equal(t, 1, r.Preempted)
 	st, err := e.Stats(ctx)
@@ -286,14 +279,13 @@ func TestBackToBackUtilityCalls(t *testing.T) {
 }
 
 func TestResetPrefixCacheNeverClaimsFalseSuccess(t *testing.T) {
-	e, _ := testEngine(t, nil)
+	g := newForwardGate(2)
+	e, _ := testEngine(t, g.install)
 	ctx := ctxT(t)
 	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(40, 1), Sampling: greedy(long)})
 	require.NoError(t, err)
-	_, err = s.Recv(ctx)
-	require.NoError(t, err)
-	r, err := e.ResetPrefixCache(ctx, false, false)
-	require.NoError(t, err)
+	var r ResetResult
+	require.NoError(t, g.during(t, e, func() (err error) { r, err = e.ResetPrefixCache(ctx, false, false); return err }))
 	assert.False(t, r.Success, "a running request holds blocks")
 	assert.NotEmpty(t, r.Reason)
 	assert.Zero(t, r.BlocksCleared)
@@ -430,14 +422,14 @@ func TestWeightUpdatesReuseTheRetiredSet(t *testing.T) {
 }
 
 func TestPerTokenVersionsAcrossSwapDuringKeep(t *testing.T) {
-	e, w1 := testEngine(t, nil)
+	g := newForwardGate(2)
+	e, w1 := testEngine(t, g.install)
 	ctx := ctxT(t)
 	p := prompt(10, 6)
 	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(long)})
 	require.NoError(t, err)
+	require.NoError(t, g.during(t, e, func() error { _, err := e.Pause(ctx, PauseKeep, true); return err }))
 	toks := recvAtLeast(t, ctx, s, nil, 1)
-	_, err = e.Pause(ctx, PauseKeep, true)
-	require.NoError(t, err)
 	w2, err := model.Preset("tiny", 2)
 	require.NoError(t, err)
 	_, err = e.UpdateWeights(ctx, w2, 2, false)
