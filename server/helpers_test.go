@@ -19,7 +19,7 @@ import (
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/sample"
-	"github.com/rolloutkit/rollout/engine/weights"
+	"github.com/rolloutkit/rollout/internal/enginetest"
 	"github.com/rolloutkit/rollout/server"
 )
 
@@ -246,11 +246,6 @@ func textPrompt(s string) []int {
 // file:// URI and digest.
 func writeCheckpoint(t testing.TB, seed uint64) (string, string) {
 	t.Helper()
-	w, err := model.Preset("tiny", seed)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, weights.SaveHF(dir, w, weights.F32))
-	d, err := weights.Digest(context.Background(), dir)
-	require.NoError(t, err)
-	return "file://" + dir, d
+	uri, d, _ := enginetest.Checkpoint(t, seed)
+	return uri, d
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/weights"
 )
 
 // Run starts an engine with cfg and runs its loop until the test ends. With cfg.Weights nil it
@@ -33,4 +34,17 @@ func Run(t testing.TB, cfg engine.Config) (*engine.Engine, *model.Weights) {
 		require.NoError(t, <-done)
 	})
 	return e, cfg.Weights
+}
+
+// Checkpoint writes the tiny preset's weights of seed as an F32 Hugging Face directory and
+// returns its file:// URI, its digest and the weights.
+func Checkpoint(t testing.TB, seed uint64) (uri, digest string, w *model.Weights) {
+	t.Helper()
+	w, err := model.Preset("tiny", seed)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, weights.SaveHF(dir, w, weights.F32))
+	digest, err = weights.Digest(context.Background(), dir)
+	require.NoError(t, err)
+	return "file://" + dir, digest, w
 }

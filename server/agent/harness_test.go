@@ -15,9 +15,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rolloutkit/rollout/engine"
-	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/sample"
-	"github.com/rolloutkit/rollout/engine/weights"
+	"github.com/rolloutkit/rollout/internal/enginetest"
 	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/server"
@@ -246,13 +245,8 @@ func (n *node) ready() (bool, string) {
 // checkpoint writes builtin tiny weights of seed as an HF directory and returns its ref.
 func checkpoint(t *testing.T, version int64, seed uint64) protocol.WeightsRef {
 	t.Helper()
-	w, err := model.Preset("tiny", seed)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, weights.SaveHF(dir, w, weights.F32))
-	d, err := weights.Digest(t.Context(), dir)
-	require.NoError(t, err)
-	return protocol.WeightsRef{Version: version, URI: "file://" + dir, SHA256: d}
+	uri, d, _ := enginetest.Checkpoint(t, seed)
+	return protocol.WeightsRef{Version: version, URI: uri, SHA256: d}
 }
 
 func phaseNames(a protocol.Ack) []string {

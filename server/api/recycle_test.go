@@ -92,13 +92,7 @@ func (s *recycleServer) requireServing(t *testing.T, want *model.Weights) {
 // weights.
 func ckpt(t *testing.T, seed uint64) (string, string, *model.Weights) {
 	t.Helper()
-	w, err := model.Preset("tiny", seed)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, weights.SaveHF(dir, w, weights.F32))
-	d, err := weights.Digest(t.Context(), dir)
-	require.NoError(t, err)
-	return "file://" + dir, d, w
+	return enginetest.Checkpoint(t, seed)
 }
 
 // TestUpdateRecyclesRetiredSets follows the API's ownership rule through updates, stage-only
