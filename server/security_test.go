@@ -326,8 +326,10 @@ func TestWeightFetchErrorsAreGeneric(t *testing.T) {
 	} {
 		code, out := ts.do(t, http.MethodPost, "/update_weights", "", map[string]any{"version": 2, "source": src, "sha256": strings.Repeat("ab", 32)})
 		assert.Equal(t, http.StatusUnprocessableEntity, code, "%s", out)
+		// The answer names the source, and the internal server's random port may contain "418".
+		said := strings.ToLower(strings.ReplaceAll(string(out), host, "host"))
 		for _, leak := range []string{"hunter2", "sig123", "INTERNAL", "418", "teapot", "refused", "dial"} {
-			assert.NotContains(t, strings.ToLower(string(out)), strings.ToLower(leak), "%s", out)
+			assert.NotContains(t, said, strings.ToLower(leak), "%s", out)
 		}
 	}
 }
