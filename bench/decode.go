@@ -144,8 +144,9 @@ func argmax(x []float32) int {
 
 // EngineReport is what `rollout bench engine` prints.
 type EngineReport struct {
-	GOMAXPROCS int    `json:"gomaxprocs"`
-	Kernel     string `json:"kernel"`
+	CPU        CPUInfo `json:"cpu"`
+	GOMAXPROCS int     `json:"gomaxprocs"`
+	Kernel     string  `json:"kernel"`
 	// KernelBuild is the kernel family built in (kernels.KernelBuild): "assembly",
 	// "archsimd, GOEXPERIMENT=simd", "portable, purego", …
 	KernelBuild      string  `json:"kernel_build"`

@@ -18,6 +18,7 @@ import (
 
 // OffloadReport gathers the offloading connector's figures.
 type OffloadReport struct {
+	CPU       *CPUInfo                `json:"cpu,omitempty"`
 	Bandwidth *OffloadBandwidthResult `json:"bandwidth,omitempty"`
 	TTFT      *OffloadTTFTResult      `json:"ttft,omitempty"`
 	Reset     *OffloadResetResult     `json:"reset_drain,omitempty"`

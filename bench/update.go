@@ -21,10 +21,11 @@ import (
 // baselines for the load, measured on the same file in the same run: the load cannot beat
 // reading the bytes once and hashing them once.
 type UpdateResult struct {
-	Preset  string `json:"preset"`
-	Running int    `json:"running"`
-	Bytes   int64  `json:"checkpoint_bytes"`
-	DType   string `json:"dtype"`
+	CPU     *CPUInfo `json:"cpu,omitempty"` // set by the bench command that reports it
+	Preset  string   `json:"preset"`
+	Running int      `json:"running"`
+	Bytes   int64    `json:"checkpoint_bytes"`
+	DType   string   `json:"dtype"`
 
 	LoadMs    float64 `json:"load_ms"`
 	LoadGBs   float64 `json:"load_gb_per_s"`

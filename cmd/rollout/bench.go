@@ -48,7 +48,7 @@ func newBenchEngineCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pool := kernels.NewPool(workers)
 			defer pool.Close()
-			rep := bench.EngineReport{GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
+			rep := bench.EngineReport{CPU: bench.DescribeCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
 			rep.ReadBandwidthGBs = kernels.StreamReadBandwidth(pool, bwBytes)
 			rep.PeakGFLOPs = kernels.PeakFMA(pool, peakPass)
 			for _, p := range presets {
@@ -76,6 +76,7 @@ func newBenchEngineCmd() *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(rep)
 			}
+			fmt.Fprintf(out, "cpu: %s\n", rep.CPU)
 			fmt.Fprintf(out, "kernels: %s (%s), %d workers, streaming read bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s\n", rep.Kernel, rep.KernelBuild, workers, rep.ReadBandwidthGBs, rep.PeakGFLOPs)
 			for _, mm := range rep.MatMul {
 				fmt.Fprintf(out, "batched matmul %dx%d, n=%d: %.1f GFLOP/s = %.2f of peak\n", mm.Rows, mm.Cols, mm.N, mm.GFLOPs, mm.OfPeak)

@@ -28,12 +28,15 @@ func newBenchOffloadCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			c := bench.DescribeCPU()
+			rep.CPU = &c
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
 				return enc.Encode(rep)
 			}
+			fmt.Fprintf(out, "cpu: %s\n", c)
 			if b := rep.Bandwidth; b != nil {
 				fmt.Fprintf(out, "offload bandwidth, %s, %d blocks of %d bytes, %d chunks per job (generation checks and CRC-32C on):\n",
 					b.Shape, b.Blocks, b.BlockBytes, b.ChunksPerJob)

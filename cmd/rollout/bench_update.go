@@ -45,12 +45,15 @@ func newBenchUpdateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			c := bench.DescribeCPU()
+			r.CPU = &c
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
 				return enc.Encode(r)
 			}
+			fmt.Fprintf(out, "cpu: %s\n", c)
 			fmt.Fprintf(out, "weight updates of %s (%.0f MB %s checkpoint), %d requests decoding, %d workers\n",
 				r.Preset, float64(r.Bytes)/1e6, r.DType, r.Running, workers)
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
