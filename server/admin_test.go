@@ -191,7 +191,7 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	prompt := []int{256, 1, 2, 3}
 
 	// A streams; once its first token arrived, pause(keep, clear_cache) freezes it.
-	g.holdAfterTokens(g.tokens())
+	g.HoldAfterTokens(g.Tokens())
 	a := ts.stream(t, map[string]any{"prompt": prompt, "max_tokens": longTokens, "temperature": 0, "ignore_eos": true, "return_token_ids": true})
 	first, ok := a.next(t)
 	require.True(t, ok)
@@ -251,7 +251,7 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	assert.EqualValues(t, 2, dr.WeightVersion)
 
 	// pause(abort) ends B with finish_reason abort and frees its blocks.
-	g.holdAfterTokens(g.tokens())
+	g.HoldAfterTokens(g.Tokens())
 	b := ts.generateAsync(t, greedyGen([]int{256, 5}, longTokens))
 	ts.callHeld(t, g, http.MethodPost, "/pause?mode=abort", nil, http.StatusOK, nil)
 	br := b.wait(t)
@@ -262,7 +262,7 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	ts.doJSON(t, http.MethodPost, "/resume", nil, http.StatusOK, nil)
 
 	// pause(wait) answers once C has finished normally.
-	g.holdAfterTokens(g.tokens())
+	g.HoldAfterTokens(g.Tokens())
 	c := ts.generateAsync(t, greedyGen([]int{256, 6}, longTokens))
 	ts.callHeld(t, g, http.MethodPost, "/pause?mode=wait&clear_cache=false", nil, http.StatusOK, nil)
 	st = ts.state(t)
@@ -304,11 +304,11 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	// The server adds E1's two samples one after the other: hold the first at its second token
 	// until the second's Add is taken or queued, then hold again once both run.
 	prompted := ts.Engine().Metrics().PromptTokens
-	g.holdAfterTokens(g.tokens())
+	g.HoldAfterTokens(g.Tokens())
 	e := ts.generateAsync(t, map[string]any{"prompt_token_ids": []int{256, 7}, "request_id": "E1", "n": 2,
 		"sampling": map[string]any{"max_tokens": longTokens, "ignore_eos": true}})
-	g.waitUntil(t, "E1's second sample", func(m engine.MetricsSnapshot) bool { return m.PromptTokens == prompted+4 || m.InputQueued > 0 })
-	g.holdWhen(func(m engine.MetricsSnapshot) bool { return m.Running == 2 })
+	g.WaitUntil(t, "E1's second sample", func(m engine.MetricsSnapshot) bool { return m.PromptTokens == prompted+4 || m.InputQueued > 0 })
+	g.HoldWhen(func(m engine.MetricsSnapshot) bool { return m.Running == 2 })
 	var ab map[string]any
 	ts.callHeld(t, g, http.MethodPost, "/abort_requests", map[string]any{"request_ids": []string{"E1"}}, http.StatusOK, &ab)
 	assert.EqualValues(t, 2, ab["aborted"])
@@ -337,7 +337,7 @@ func TestAdminCyclePerPauseMode(t *testing.T) {
 			for i := range 40 {
 				prompt = append(prompt, 100+i)
 			}
-			g.holdAfterTokens(g.tokens())
+			g.HoldAfterTokens(g.Tokens())
 			r := ts.generateAsync(t, greedyGen(prompt, longTokens))
 			ts.callHeld(t, g, http.MethodPost, "/pause?clear_cache=true&mode="+mode, nil, http.StatusOK, nil)
 			st := ts.state(t)

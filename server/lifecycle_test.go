@@ -41,7 +41,7 @@ func metricValue(t *testing.T, text, name string) float64 {
 
 func TestClientDisconnectAbortsAndFreesBlocks(t *testing.T) {
 	ts, g := startGated(t, nil)
-	g.holdAfterTokens(1) // the request stays mid-generation until its abort is queued
+	g.HoldAfterTokens(1) // the request stays mid-generation until its abort is queued
 	ctx, cancel := context.WithCancel(t.Context())
 	body := `{"prompt":[256,1,2],"max_tokens":2000,"ignore_eos":true,"stream":true}`
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ts.url+"/v1/completions", strings.NewReader(body))
@@ -54,8 +54,8 @@ func TestClientDisconnectAbortsAndFreesBlocks(t *testing.T) {
 	require.True(t, strings.HasPrefix(line, "data: "))
 	cancel()
 	resp.Body.Close()
-	g.waitUntil(t, "the disconnect's abort queued", func(m engine.MetricsSnapshot) bool { return m.InputQueued > 0 })
-	g.open()
+	g.WaitUntil(t, "the disconnect's abort queued", func(m engine.MetricsSnapshot) bool { return m.InputQueued > 0 })
+	g.Open()
 	st := ts.waitState(t, "the request aborted", func(s stateResp) bool {
 		return s.RequestsRunning == 0 && s.RequestsWaiting == 0 && s.HTTPInflight == 0
 	})

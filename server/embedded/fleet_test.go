@@ -8,9 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,9 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
+	"github.com/rolloutkit/rollout/internal/enginetest"
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
@@ -387,63 +385,28 @@ func TestQuorumStaleServerConverges(t *testing.T) {
 }
 
 func TestGenerateContinuesAcrossPause(t *testing.T) {
-	// The engine loop is held inside a forward pass once the sample has made ten tokens, until the
-	// pause waits in the engine's input: the sample is caught in flight however fast the
+	// The engine loop is held inside a forward pass once the sample has made ten tokens, until
+	// the pause waits in the engine's input: the sample is caught in flight however fast the
 	// machine steps. (Another call queued first would let the loop go early; then the attempt
 	// may miss, and the next one runs.)
-	var (
-		armed         atomic.Bool
-		after         atomic.Int64 // hold once the engine has made more tokens than this
-		eng           atomic.Pointer[engine.Engine]
-		held, release chan struct{}
-	)
-	f, c := startFleet(t, 1, func(_ int, cfg *server.Config) {
-		cfg.BeforeForward = func(uint64) error {
-			if e := eng.Load(); e != nil && e.Metrics().GenerationTokens > after.Load() && armed.CompareAndSwap(true, false) {
-				close(held)
-				<-release
-			}
-			return nil
-		}
-	})
-	eng.Store(f.Servers()[0].Engine())
+	g := &enginetest.Gate{}
+	f, c := startFleet(t, 1, func(_ int, cfg *server.Config) { cfg.BeforeForward = g.Hook })
+	g.Bind(f.Servers()[0].Engine())
+	t.Cleanup(g.Open) // runs before the fleet's cleanup: a failed test never leaves the loop held
 	const maxTokens = 1500
 	for attempt := range 5 {
 		type out struct {
 			res *sdk.GenerateResult
 			err error
 		}
-		held, release = make(chan struct{}), make(chan struct{})
-		after.Store(eng.Load().Metrics().GenerationTokens + 10)
-		armed.Store(true)
+		g.HoldAfterTokens(g.Tokens() + 10)
 		done := make(chan out, 1)
 		go func() {
 			res, err := c.Generate(t.Context(), sdk.GenerateRequest{PromptTokenIDs: []int{10, 20, 30}, RequestID: "long",
 				Sampling: sdk.SamplingParams{MaxTokens: maxTokens, Temperature: 1, IgnoreEOS: true}})
 			done <- out{res, err}
 		}()
-		select {
-		case <-held:
-		case o := <-done:
-			t.Fatalf("the sample ended before the gate: %v", o.err)
-		}
-		paused := make(chan error, 1)
-		go func() { paused <- c.Pause(t.Context(), sdk.PauseOptions{Mode: sdk.PauseAbort}) }()
-		var pauseErr error
-		answered := false
-		for !answered && eng.Load().Metrics().InputQueued == 0 {
-			select {
-			case pauseErr = <-paused: // answered without reaching the loop: an error
-				answered = true
-			default:
-				runtime.Gosched()
-			}
-		}
-		close(release)
-		if !answered {
-			pauseErr = <-paused
-		}
-		require.NoError(t, pauseErr)
+		require.NoError(t, g.CallHeld(t, func() error { return c.Pause(t.Context(), sdk.PauseOptions{Mode: sdk.PauseAbort}) }))
 		require.NoError(t, c.Resume(t.Context()))
 		o := <-done
 		require.NoError(t, o.err)
