@@ -34,8 +34,10 @@ func (g *forwardGate) install(c *Config) {
 }
 
 // during waits until the loop is held, runs call on its own goroutine, lets the loop go once
-// the engine has queued call's message, and returns what call returned. The held step
-// completes before the engine takes the call; nothing later runs before it.
+// the engine has queued call's message (or call has returned without reaching the loop: an
+// error), and returns what call returned. The held step completes before the engine takes the
+// call; nothing later runs before it. (internal/enginetest.Gate is the same for the tests
+// outside this package, which this one cannot import.)
 func (g *forwardGate) during(t *testing.T, e *Engine, call func() error) error {
 	t.Helper()
 	<-g.held
@@ -43,7 +45,13 @@ func (g *forwardGate) during(t *testing.T, e *Engine, call func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- call() }()
 	for e.Metrics().InputQueued == queued {
-		runtime.Gosched()
+		select {
+		case err := <-done:
+			close(g.release)
+			return err
+		default:
+			runtime.Gosched()
+		}
 	}
 	close(g.release)
 	return <-done

@@ -88,13 +88,6 @@ func (s *recycleServer) requireServing(t *testing.T, want *model.Weights) {
 	}
 }
 
-// ckpt writes the tiny preset of seed as an F32 checkpoint and returns its URI, digest and
-// weights.
-func ckpt(t *testing.T, seed uint64) (string, string, *model.Weights) {
-	t.Helper()
-	return enginetest.Checkpoint(t, seed)
-}
-
 // TestUpdateRecyclesRetiredSets follows the API's ownership rule through updates, stage-only
 // updates that replace a staged set, failed loads and a level-2 sleep, with a real engine and
 // real checkpoints: a load reuses a set only when the engine neither serves nor stages it,
@@ -102,10 +95,10 @@ func ckpt(t *testing.T, seed uint64) (string, string, *model.Weights) {
 // drops the set it was given.
 func TestUpdateRecyclesRetiredSets(t *testing.T) {
 	s := newRecycleServer(t, false)
-	uri2, d2, w2 := ckpt(t, 2)
-	uri3, d3, w3 := ckpt(t, 3)
-	uri4, d4, _ := ckpt(t, 4)
-	uri5, d5, w5 := ckpt(t, 5)
+	uri2, d2, w2 := enginetest.Checkpoint(t, 2)
+	uri3, d3, w3 := enginetest.Checkpoint(t, 3)
+	uri4, d4, _ := enginetest.Checkpoint(t, 4)
+	uri5, d5, w5 := enginetest.Checkpoint(t, 5)
 	a := unsafe.SliceData(s.w0.Embed)
 	require.Equal(t, map[*float32]bool{a: true}, s.held())
 
@@ -179,7 +172,7 @@ func TestFirstUpdateUsesTheSpare(t *testing.T) {
 	<-s.a.spareReady
 	held := s.held()
 	require.Len(t, held, 2, "the initial set and the spare")
-	uri2, d2, w2 := ckpt(t, 2)
+	uri2, d2, w2 := enginetest.Checkpoint(t, 2)
 	s.update(t, map[string]any{"version": 2, "source": uri2, "sha256": d2})
 	s.requireServing(t, w2)
 	assert.Equal(t, held, s.held(), "version 2 decoded into the spare")
