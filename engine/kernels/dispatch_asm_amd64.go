@@ -7,8 +7,8 @@ package kernels
 // `go install` on amd64.
 
 var (
-	avx512Kernel = simdKernel{name: "avx512", tiles: &a512Tiles, t1: 7, shape: avx512AsmShape}
-	avx2Kernel   = simdKernel{name: "avx2", tiles: &a256Tiles, t1: 6, shape: avx2Shape}
+	avx512Kernel = simdKernel{name: "avx512", tiles: &a512Tiles, t1: 7, shape: avx512AsmShape, pf: a512P4T6PF, pfP: 4, pfT: 6}
+	avx2Kernel   = simdKernel{name: "avx2", tiles: &a256Tiles, t1: 6, shape: avx2Shape, pf: a256P1T6PF, pfP: 1, pfT: 6}
 )
 
 // avx512AsmShape is the assembly build's AVX-512 main tile for n tokens. Hand-allocated

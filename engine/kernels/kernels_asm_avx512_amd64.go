@@ -101,6 +101,12 @@ func a512P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y un
 //go:noescape
 func a512P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
+// a512P4T6PF is a512P4T6 that also prefetches the cols·64 bytes at pf into L2, one line per
+// step; see pfTileFunc.
+//
+//go:noescape
+func a512P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+
 // a512Tiles[P][T] is the a512 assembly tile for P panels × T tokens, nil where none is
 // generated.
 var a512Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{

@@ -45,7 +45,9 @@ func packTarget(reuse *Matrix, rows, cols, unit int, what string, parts [][]floa
 	if reuse != nil && reuse.Rows == rows && reuse.Cols == cols {
 		return reuse, nil
 	}
-	return &Matrix{Rows: rows, Cols: cols, data: make([]float32, m0(rows)*cols)}, nil
+	data := make([]float32, m0(rows)*cols)
+	adviseHugePages(data)
+	return &Matrix{Rows: rows, Cols: cols, data: data}, nil
 }
 
 // PackStacked is NewStackedMatrix packing into reuse's memory when reuse has the same shape

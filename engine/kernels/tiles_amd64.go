@@ -18,6 +18,11 @@ import "unsafe"
 // bits (see the package doc).
 type tileFunc func(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
+// pfTileFunc is a tileFunc that also prefetches, one cache line per step k, the cols·64 bytes
+// at pf (a panel the caller reads next) into L2, so that the next panel group comes from cache
+// rather than memory: the first token tile over a group otherwise waits on DRAM.
+type pfTileFunc func(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+
 // maxTileP and maxTileT bound the generated tile shapes.
 const (
 	maxTileP = 4
@@ -34,6 +39,10 @@ type simdKernel struct {
 	shape func(n int) (p, t int)
 	// t1 is the widest single-panel tile, used for leftover and partial panels.
 	t1 int
+	// pf, when set, is the pfP×pfT tile with a prefetch (see pfTileFunc). The first pfP token
+	// tiles of a panel group each prefetch one panel of the next group.
+	pf       pfTileFunc
+	pfP, pfT int
 }
 
 // avx2Shape is the AVX2 main tile for n tokens: from three tokens up the 1×6 tile (12
@@ -64,6 +73,7 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 	ws := PanelRows * cols * 4
 	xs, ys := cols*4, rows*4
 	full := min(hi, rows/PanelRows) // panels past full are partial (only the last one can be)
+	panels := m.Panels()
 	wp := unsafe.Pointer(unsafe.SliceData(m.data))
 	xp := unsafe.Pointer(unsafe.SliceData(x))
 	yp := unsafe.Pointer(unsafe.SliceData(y))
@@ -75,10 +85,15 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 		bn := min(tokenBlock, n-b0)
 		P, T := k.shape(bn)
 		p := lo
+		pf := k.pf != nil && P == k.pfP && T == k.pfT
 		for ; p+P <= full; p += P {
 			fn := &k.tiles[P]
-			for t := b0; t < b0+bn; t += T {
+			for t, i := b0, 0; t < b0+bn; t, i = t+T, i+1 {
 				nt := min(T, b0+bn-t)
+				if pf && nt == T && i < P && p+P+i < panels {
+					k.pf(panel(p), ws, tok(t), xs, cols, out(t, p), ys, panel(p+P+i))
+					continue
+				}
 				fn[nt](panel(p), ws, tok(t), xs, cols, out(t, p), ys)
 			}
 		}

@@ -34,6 +34,13 @@ func TestEveryTileMatchesGeneric(t *testing.T) {
 					fn(unsafe.Pointer(&m.data[0]), PanelRows*cols*4, unsafe.Pointer(&x[0]), cols*4, cols,
 						unsafe.Pointer(&got[0]), rows*4)
 					requireSameBits(t, want, got, "%s", fmt.Sprintf("%s P%dT%d cols=%d", k.name, P, T, cols))
+					if k.pf != nil && P == k.pfP && T == k.pfT {
+						// The prefetching variant of the main tile: same bits, whatever it prefetches.
+						clear(got)
+						k.pf(unsafe.Pointer(&m.data[0]), PanelRows*cols*4, unsafe.Pointer(&x[0]), cols*4, cols,
+							unsafe.Pointer(&got[0]), rows*4, unsafe.Pointer(&m.data[0]))
+						requireSameBits(t, want, got, "%s", fmt.Sprintf("%s P%dT%d prefetching cols=%d", k.name, P, T, cols))
+					}
 				}
 			}
 		}

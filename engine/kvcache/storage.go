@@ -57,6 +57,7 @@ func (s *Storage) KV(block, layer int) (k, v []float32) {
 // behave the same, so RSS shows the pool and an overcommitted machine fails at start, not
 // mid-run. Call it before anyone else holds the storage: it writes zeros.
 func (s *Storage) Prefault(workers int) {
+	adviseHugePages(s.data)
 	page := os.Getpagesize() / 4 // float32s per page
 	n := len(s.data)
 	workers = max(1, min(workers, n/(page*256))) // a goroutine per MiB or more

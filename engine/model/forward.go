@@ -227,11 +227,16 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Storage, logits []float32) error {
 	// normaliser per head.
 	ws.scores = grow(ws.scores, m.pool.Workers()*c.NumAttentionHeads*(maxPos+1))
 	eps := float32(c.RMSNormEps)
+	// The per-token work between the matmuls (norms, RoPE and the KV writes, residual adds,
+	// SwiGLU) runs split by token across the pool too: a token's values depend only on its own
+	// row, and on the caller alone it left the other workers idle long enough to park between
+	// matmuls (a few ms of a 64-token step).
+	m.perToken(n, func(t int) { rmsNorm(ws.xn[t*h:(t+1)*h], ws.x[t*h:(t+1)*h], m.layers[0].attnNorm, eps) })
 	for li := range m.layers {
 		l := &m.layers[li]
-		rmsNormRows(ws.xn, ws.x, l.attnNorm, n, h, eps)
 		l.qkv.MatMul(m.pool, ws.qkv, ws.xn, n)
-		for t := range n {
+		// Distinct tokens of a batch write distinct KV slots (no two share a sequence and position).
+		m.perToken(n, func(t int) {
 			row := ws.qkv[t*qkvW : (t+1)*qkvW]
 			pos := int(b.Positions[t])
 			m.rope(row[:h+kvd], pos, hd)
@@ -240,26 +245,34 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Storage, logits []float32) error {
 			slot := pos % kv.BlockSize
 			copy(k[slot*kvd:(slot+1)*kvd], row[h:h+kvd])
 			copy(v[slot*kvd:(slot+1)*kvd], row[h+kvd:])
-		}
+		})
 		m.attention(b, kv, li, n)
 		l.wo.MatMul(m.pool, ws.o, ws.att, n)
-		addInto(ws.x[:n*h], ws.o[:n*h])
-		rmsNormRows(ws.xn, ws.x, l.ffnNorm, n, h, eps)
+		m.perToken(n, func(t int) {
+			x := ws.x[t*h : (t+1)*h]
+			addInto(x, ws.o[t*h:(t+1)*h])
+			rmsNorm(ws.xn[t*h:(t+1)*h], x, l.ffnNorm, eps)
+		})
 		l.gateUp.MatMul(m.pool, ws.gu, ws.xn, n)
-		// SwiGLU, split by token across the workers (a token's values depend only on its row).
-		m.pool.Parallel(n, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				swiglu(ws.act[t*f:(t+1)*f], ws.gu[t*2*f:t*2*f+f], ws.gu[t*2*f+f:(t+1)*2*f])
-			}
+		m.perToken(n, func(t int) {
+			swiglu(ws.act[t*f:(t+1)*f], ws.gu[t*2*f:t*2*f+f], ws.gu[t*2*f+f:(t+1)*2*f])
 		})
 		l.down.MatMul(m.pool, ws.o, ws.act, n)
-		addInto(ws.x[:n*h], ws.o[:n*h])
+		// The residual add, fused with the next layer's attention norm.
+		m.perToken(n, func(t int) {
+			x := ws.x[t*h : (t+1)*h]
+			addInto(x, ws.o[t*h:(t+1)*h])
+			if li+1 < len(m.layers) {
+				rmsNorm(ws.xn[t*h:(t+1)*h], x, m.layers[li+1].attnNorm, eps)
+			}
+		})
 	}
 	nl := len(b.Logits)
 	ws.last = grow(ws.last, nl*h)
-	for i, t := range b.Logits {
-		rmsNorm(ws.last[i*h:(i+1)*h], ws.x[int(t)*h:(int(t)+1)*h], m.finalNorm, eps)
-	}
+	m.perToken(nl, func(i int) {
+		t := int(b.Logits[i])
+		rmsNorm(ws.last[i*h:(i+1)*h], ws.x[t*h:(t+1)*h], m.finalNorm, eps)
+	})
 	m.cls.MatMul(m.pool, logits, ws.last, nl)
 	return nil
 }
@@ -347,6 +360,10 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 				t, h0 := it/heads, it%heads
 				h1 := min(heads, h0+end-it)
 				it += h1 - h0
+				nt := -1
+				if it < end && it/heads != t {
+					nt = it / heads
+				}
 				pos := int(b.Positions[t])
 				table := b.BlockTables[b.Seq[t]]
 				span := pos + 1
@@ -356,6 +373,9 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 				// batch or on the order heads are visited in.
 				nb := pos/bs + 1
 				for bi := range nb {
+					if nt >= 0 {
+						m.prefetchKV(b, kv, layer, nt, bi, true)
+					}
 					k, _ := kv.KV(int(table[bi]), layer)
 					rows := min(bs, pos+1-bi*bs)
 					for head := h0; head < h1; head++ {
@@ -370,6 +390,9 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 					buf[heads*span+head-h0] = float32(1 / sum)
 				}
 				for bi := range nb {
+					if nt >= 0 {
+						m.prefetchKV(b, kv, layer, nt, bi, false)
+					}
 					_, v := kv.KV(int(table[bi]), layer)
 					rows := min(bs, pos+1-bi*bs)
 					for head := h0; head < h1; head++ {
@@ -387,6 +410,22 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 			}
 		}
 	})
+}
+
+// prefetchKV hints the K and V rows token t attends to at layer into the cache, so that the
+// memory reads of the next token overlap the current token's work.
+func (m *Model) prefetchKV(b *Batch, kv *kvcache.Storage, layer, t, bi int, keys bool) {
+	pos, bs, kvd := int(b.Positions[t]), kv.BlockSize, m.Config.KVDim()
+	if bi > pos/bs {
+		return
+	}
+	k, v := kv.KV(int(b.BlockTables[b.Seq[t]][bi]), layer)
+	rows := min(bs, pos+1-bi*bs)
+	if keys {
+		kernels.Prefetch(k[:rows*kvd])
+	} else {
+		kernels.Prefetch(v[:rows*kvd])
+	}
 }
 
 func addInto(y, x []float32) {
@@ -411,8 +450,12 @@ func rmsNorm(dst, x, g []float32, eps float32) {
 	kernels.ClearUpper()
 }
 
-func rmsNormRows(dst, x, g []float32, n, h int, eps float32) {
-	for t := range n {
-		rmsNorm(dst[t*h:(t+1)*h], x[t*h:(t+1)*h], g, eps)
-	}
+// perToken runs fn(t) for every token t < n, split across the pool's workers in contiguous
+// ranges.
+func (m *Model) perToken(n int, fn func(t int)) {
+	m.pool.Parallel(n, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			fn(t)
+		}
+	})
 }

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package kernels
+
+// adviseHugePages does nothing off Linux (see the Linux build).
+func adviseHugePages([]float32) {}
