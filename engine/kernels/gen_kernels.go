@@ -395,7 +395,7 @@ func genAsmTile(b *bytes.Buffer, is asmISA, fn string, p, t int, pf bool) {
 		}
 	}
 	if pf {
-		fmt.Fprintf(b, "\tPREFETCHT1 (R14)\n\tADDQ $64, R14\n")
+		fmt.Fprintf(b, "\tPREFETCHT0 (R14)\n\tADDQ $64, R14\n")
 	}
 	fmt.Fprintf(b, "\tADDQ $64, SI\n\tADDQ $4, DI\n\tDECQ CX\n\tJNZ %s_loop\n", fn)
 	fmt.Fprintf(b, "%s_store:\n", fn)
