@@ -360,10 +360,6 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 				t, h0 := it/heads, it%heads
 				h1 := min(heads, h0+end-it)
 				it += h1 - h0
-				nt := -1
-				if it < end && it/heads != t {
-					nt = it / heads
-				}
 				pos := int(b.Positions[t])
 				table := b.BlockTables[b.Seq[t]]
 				span := pos + 1
@@ -373,9 +369,6 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 				// batch or on the order heads are visited in.
 				nb := pos/bs + 1
 				for bi := range nb {
-					if nt >= 0 {
-						m.prefetchKV(b, kv, layer, nt, bi, true)
-					}
 					k, _ := kv.KV(int(table[bi]), layer)
 					rows := min(bs, pos+1-bi*bs)
 					for head := h0; head < h1; head++ {
@@ -390,9 +383,6 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 					buf[heads*span+head-h0] = float32(1 / sum)
 				}
 				for bi := range nb {
-					if nt >= 0 {
-						m.prefetchKV(b, kv, layer, nt, bi, false)
-					}
 					_, v := kv.KV(int(table[bi]), layer)
 					rows := min(bs, pos+1-bi*bs)
 					for head := h0; head < h1; head++ {
@@ -410,22 +400,6 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 			}
 		}
 	})
-}
-
-// prefetchKV hints the K and V rows token t attends to at layer into the cache, so that the
-// memory reads of the next token overlap the current token's work.
-func (m *Model) prefetchKV(b *Batch, kv *kvcache.Storage, layer, t, bi int, keys bool) {
-	pos, bs, kvd := int(b.Positions[t]), kv.BlockSize, m.Config.KVDim()
-	if bi > pos/bs {
-		return
-	}
-	k, v := kv.KV(int(b.BlockTables[b.Seq[t]][bi]), layer)
-	rows := min(bs, pos+1-bi*bs)
-	if keys {
-		kernels.Prefetch(k[:rows*kvd])
-	} else {
-		kernels.Prefetch(v[:rows*kvd])
-	}
 }
 
 func addInto(y, x []float32) {
