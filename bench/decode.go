@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -72,6 +74,7 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, tokens, pref
 	if err != nil {
 		return DecodeResult{}, err
 	}
+	freshHeap()
 	m, err := model.New(w, pool)
 	if err != nil {
 		return DecodeResult{}, err
@@ -161,4 +164,13 @@ type EngineReport struct {
 	Pause      *PauseResult       `json:"pause_keep_clear_cache,omitempty"`
 	Updates    []UpdateResult     `json:"weight_update,omitempty"`
 	Idle       *IdleResult        `json:"idle,omitempty"`
+}
+
+// freshHeap collects the garbage of earlier benchmarks and returns its pages to the OS, so that
+// the model and KV pool allocated next are fresh memory, as in a server that has just started:
+// only fresh memory takes the huge pages they ask for (kernels and kvcache advise
+// MADV_HUGEPAGE), and reused heap pages would measure a configuration no server runs.
+func freshHeap() {
+	runtime.GC()
+	debug.FreeOSMemory()
 }

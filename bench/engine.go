@@ -61,6 +61,7 @@ type ConcurrentResult struct {
 // Concurrent measures aggregate decode tokens/s with c concurrent greedy requests of tokens
 // tokens each (8-token prompts), through the real engine.
 func Concurrent(ctx context.Context, w *model.Weights, preset string, c, tokens, workers int) (ConcurrentResult, error) {
+	freshHeap()
 	e, stop, err := runEngine(ctx, engine.Config{Weights: w, MaxNumSeqs: c, MaxBatchedTokens: 2048, Workers: workers})
 	if err != nil {
 		return ConcurrentResult{}, err

@@ -3,4 +3,4 @@
 package kvcache
 
 // adviseHugePages does nothing off Linux (see the Linux build).
-func adviseHugePages([]float32) {}
+func adviseHugePages[T any]([]T) {}
