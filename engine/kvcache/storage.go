@@ -55,7 +55,8 @@ func (s *Storage) KV(block, layer int) (k, v []float32) {
 // 64-sequence stories110m step while the pool fills), and the memory is committed only as
 // requests reach it. A GPU engine's pool is committed when allocated; this makes the CPU one
 // behave the same, so RSS shows the pool and an overcommitted machine fails at start, not
-// mid-run. Call it before anyone else holds the storage: it writes zeros.
+// mid-run. Call it before anyone else holds the storage: it writes zeros. It first asks for
+// transparent huge pages (see adviseHugePages), so a fresh pool is faulted in 2 MB at a time.
 func (s *Storage) Prefault(workers int) {
 	adviseHugePages(s.data)
 	page := os.Getpagesize() / 4 // float32s per page
