@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/kvcache"
 )
 
@@ -12,20 +11,8 @@ import (
 // behind it, on stories110m and two workers: the forward of a concurrent decode without the
 // engine around it (no prefill, no sampling), so a change to the step shows alone.
 func BenchmarkDecodeBatch(b *testing.B) {
-	c, err := PresetConfig("stories110m")
-	if err != nil {
-		b.Fatal(err)
-	}
-	w, err := Random(c, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pool := kernels.NewPool(2)
-	defer pool.Close()
-	m, err := New(w, pool)
-	if err != nil {
-		b.Fatal(err)
-	}
+	m := benchModel(b, "stories110m", 0)
+	c := m.Config
 	const blockSize, pos = 16, 40
 	for _, n := range []int{1, 64} {
 		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
@@ -34,7 +21,7 @@ func BenchmarkDecodeBatch(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			kv.Prefault(pool.Workers())
+			kv.Prefault(2)
 			var step, prefill Batch
 			for s := range n {
 				table := make([]int32, nb)

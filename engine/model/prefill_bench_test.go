@@ -11,21 +11,8 @@ import (
 // raised to 2048), all tokens in one batch, on two workers: long-prompt prefill, where attention
 // (quadratic in the prompt) dominates.
 func BenchmarkPrefill1K(b *testing.B) {
-	c, err := PresetConfig("stories15m")
-	if err != nil {
-		b.Fatal(err)
-	}
-	c.MaxPositionEmbeddings = 2048
-	w, err := Random(c, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pool := kernels.NewPool(2)
-	defer pool.Close()
-	m, err := New(w, pool)
-	if err != nil {
-		b.Fatal(err)
-	}
+	m := benchModel(b, "stories15m", 2048)
+	c := m.Config
 	const n, blockSize = 1032, 16
 	nb := (n + blockSize - 1) / blockSize
 	kv, err := kvcache.NewStorage(m.KVLayout(nb+1, blockSize))
@@ -48,4 +35,28 @@ func BenchmarkPrefill1K(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+}
+
+// benchModel is a random model of preset's shape (its context set to maxPos when positive) on a
+// pool of two workers, closed when b ends.
+func benchModel(b *testing.B, preset string, maxPos int) *Model {
+	b.Helper()
+	c, err := PresetConfig(preset)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if maxPos > 0 {
+		c.MaxPositionEmbeddings = maxPos
+	}
+	w, err := Random(c, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pool := kernels.NewPool(2)
+	b.Cleanup(pool.Close)
+	m, err := New(w, pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
 }
