@@ -26,3 +26,20 @@ func TestDescribeCPUNamesTheDispatchFeatures(t *testing.T) {
 	}
 	assert.Contains(t, c.String(), strings.Join(c.Features, " "))
 }
+
+func TestTHPMode(t *testing.T) {
+	for in, want := range map[string]string{
+		"always [madvise] never\n": "madvise",
+		"[always] madvise never\n": "always",
+		"always madvise [never]":   "never",
+		"always madvise never":     "",
+		"[broken":                  "",
+		"":                         "",
+	} {
+		assert.Equal(t, want, thpMode(in), "%q", in)
+	}
+	c := CPUInfo{Model: "X", Threads: 2, Features: []string{"avx2"}, HugePages: "madvise"}
+	assert.Equal(t, "X, 2 threads: avx2; transparent huge pages: madvise", c.String())
+	c.HugePages = ""
+	assert.Equal(t, "X, 2 threads: avx2", c.String())
+}
