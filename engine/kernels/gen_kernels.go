@@ -287,7 +287,7 @@ func writeAsmTiles(is asmISA, file string) {
 	mp, mt := pfShape[is.name][0], pfShape[is.name][1]
 	fn := fmt.Sprintf("%sP%dT%dPF", is.name, mp, mt)
 	genAsmTile(&s, is, fn, mp, mt, true)
-	fmt.Fprintf(&d, "\n// %s is %sP%dT%d that also prefetches the cols·64 bytes at pf into L2, one line per\n// step; see pfTileFunc.\n//\n//go:noescape\n", fn, is.name, mp, mt)
+	fmt.Fprintf(&d, "\n// %s is %sP%dT%d that also prefetches the cols·64 bytes at pf (PREFETCHT0), one line\n// per step; see pfTileFunc.\n//\n//go:noescape\n", fn, is.name, mp, mt)
 	fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)\n", fn)
 	d.Write(table.Bytes())
 	writeFile(file+".s", s.Bytes(), false)

@@ -101,8 +101,8 @@ func a512P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y un
 //go:noescape
 func a512P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// a512P4T6PF is a512P4T6 that also prefetches the cols·64 bytes at pf into L2, one line per
-// step; see pfTileFunc.
+// a512P4T6PF is a512P4T6 that also prefetches the cols·64 bytes at pf (PREFETCHT0), one line
+// per step; see pfTileFunc.
 //
 //go:noescape
 func a512P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)

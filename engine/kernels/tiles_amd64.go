@@ -18,9 +18,9 @@ import "unsafe"
 // bits (see the package doc).
 type tileFunc func(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// pfTileFunc is a tileFunc that also prefetches, one cache line per step k, the cols·64 bytes
-// at pf (a panel the caller reads next) into L2, so that the next panel group comes from cache
-// rather than memory: the first token tile over a group otherwise waits on DRAM.
+// pfTileFunc is a tileFunc that also prefetches (PREFETCHT0), one cache line per step k, the
+// cols·64 bytes at pf (a panel the caller reads next), so that the next panel group comes from
+// cache rather than memory: the first token tile over a group otherwise waits on DRAM.
 type pfTileFunc func(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
 
 // maxTileP and maxTileT bound the generated tile shapes.
