@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -166,11 +165,9 @@ type EngineReport struct {
 	Idle       *IdleResult        `json:"idle,omitempty"`
 }
 
-// freshHeap collects the garbage of earlier benchmarks and returns its pages to the OS, so that
+// freshHeap collects the garbage of earlier benchmarks and returns its pages to the OS
+// (debug.FreeOSMemory collects first), so that
 // the model and KV pool allocated next are fresh memory, as in a server that has just started:
 // only fresh memory takes the huge pages they ask for (kernels and kvcache advise
 // MADV_HUGEPAGE), and reused heap pages would measure a configuration no server runs.
-func freshHeap() {
-	runtime.GC()
-	debug.FreeOSMemory()
-}
+func freshHeap() { debug.FreeOSMemory() }

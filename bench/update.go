@@ -5,8 +5,6 @@ import (
 	"crypto/sha256"
 	"os"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"time"
 
 	"github.com/rolloutkit/rollout/engine"
@@ -108,8 +106,7 @@ func WeightUpdate(ctx context.Context, preset string, running, updates, workers 
 	// in the background at start-up (api.Config.NoSpareWeights), an unpacked one and the
 	// engine's packed one; seconds after start they are ready, so the first update decodes
 	// and packs into touched memory as every later one does.
-	runtime.GC()
-	debug.FreeOSMemory()
+	freshHeap()
 	spare, err := weights.Prefault(w1.Config)
 	if err != nil {
 		return r, err
