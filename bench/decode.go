@@ -166,8 +166,7 @@ type EngineReport struct {
 }
 
 // freshHeap collects the garbage of earlier benchmarks and returns its pages to the OS
-// (debug.FreeOSMemory collects first), so that
-// the model and KV pool allocated next are fresh memory, as in a server that has just started:
-// only fresh memory takes the huge pages they ask for (kernels and kvcache advise
-// MADV_HUGEPAGE), and reused heap pages would measure a configuration no server runs.
+// (debug.FreeOSMemory collects first), so that the model and KV pool allocated next are fresh
+// memory, as in a server that has just started: only fresh memory takes the huge pages they
+// ask for (MADV_HUGEPAGE), and reused heap pages would measure a configuration no server runs.
 func freshHeap() { debug.FreeOSMemory() }

@@ -3,6 +3,8 @@ package kernels
 import (
 	"runtime"
 	"time"
+
+	"github.com/rolloutkit/rollout/engine/hugepage"
 )
 
 // Bounds of StreamReadBandwidth's buffer.
@@ -23,7 +25,7 @@ func StreamReadBandwidth(pool *Pool, bytes int) float64 {
 	workers := pool.Workers()
 	blocks := bytes / streamBlock / workers * workers
 	buf := make([]uint64, blocks*streamBlock/8)
-	adviseHugePages(buf) // as the packed weights: the ceiling of the same page size
+	hugepage.Advise(buf) // as the packed weights: the ceiling of the same page size
 	for i := range buf {
 		buf[i] = uint64(i) * 0x9e3779b97f4a7c15 // touch every page; no zero-page sharing
 	}

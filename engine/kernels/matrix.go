@@ -3,6 +3,8 @@ package kernels
 import (
 	"fmt"
 	"math"
+
+	"github.com/rolloutkit/rollout/engine/hugepage"
 )
 
 // PanelRows is the number of weight rows interleaved in one packed panel: one AVX-512 vector
@@ -46,7 +48,7 @@ func packTarget(reuse *Matrix, rows, cols, unit int, what string, parts [][]floa
 		return reuse, nil
 	}
 	data := make([]float32, m0(rows)*cols)
-	adviseHugePages(data)
+	hugepage.Advise(data)
 	return &Matrix{Rows: rows, Cols: cols, data: data}, nil
 }
 

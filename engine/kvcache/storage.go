@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"sync"
+
+	"github.com/rolloutkit/rollout/engine/hugepage"
 )
 
 // Layout describes the shape of the KV storage.
@@ -56,9 +58,9 @@ func (s *Storage) KV(block, layer int) (k, v []float32) {
 // requests reach it. A GPU engine's pool is committed when allocated; this makes the CPU one
 // behave the same, so RSS shows the pool and an overcommitted machine fails at start, not
 // mid-run. Call it before anyone else holds the storage: it writes zeros. It first asks for
-// transparent huge pages (see adviseHugePages), so a fresh pool is faulted in 2 MB at a time.
+// transparent huge pages (hugepage.Advise), so a fresh pool is faulted in 2 MB at a time.
 func (s *Storage) Prefault(workers int) {
-	adviseHugePages(s.data)
+	hugepage.Advise(s.data)
 	page := os.Getpagesize() / 4 // float32s per page
 	n := len(s.data)
 	workers = max(1, min(workers, n/(page*256))) // a goroutine per MiB or more

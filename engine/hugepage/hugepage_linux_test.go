@@ -1,6 +1,6 @@
 //go:build linux && amd64
 
-package kernels
+package hugepage
 
 import (
 	"bufio"
@@ -14,12 +14,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// (amd64 only: qemu-user, which runs the arm64 tests here, does not pass the advice on.)
-//
-// TestAdviseHugePagesBacksFreshMemory advises a fresh anonymous mapping, writes it, and reads
-// its AnonHugePages from /proc/self/smaps: with THP available ("always" or "madvise"), the
-// advice must give it huge pages (under "madvise" nothing else would).
-func TestAdviseHugePagesBacksFreshMemory(t *testing.T) {
+// TestAdviseBacksFreshMemory advises a fresh anonymous mapping, writes it, and reads its
+// AnonHugePages from /proc/self/smaps: with THP available ("always" or "madvise"), the advice
+// must give it huge pages (under "madvise" nothing else would). amd64 only: qemu-user, which
+// runs arm64 tests on amd64 machines, does not pass the advice on.
+func TestAdviseBacksFreshMemory(t *testing.T) {
 	mode, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
 	if err != nil || bytes.Contains(mode, []byte("[never]")) {
 		t.Skipf("transparent huge pages unavailable: %q %v", mode, err)
@@ -31,7 +30,7 @@ func TestAdviseHugePagesBacksFreshMemory(t *testing.T) {
 	}
 	defer unix.Munmap(mem)
 	x := unsafe.Slice((*float32)(unsafe.Pointer(&mem[0])), size/4)
-	adviseHugePages(x)
+	Advise(x)
 	for i := range x {
 		x[i] = 1
 	}

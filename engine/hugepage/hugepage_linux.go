@@ -1,0 +1,27 @@
+//go:build linux
+
+package hugepage
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// hugePage is the transparent huge page size of x86-64 and of arm64 with 4 KB base pages.
+const hugePage = 2 << 20
+
+// Advise asks Linux to back the whole 2 MB pages inside x with transparent huge pages
+// (MADV_HUGEPAGE). Call it before x is first written: only pages faulted in after the advice
+// come as huge pages. A hint: where THP is off or the call fails, nothing changes.
+func Advise[T any](x []T) {
+	size := len(x) * int(unsafe.Sizeof(*new(T)))
+	if size < 2*hugePage {
+		return
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), size)
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	lo := int((start+hugePage-1)&^(hugePage-1) - start)
+	hi := lo + (len(b)-lo)&^(hugePage-1)
+	_ = unix.Madvise(b[lo:hi], unix.MADV_HUGEPAGE)
+}
