@@ -1,6 +1,9 @@
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+	"unsafe"
+)
 
 // The attention kernels work on one (token, head) and one block of cached positions at a time:
 // rows s = 0..n-1 of a block live at k[s*stride+off:][:len(q)] (likewise v), which is how a
@@ -29,6 +32,29 @@ func AttnAccum(out, p, v []float32, stride, off, n int) {
 	}
 	checkRows("AttnAccum", len(p), n, out, v, stride, off)
 	attnAccum(out, p[:n], v, stride, off, n)
+}
+
+// PrefetchRows asks the CPU to start loading the rows an AttnScores or AttnAccum call with the
+// same stride, off, n and width would read, and returns without waiting for them; it changes
+// no value. The attention loop calls it for the call after the one it is about to make: a
+// many-sequence step reads most of its K/V from DRAM, one head-wide strip per row (256 bytes
+// 3 KB apart on stories110m), a pattern the hardware prefetchers do not follow, so without
+// the hint every call stalls on its own misses (BenchmarkAttentionBatch in engine/model).
+// It is a no-op in the portable build.
+func PrefetchRows(x []float32, stride, off, n, width int) {
+	if n <= 0 {
+		return
+	}
+	if width <= 0 || off < 0 || stride < 0 || (n > 1 && stride < width) || len(x) < (n-1)*stride+off+width {
+		panic(fmt.Sprintf("kernels: PrefetchRows: n=%d width=%d stride=%d off=%d: len(x)=%d", n, width, stride, off, len(x)))
+	}
+	// Lines per row: the first row's offset into its line, or the worst case if rows sit at
+	// different offsets.
+	p, mis := &x[off], 63
+	if stride*4%64 == 0 {
+		mis = int(uintptr(unsafe.Pointer(p)) % 64)
+	}
+	prefetchRows(p, stride*4, n, (mis+width*4+63)/64)
 }
 
 // checkRows panics unless n rows of width len(vec) at stride from off fit in rows and buf

@@ -217,3 +217,34 @@ func TestAttnRoundsOnceAtHalfwayPoints(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefetchRows runs the hint over every shape the attention loop gives it (head widths of
+// whole and partial lines, rows in and out of line alignment, the last row at the slice's end)
+// and checks that it changes nothing and refuses rows outside the slice, as AttnScores does.
+func TestPrefetchRows(t *testing.T) {
+	x := make([]float32, 4096)
+	for i := range x {
+		x[i] = float32(i)
+	}
+	want := append([]float32(nil), x...)
+	for _, width := range []int{1, 15, 16, 48, 64, 128} {
+		for _, stride := range []int{width, width + 1, 6 * width} {
+			for _, n := range []int{1, 2, 16} {
+				for _, off := range []int{0, 3, width} {
+					end := (n-1)*stride + off + width
+					if end > len(x) {
+						continue
+					}
+					PrefetchRows(x[:end], stride, off, n, width)
+				}
+			}
+		}
+	}
+	require.Equal(t, want, x, "a prefetch changes no value")
+	assert.NotPanics(t, func() { PrefetchRows(x, 16, 0, 0, 16) }, "n = 0 is a no-op")
+	assert.NotPanics(t, func() { PrefetchRows(x[:64], 16, 0, 4, 16) })
+	assert.Panics(t, func() { PrefetchRows(x[:63], 16, 0, 4, 16) }, "last row past the slice")
+	assert.Panics(t, func() { PrefetchRows(x, 16, -1, 4, 16) }, "negative offset")
+	assert.Panics(t, func() { PrefetchRows(x, 8, 0, 4, 16) }, "rows overlap")
+	assert.Panics(t, func() { PrefetchRows(x, 16, 0, 4, 0) }, "no width")
+}
