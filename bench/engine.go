@@ -49,13 +49,16 @@ type ConcurrentResult struct {
 	Concurrency  int     `json:"concurrency"`
 	Tokens       int     `json:"tokens_per_request"`
 	TokensPerSec float64 `json:"tokens_per_s"`
-	// SpeedupVsBatch1 is TokensPerSec over the same run's concurrency-1 figure.
+	// SpeedupVsBatch1 is TokensPerSec over the concurrency-1 figure of the same round (the
+	// median of the rounds' ratios when there are several).
 	SpeedupVsBatch1 float64 `json:"speedup_vs_batch1"`
 	// MatMulGFLOPs is TokensPerSec × MatMulFlopsPerToken, and OfPeak that over
 	// EngineReport.PeakGFLOPs: how close the aggregate decode's matrix work is to the compute
 	// limit.
 	MatMulGFLOPs float64 `json:"matmul_gflop_per_s"`
 	OfPeak       float64 `json:"of_peak,omitempty"`
+	// Runs holds each round's tokens/s when the figure is a median of several rounds.
+	Runs []float64 `json:"runs,omitempty"`
 }
 
 // Concurrent measures aggregate decode tokens/s with c concurrent greedy requests of tokens
@@ -87,6 +90,44 @@ func Concurrent(ctx context.Context, w *model.Weights, preset string, c, tokens,
 	el := time.Since(start).Seconds()
 	tps := float64(c*tokens) / el
 	return ConcurrentResult{Preset: preset, Concurrency: c, Tokens: tokens, TokensPerSec: tps, MatMulGFLOPs: tps * MatMulFlopsPerToken(w.Config) / 1e9}, nil
+}
+
+// ConcurrentRounds runs Concurrent for each concurrency in conc, in order, rounds times over,
+// and returns one result per concurrency: tokens/s is the median of its rounds (each in Runs),
+// and SpeedupVsBatch1, when conc holds 1 before it, the median of each round's own ratio to
+// that round's concurrency-1 figure, so that both sides of a ratio saw the same machine (on a
+// shared VM the batch-1 figure alone moves 10-20% from one run to the next). OfPeak is set
+// when peak (GFLOP/s) is.
+func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, conc []int, tokens, workers, rounds int, peak float64) ([]ConcurrentResult, error) {
+	out := make([]ConcurrentResult, len(conc))
+	speedups := make([][]float64, len(conc))
+	for range max(rounds, 1) {
+		base := 0.0
+		for i, c := range conc {
+			r, err := Concurrent(ctx, w, preset, c, tokens, workers)
+			if err != nil {
+				return nil, err
+			}
+			if c == 1 {
+				base = r.TokensPerSec
+			}
+			if base > 0 {
+				speedups[i] = append(speedups[i], r.TokensPerSec/base)
+			}
+			runs := append(out[i].Runs, r.TokensPerSec)
+			out[i], out[i].Runs = r, runs
+		}
+	}
+	for i := range out {
+		r := &out[i]
+		r.TokensPerSec = Median(r.Runs)
+		r.MatMulGFLOPs = r.TokensPerSec * MatMulFlopsPerToken(w.Config) / 1e9
+		r.SpeedupVsBatch1 = Median(speedups[i])
+		if peak > 0 {
+			r.OfPeak = r.MatMulGFLOPs / peak
+		}
+	}
+	return out, nil
 }
 
 func generate(ctx context.Context, e *engine.Engine, id string, p []int, n int) (engine.Result, error) {

@@ -38,6 +38,34 @@ func TestEngineFigures(t *testing.T) {
 	assert.Positive(t, i.Seconds)
 }
 
+// TestConcurrentRounds checks the bookkeeping of the rounds: a median of each concurrency's own
+// runs, and a speedup that is the median of the per-round ratios, not a ratio of medians.
+func TestConcurrentRounds(t *testing.T) {
+	w := tinyWeights(t)
+	rs, err := ConcurrentRounds(context.Background(), w, "tiny", []int{1, 4}, 8, 2, 3, 1000)
+	require.NoError(t, err)
+	require.Len(t, rs, 2)
+	for i, c := range []int{1, 4} {
+		r := rs[i]
+		assert.Equal(t, c, r.Concurrency)
+		require.Len(t, r.Runs, 3, "one run per round")
+		assert.Equal(t, Median(r.Runs), r.TokensPerSec)
+		assert.InDelta(t, r.TokensPerSec*MatMulFlopsPerToken(w.Config)/1e12, r.OfPeak, 1e-12)
+	}
+	assert.Equal(t, 1.0, rs[0].SpeedupVsBatch1)
+	var ratios []float64
+	for k := range 3 {
+		ratios = append(ratios, rs[1].Runs[k]/rs[0].Runs[k])
+	}
+	assert.Equal(t, Median(ratios), rs[1].SpeedupVsBatch1)
+
+	// Without concurrency 1 there is no baseline: no speedup.
+	rs, err = ConcurrentRounds(context.Background(), w, "tiny", []int{2}, 4, 2, 1, 0)
+	require.NoError(t, err)
+	assert.Zero(t, rs[0].SpeedupVsBatch1)
+	assert.Zero(t, rs[0].OfPeak)
+}
+
 func TestWeightUpdateFigures(t *testing.T) {
 	for _, d := range []weights.DType{weights.F32, weights.BF16} {
 		r, err := WeightUpdate(context.Background(), "tiny", 4, 2, 2, d, t.TempDir())

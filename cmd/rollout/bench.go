@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -66,7 +67,7 @@ func newBenchEngineCmd() *cobra.Command {
 				rep.Decode = append(rep.Decode, r)
 			}
 			if !quick {
-				if err := engineFigures(cmd.Context(), &rep, presets, conc, concToks, workers, idleFor); err != nil {
+				if err := engineFigures(cmd.Context(), &rep, presets, conc, concToks, workers, repeats, idleFor); err != nil {
 					return err
 				}
 			}
@@ -114,7 +115,7 @@ func newBenchEngineCmd() *cobra.Command {
 	f.IntVar(&concToks, "concurrent-tokens", 64, "tokens per request in the aggregate decode figures")
 	f.DurationVar(&idleFor, "idle", 5*time.Second, "how long to measure idle CPU")
 	f.BoolVar(&quick, "quick", false, "only batch-1 decode, prefill and bandwidth")
-	f.IntVar(&repeats, "repeats", 3, "batch-1 decode runs per preset (alternating with llama2.c's); the median is reported")
+	f.IntVar(&repeats, "repeats", 3, "batch-1 decode runs per preset (alternating with llama2.c's) and rounds of the concurrency list; medians are reported")
 	f.StringVar(&llama2cBin, "llama2c", "", "a llama2.c run binary (gcc -Ofast -march=native -fopenmp run.c -lm) to measure the baseline in the same run")
 	return cmd
 }
@@ -172,30 +173,19 @@ func batchedMatMul(pool *kernels.Pool, preset string, n int, peak float64) (benc
 }
 
 // engineFigures adds the engine-level figures: aggregate decode at each concurrency, prefix
-// cache TTFT, pause latency and idle CPU.
-func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []string, conc []int, tokens, workers int, idle time.Duration) error {
+// cache TTFT, pause latency and idle CPU; the concurrency list runs repeats rounds
+// (bench.ConcurrentRounds).
+func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []string, conc []int, tokens, workers, repeats int, idle time.Duration) error {
 	for _, p := range presets {
 		w, err := model.Preset(p, 1)
 		if err != nil {
 			return err
 		}
-		var base float64
-		for _, c := range conc {
-			r, err := bench.Concurrent(ctx, w, p, c, tokens, workers)
-			if err != nil {
-				return err
-			}
-			if c == 1 {
-				base = r.TokensPerSec
-			}
-			if base > 0 {
-				r.SpeedupVsBatch1 = r.TokensPerSec / base
-			}
-			if rep.PeakGFLOPs > 0 {
-				r.OfPeak = r.MatMulGFLOPs / rep.PeakGFLOPs
-			}
-			rep.Concurrent = append(rep.Concurrent, r)
+		rs, err := bench.ConcurrentRounds(ctx, w, p, conc, tokens, workers, repeats, rep.PeakGFLOPs)
+		if err != nil {
+			return err
 		}
+		rep.Concurrent = append(rep.Concurrent, rs...)
 		u, err := weightUpdate(ctx, p, workers)
 		if err != nil {
 			return err
@@ -246,11 +236,15 @@ func weightUpdate(ctx context.Context, preset string, workers int) (bench.Update
 
 func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
 	if len(rep.Concurrent) > 0 {
-		fmt.Fprintln(out, "\naggregate greedy decode (engine, 8-token prompts)")
+		fmt.Fprintf(out, "\naggregate greedy decode (engine, 8-token prompts; median and range of %d rounds, speedup: median of each round's own ratio)\n", len(rep.Concurrent[0].Runs))
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "preset\tconcurrent\ttok/s\tvs batch 1\tmatmul GFLOP/s\tof peak")
 		for _, r := range rep.Concurrent {
-			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2fx\t%.1f\t%.2f\n", r.Preset, r.Concurrency, r.TokensPerSec, r.SpeedupVsBatch1, r.MatMulGFLOPs, r.OfPeak)
+			spread := ""
+			if len(r.Runs) > 1 {
+				spread = fmt.Sprintf(" (%.0f-%.0f)", slices.Min(r.Runs), slices.Max(r.Runs))
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.1f%s\t%.2fx\t%.1f\t%.2f\n", r.Preset, r.Concurrency, r.TokensPerSec, spread, r.SpeedupVsBatch1, r.MatMulGFLOPs, r.OfPeak)
 		}
 		_ = tw.Flush()
 	}
