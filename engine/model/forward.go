@@ -369,8 +369,10 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 				// batch or on the order heads are visited in.
 				nb := pos/bs + 1
 				// Each kernel call first hints the rows of the call after it (kernels.PrefetchRows),
-				// so that they arrive from DRAM while this one computes.
-				calls := attnCalls{kv: kv, table: table, layer: layer, pos: pos, hd: hd, group: group, h0: h0, nh: h1 - h0, nb: nb}
+				// so that they arrive from DRAM while this one computes; not when the token before
+				// is of the same sequence (a prefill), whose rows it has just brought into cache.
+				calls := attnCalls{kv: kv, table: table, layer: layer, pos: pos, hd: hd, group: group, h0: h0, nh: h1 - h0, nb: nb,
+					off: t > 0 && b.Seq[t-1] == b.Seq[t]}
 				calls.hint(0)
 				call := 0
 				for bi := range nb {
@@ -418,16 +420,19 @@ type attnCalls struct {
 	kv                                *kvcache.Storage
 	table                             []int32
 	layer, pos, hd, group, h0, nh, nb int
+	off                               bool // no hints: the rows are in cache already
 }
 
 // hint prefetches the K or V rows that call c reads (kernels.PrefetchRows). A many-sequence
 // step reads most of its K/V from DRAM in strips the hardware prefetchers do not follow; a
 // hint one call ahead took the attention of a 64-sequence stories110m step from about 8 to 5
-// ms (BenchmarkAttentionBatch). Past the last call, or for a head that shares the previous
-// call's KV head (grouped-query attention), it does nothing.
+// ms (BenchmarkAttentionBatch). When off, past the last call, or for a head that shares the
+// previous call's KV head (grouped-query attention), it does nothing: on rows in cache a hint
+// costs more than it saves (hinting every token of a 1032-token prefill made it 26% slower,
+// BenchmarkPrefill1K).
 func (a *attnCalls) hint(c int) {
 	n := a.nb * a.nh
-	if c >= 2*n {
+	if a.off || c >= 2*n {
 		return
 	}
 	i := c % n
