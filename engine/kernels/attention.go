@@ -19,7 +19,7 @@ func AttnScores(scores, q, k []float32, stride, off, n int, scale float32) {
 	if n <= 0 {
 		return
 	}
-	checkRows("AttnScores", len(scores), n, q, k, stride, off)
+	checkRows("AttnScores", len(scores), n, len(q), k, stride, off)
 	attnScores(scores[:n], q, k, stride, off, n, scale)
 }
 
@@ -30,7 +30,7 @@ func AttnAccum(out, p, v []float32, stride, off, n int) {
 	if n <= 0 {
 		return
 	}
-	checkRows("AttnAccum", len(p), n, out, v, stride, off)
+	checkRows("AttnAccum", len(p), n, len(out), v, stride, off)
 	attnAccum(out, p[:n], v, stride, off, n)
 }
 
@@ -45,9 +45,7 @@ func PrefetchRows(x []float32, stride, off, n, width int) {
 	if n <= 0 {
 		return
 	}
-	if width <= 0 || off < 0 || stride < 0 || (n > 1 && stride < width) || len(x) < (n-1)*stride+off+width {
-		panic(fmt.Sprintf("kernels: PrefetchRows: n=%d width=%d stride=%d off=%d: len(x)=%d", n, width, stride, off, len(x)))
-	}
+	checkRows("PrefetchRows", n, n, width, x, stride, off)
 	// Lines per row: the first row's offset into its line, or the worst case if rows sit at
 	// different offsets.
 	p, mis := &x[off], 63
@@ -57,11 +55,10 @@ func PrefetchRows(x []float32, stride, off, n, width int) {
 	prefetchRows(p, stride*4, n, (mis+width*4+63)/64)
 }
 
-// checkRows panics unless n rows of width len(vec) at stride from off fit in rows and buf
+// checkRows panics unless n rows of hd > 0 floats at stride from off fit in rows and buf
 // holds n values: the SIMD kernels read through raw pointers.
-func checkRows(name string, buf, n int, vec, rows []float32, stride, off int) {
-	hd := len(vec)
-	if buf < n || hd == 0 || off < 0 || stride < 0 || (n > 1 && stride < hd) || len(rows) < (n-1)*stride+off+hd {
+func checkRows(name string, buf, n, hd int, rows []float32, stride, off int) {
+	if buf < n || hd <= 0 || off < 0 || stride < 0 || (n > 1 && stride < hd) || len(rows) < (n-1)*stride+off+hd {
 		panic(fmt.Sprintf("kernels: %s: n=%d width=%d stride=%d off=%d: len(rows)=%d, buffer %d",
 			name, n, hd, stride, off, len(rows), buf))
 	}

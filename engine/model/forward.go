@@ -374,13 +374,11 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 				calls := attnCalls{kv: kv, table: table, layer: layer, pos: pos, hd: hd, group: group, h0: h0, nh: h1 - h0, nb: nb,
 					off: t > 0 && b.Seq[t-1] == b.Seq[t]}
 				calls.hint(0)
-				call := 0
 				for bi := range nb {
 					k, _ := kv.KV(int(table[bi]), layer)
 					rows := min(bs, pos+1-bi*bs)
 					for head := h0; head < h1; head++ {
-						call++
-						calls.hint(call)
+						calls.next()
 						q := ws.qkv[t*qkvW+head*hd : t*qkvW+(head+1)*hd]
 						kernels.AttnScores(buf[(head-h0)*span+bi*bs:], q, k, kvd, (head/group)*hd, rows, scale)
 					}
@@ -395,8 +393,7 @@ func (m *Model) attention(b *Batch, kv *kvcache.Storage, layer, n int) {
 					_, v := kv.KV(int(table[bi]), layer)
 					rows := min(bs, pos+1-bi*bs)
 					for head := h0; head < h1; head++ {
-						call++
-						calls.hint(call)
+						calls.next()
 						out := ws.att[t*h+head*hd : t*h+(head+1)*hd]
 						kernels.AttnAccum(out, buf[(head-h0)*span+bi*bs:], v, kvd, (head/group)*hd, rows)
 					}
@@ -421,6 +418,13 @@ type attnCalls struct {
 	table                             []int32
 	layer, pos, hd, group, h0, nh, nb int
 	off                               bool // no hints: the rows are in cache already
+	c                                 int  // the call about to run
+}
+
+// next is called before each call: it hints the call after it.
+func (a *attnCalls) next() {
+	a.c++
+	a.hint(a.c)
 }
 
 // hint prefetches the K or V rows that call c reads (kernels.PrefetchRows). A many-sequence
