@@ -47,8 +47,7 @@ func packTarget(reuse *Matrix, rows, cols, unit int, what string, parts [][]floa
 	if reuse != nil && reuse.Rows == rows && reuse.Cols == cols {
 		return reuse, nil
 	}
-	data := make([]float32, m0(rows)*cols)
-	hugepage.Advise(data)
+	data := hugepage.Make[float32](m0(rows) * cols)
 	return &Matrix{Rows: rows, Cols: cols, data: data}, nil
 }
 

@@ -257,6 +257,33 @@ func TestPresetsDeterministic(t *testing.T) {
 	require.EqualValues(t, 109529856, s.NumParams(), "stories110m parameter count as in llama2.c (tied)")
 }
 
+// TestAllocateGivesEachTensorItsOwnPart: one allocation for the whole set, but every tensor
+// has exactly its shape's values and cannot grow into its neighbour.
+func TestAllocateGivesEachTensorItsOwnPart(t *testing.T) {
+	for _, tied := range []bool{true, false} {
+		c, err := PresetConfig("tiny")
+		require.NoError(t, err)
+		c.TieWordEmbeddings = tied
+		w := &Weights{Config: c}
+		w.Allocate()
+		require.NoError(t, w.Check())
+		ts := w.Tensors()
+		for i, tt := range ts {
+			d := *tt.Data
+			require.Equal(t, tt.Len(), len(d), tt.Name)
+			require.Equal(t, len(d), cap(d), "%s: a full slice expression, so append copies", tt.Name)
+			for j := range d {
+				d[j] = float32(i + 1)
+			}
+		}
+		for i, tt := range ts {
+			for _, v := range *tt.Data {
+				require.Equal(t, float32(i+1), v, "%s was overwritten by another tensor", tt.Name)
+			}
+		}
+	}
+}
+
 // TestNewReusingEqualsNew: packing a new weight set into a retired model's memory gives the
 // same logits, bit for bit, as packing it fresh; a model of another shape is not reused.
 func TestNewReusingEqualsNew(t *testing.T) {

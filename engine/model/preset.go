@@ -75,6 +75,7 @@ func Random(c Config, seed uint64) (*Weights, error) {
 		return nil, err
 	}
 	w := &Weights{Config: c}
+	w.Allocate()
 	ts := w.Tensors()
 	// Each tensor has its own stream, so filling them concurrently stays deterministic.
 	var wg sync.WaitGroup
@@ -91,13 +92,9 @@ func Random(c Config, seed uint64) (*Weights, error) {
 	return w, nil
 }
 
+// fillTensor fills t's allocated data (Weights.Allocate).
 func fillTensor(t Tensor, seed uint64, i int) {
-	n := 1
-	for _, d := range t.Shape {
-		n *= d
-	}
-	data := make([]float32, n)
-	*t.Data = data
+	data := *t.Data
 	if len(t.Shape) == 1 {
 		for j := range data {
 			data[j] = 1

@@ -1,6 +1,10 @@
 package model
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/rolloutkit/rollout/engine/hugepage"
+)
 
 // Layer holds one decoder layer's tensors in Hugging Face layout: every matrix is row-major
 // [out][in] (the layout of nn.Linear.weight), and Wq/Wk use the HF rotate-half RoPE convention.
@@ -30,6 +34,15 @@ type Tensor struct {
 	Name  string
 	Shape []int
 	Data  *[]float32
+}
+
+// Len is the number of values the tensor's shape holds.
+func (t Tensor) Len() int {
+	n := 1
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
 }
 
 // Tensors lists every tensor with its HF name and expected shape, in a stable order.
@@ -63,17 +76,30 @@ func (w *Weights) Tensors() []Tensor {
 	return ts
 }
 
+// Allocate points every tensor of w (whose Config is set) at its own part of one new zeroed
+// allocation advised for huge pages (hugepage.Make). One allocation, not one per tensor, so
+// that the matrices under 4 MB (stories110m's attention projections) get huge pages too; a
+// weight set is written once and then read whole, by the packing and by every load reusing it.
+func (w *Weights) Allocate() {
+	ts := w.Tensors()
+	total := 0
+	for _, t := range ts {
+		total += t.Len()
+	}
+	slab := hugepage.Make[float32](total)
+	for _, t := range ts {
+		n := t.Len()
+		*t.Data, slab = slab[:n:n], slab[n:]
+	}
+}
+
 // Check verifies that every tensor is present with the size its shape implies.
 func (w *Weights) Check() error {
 	if err := w.Config.Validate(); err != nil {
 		return err
 	}
 	for _, t := range w.Tensors() {
-		n := 1
-		for _, d := range t.Shape {
-			n *= d
-		}
-		if len(*t.Data) != n {
+		if n := t.Len(); len(*t.Data) != n {
 			return fmt.Errorf("model: tensor %s has %d values, want %d (shape %v)", t.Name, len(*t.Data), n, t.Shape)
 		}
 	}

@@ -101,19 +101,15 @@ func Prefault(c model.Config) (*model.Weights, error) {
 		return nil, err
 	}
 	w := &model.Weights{Config: c}
+	w.Allocate()
+	// A large allocation gets fresh pages the runtime knows are zero and does not clear;
+	// one write per page faults each in.
 	page := max(os.Getpagesize()/4, 1)
 	for _, t := range w.Tensors() {
-		n := 1
-		for _, d := range t.Shape {
-			n *= d
-		}
-		// A large allocation gets fresh pages the runtime knows are zero and does not clear;
-		// one write per page faults each in.
-		s := make([]float32, n)
-		for i := 0; i < n; i += page {
+		s := *t.Data
+		for i := 0; i < len(s); i += page {
 			s[i] = 0
 		}
-		*t.Data = s
 	}
 	return w, nil
 }

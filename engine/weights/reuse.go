@@ -3,6 +3,7 @@ package weights
 import (
 	"unsafe"
 
+	"github.com/rolloutkit/rollout/engine/hugepage"
 	"github.com/rolloutkit/rollout/engine/model"
 )
 
@@ -32,17 +33,15 @@ func reuseTensors(old *model.Weights) map[string][]float32 {
 
 // fill points every tensor of w (whose Config is set) at the same-named tensor of reuse when
 // its length is the one the tensor's shape needs; the others stay nil and are allocated by
-// the decoder.
+// the decoder. Without reuse, w gets a new set (model.Weights.Allocate): one allocation in
+// huge pages, which a load faults in in a fraction of the time 4 KB pages take.
 func fill(w *model.Weights, reuse map[string][]float32) {
 	if reuse == nil {
+		w.Allocate()
 		return
 	}
 	for _, t := range w.Tensors() {
-		n := 1
-		for _, s := range t.Shape {
-			n *= s
-		}
-		if r, ok := reuse[t.Name]; ok && len(r) == n {
+		if r, ok := reuse[t.Name]; ok && len(r) == t.Len() {
 			*t.Data = r
 		}
 	}
@@ -53,5 +52,5 @@ func tensorFor(cur []float32, n int) []float32 {
 	if len(cur) == n {
 		return cur
 	}
-	return make([]float32, n)
+	return hugepage.Make[float32](n)
 }
