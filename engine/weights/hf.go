@@ -200,7 +200,6 @@ func loadHF(ctx context.Context, op fileOpener, dir string, reuse *model.Weights
 	}
 
 	w := &model.Weights{Config: cfg}
-	fill(w, reuseTensors(reuse))
 	dst := make(map[*openShard]map[string]*[]float32, len(shards))
 	add := func(name string, shape []int, p *[]float32) error {
 		s := shards[0]
@@ -229,6 +228,9 @@ func loadHF(ctx context.Context, op fileOpener, dir string, reuse *model.Weights
 			return nil, Info{}, err
 		}
 	}
+	// Only now that the files hold every tensor at the config's shape: a config.json claiming
+	// a larger model than its files must fail above, not allocate that model first.
+	fill(w, reuseTensors(reuse))
 	// A tied checkpoint may still carry lm_head.weight; accept it only if it is the embedding.
 	var tiedHead []float32
 	const lmHead = "lm_head.weight"

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -356,4 +357,33 @@ func TestHFIgnoresExtraTensors(t *testing.T) {
 	got, err := LoadHF(dir)
 	require.NoError(t, err)
 	requireSameWeights(t, convertedCopy(w, F32), got)
+}
+
+// TestHFConfigLargerThanFilesFailsBeforeAllocating: a config.json that claims a 13B model (52 GB
+// of float32, within Validate's limit) beside the files of a small one must be refused on the
+// tensors' shapes, before a weight set of the claimed size is allocated (which would end the
+// process on a machine without that memory).
+func TestHFConfigLargerThanFilesFailsBeforeAllocating(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, SaveHF(dir, randomWeights(t, smallConfig(), 5), F32))
+	path := filepath.Join(dir, ConfigFile)
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var cfg map[string]any
+	require.NoError(t, json.Unmarshal(raw, &cfg))
+	cfg["hidden_size"], cfg["intermediate_size"] = 5120, 13824
+	cfg["num_hidden_layers"], cfg["vocab_size"] = 40, 32000
+	cfg["num_attention_heads"], cfg["num_key_value_heads"] = 40, 40
+	delete(cfg, "head_dim")
+	raw, err = json.Marshal(cfg)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, raw, 0o644))
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = LoadHF(dir)
+	runtime.ReadMemStats(&after)
+	require.ErrorIs(t, err, ErrBadCheckpoint)
+	assert.Contains(t, err.Error(), "config implies")
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "bytes allocated by the refused load")
 }
