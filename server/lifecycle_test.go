@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -290,5 +291,31 @@ func TestMetricsListedInAPIExist(t *testing.T) {
 	assert.Zero(t, metricValue(t, m, `rollout_control_commands_total{kind="commit",result="ok"}`))
 	for _, reason := range []string{"unsigned", "bad_signature", "expired", "replayed", "wrong_fleet", "malformed"} {
 		assert.Zero(t, metricValue(t, m, `rollout_control_rejected_total{reason="`+reason+`"}`))
+	}
+}
+
+// TestReadyFromTheFirstRequest: a /ready that reaches the listener before Run starts is
+// answered once the engine loop runs, with 200, never with "engine loop not running". The
+// request is written to the socket before Run is called, so the server accepts it as early as
+// it can.
+func TestReadyFromTheFirstRequest(t *testing.T) {
+	for range 20 {
+		s, err := server.New(server.Config{Addr: "127.0.0.1:0", KVBlocks: 64, WeightVersion: 1, Logger: quietLogger(), ShutdownGrace: 5 * time.Second})
+		require.NoError(t, err)
+		conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL(), "http://"))
+		require.NoError(t, err)
+		_, err = io.WriteString(conn, "GET /ready HTTP/1.1\r\nHost: rollout\r\nConnection: close\r\n\r\n")
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		conn.Close()
+		cancel()
+		require.NoError(t, <-done)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	}
 }

@@ -541,6 +541,13 @@ func (s *Server) Run(ctx context.Context) error {
 			s.log.Error("server: engine stopped with an error", "err", err)
 		}
 	}()
+	// Serve nothing before the engine loop runs: until then /ready and every request would
+	// answer 503 "engine loop not running", for the moment the loop takes to start. Requests
+	// that arrive meanwhile wait in the listener's backlog. A call the loop answers proves it
+	// runs.
+	if _, err := s.eng.IsPaused(ctx); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("server: engine loop did not start: %w", err)
+	}
 
 	partsCtx, stopParts := context.WithCancel(context.WithoutCancel(ctx))
 	partsDone := make(chan error, len(s.parts))
