@@ -221,19 +221,29 @@ func (s *simServer) run(ctx context.Context) {
 func (s *simServer) drain(ctx context.Context) {
 	for {
 		r := s.core.Ready()
+		if r.Resync {
+			raw, err := s.b.Get(ctx, s.names.Desired())
+			_ = s.core.Desired(raw, err == nil, time.Now())
+			s.core.Resynced(time.Now()) // what it hands out comes with the next Ready
+		}
 		for _, a := range r.Acks {
+			a.Sign(fleetSecret, s.names.Fleet)
 			if raw, err := a.Encode(); err == nil {
 				_ = s.b.Push(ctx, s.names.Acks(a.CommandID), raw, time.Minute)
 			}
 		}
-		if r.Work == nil {
+		if r.Work == nil && r.Fetch == nil && !r.Resync {
 			if len(r.Acks) > 0 {
 				_ = s.heartbeat(ctx) // as the agent does after work
 			}
 			return
 		}
-		res := s.execute(r.Work)
-		s.core.Done(res, s.st, time.Now())
+		for _, w := range []*agent.Work{r.Work, r.Fetch} {
+			if w != nil {
+				res := s.execute(w)
+				s.core.Done(w, res, s.st, time.Now())
+			}
+		}
 	}
 }
 
@@ -253,7 +263,7 @@ func (s *simServer) execute(w *agent.Work) agent.Result {
 			detail = map[string]int64{"version": c.Weights.Version, "bytes": bytes, "peer_bytes": bytes}
 		}
 		res.Phases = []protocol.Phase{phase("stage", p.Staged[s.id], detail)}
-		s.st.StagedVersion = c.Weights.Version
+		s.st.StagedVersion, s.st.StagedSHA256 = c.Weights.Version, c.Weights.SHA256
 	case protocol.Commit:
 		res.Phases = []protocol.Phase{phase("pause", e.Pause, nil)}
 		if c.SleepLevel > 0 {
@@ -266,6 +276,7 @@ func (s *simServer) execute(w *agent.Work) agent.Result {
 		res.Phases = append(res.Phases, phase("resume", e.Resume, nil))
 		if s.st.StagedVersion == c.Version {
 			s.st.WeightVersion, s.st.StagedVersion, res.Committed = c.Version, 0, c.Version
+			s.st.WeightSHA256, s.st.StagedSHA256 = s.st.StagedSHA256, ""
 		}
 	case protocol.Resume:
 		res.Phases = []protocol.Phase{phase("resume", 0, nil)}

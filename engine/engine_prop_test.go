@@ -925,8 +925,8 @@ func (h *propHarness) opWeights() {
 	case 4: // a stale stage is refused and changes nothing
 		want := h.st
 		ver := want.Version
-		if want.Staged > 0 && rapid.Bool().Draw(h.rt, "stale_vs_staged") {
-			ver = want.Staged // not above the staged version either
+		if want.Staged > want.Version+1 && rapid.Bool().Draw(h.rt, "stale_vs_staged") {
+			ver = want.Staged - 1 // below the staged version (the same version replaces it)
 		}
 		err := h.e.StageWeights(h.ctx, h.newWeights(ver), ver)
 		if !errors.Is(err, ErrStaleVersion) {

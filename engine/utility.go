@@ -341,8 +341,10 @@ func (e *Engine) ResetPrefixCache(ctx context.Context, resetRunning, resetConnec
 }
 
 // StageWeights packs w (on the caller's goroutine, while the old weights keep serving) and
-// stages it as version. It must have the serving model's shape and a version newer than both
-// the serving one and any staged one (else ErrStaleVersion); it replaces an older staged set.
+// stages it as version. It must have the serving model's shape and a version newer than the
+// serving one and not older than a staged one (else ErrStaleVersion); it replaces a staged
+// set of an older or the same version (the same version from another checkpoint: the fleet
+// names a checkpoint by version and digest, and the caller decides which one it wants).
 func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int64) error {
 	m, err := e.pack(w)
 	if err != nil {
@@ -400,9 +402,9 @@ func (e *Engine) stage(m *model.Model, w *model.Weights, version int64) error {
 	case version <= e.version:
 		e.spare.Store(m)
 		return fmt.Errorf("%w: %d <= serving %d", ErrStaleVersion, version, e.version)
-	case e.staged != nil && version <= e.staged.version:
+	case e.staged != nil && version < e.staged.version:
 		e.spare.Store(m)
-		return fmt.Errorf("%w: %d <= staged %d", ErrStaleVersion, version, e.staged.version)
+		return fmt.Errorf("%w: %d < staged %d", ErrStaleVersion, version, e.staged.version)
 	}
 	if e.staged != nil {
 		e.spare.Store(e.staged.model)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -90,6 +91,10 @@ type Client struct {
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+
+	// verifiedHB: a server's heartbeat verified with the client's secret, so the secret is
+	// right and a desired state that does not verify is forged or garbage.
+	verifiedHB atomic.Bool
 
 	mu        sync.Mutex
 	closed    bool
@@ -279,8 +284,13 @@ func verifyErr(what string, err error) error {
 	return fmt.Errorf("sdk: %s: %w", what, err)
 }
 
-// readDesired returns the verified desired state and its raw bytes (nil, nil when the fleet
-// has none yet).
+// readDesired returns the verified desired state and the key's raw bytes. The state is nil
+// when the key is missing or holds garbage (raw is then what a write must replace); when
+// the key holds a record older than one this client read (a replay, or a rebuild after a
+// Redis restart), the newer one is returned with the key's bytes. A record that decodes but
+// does not verify is ErrBadSecret: the client cannot tell its own wrong secret from a
+// forged record, unless a server's heartbeat verified with its secret (verifiedHB), in
+// which case the record is treated as garbage.
 func (c *Client) readDesired(ctx context.Context) (*protocol.DesiredState, []byte, error) {
 	raw, err := c.bus.Get(ctx, c.names.Desired())
 	if errors.Is(err, bus.ErrNotFound) {
@@ -291,18 +301,33 @@ func (c *Client) readDesired(ctx context.Context) (*protocol.DesiredState, []byt
 	}
 	d, err := protocol.DecodeDesiredState(raw)
 	if err != nil {
-		return nil, nil, fmt.Errorf("sdk: desired state of fleet %q: %w", c.opts.Fleet, err)
+		c.log.Warn("sdk: the fleet's desired-state key holds garbage; ignoring it (the servers write their record back)", "fleet", c.opts.Fleet, "err", err)
+		return c.cachedDesired(), raw, nil
 	}
 	if err := d.Verify(c.opts.Secret, c.opts.Fleet); err != nil {
+		if c.verifiedHB.Load() {
+			c.log.Warn("sdk: the fleet's desired state does not verify although its servers' heartbeats do; ignoring it", "fleet", c.opts.Fleet, "err", err)
+			return c.cachedDesired(), raw, nil
+		}
 		return nil, nil, verifyErr("desired state", err)
 	}
 	if d.Signed && len(c.opts.Secret) == 0 {
 		return nil, nil, fmt.Errorf("%w: fleet %q is signed and the client has no secret", ErrBadSecret, c.opts.Fleet)
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.desired != nil && d.Epoch < c.desired.Epoch {
+		return c.desired, raw, nil
+	}
 	c.desired = d
-	c.mu.Unlock()
 	return d, raw, nil
+}
+
+// cachedDesired is the last desired state this client verified (nil: none).
+func (c *Client) cachedDesired() *protocol.DesiredState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.desired
 }
 
 // DesiredState returns the fleet's verified desired state (nil when none was ever written).
@@ -320,6 +345,9 @@ func (c *Client) checkHeartbeatSecret(ctx context.Context) error {
 	hbs, err := c.readHeartbeats(ctx, true)
 	if err != nil {
 		return err
+	}
+	if len(hbs) > 0 {
+		c.verifiedHB.Store(true)
 	}
 	if len(c.opts.Secret) == 0 {
 		for id, hb := range hbs {
@@ -345,10 +373,21 @@ func (c *Client) ensureDesired(ctx context.Context) error {
 // and writes it back with compare-and-swap, retrying when another writer got in between.
 // change returning an error stops the update.
 func (c *Client) updateDesired(ctx context.Context, change func(*protocol.DesiredState) error) (*protocol.DesiredState, error) {
-	for range 16 {
+	for attempt := range 16 {
 		cur, raw, err := c.readDesired(ctx)
 		if err != nil {
 			return nil, err
+		}
+		if held, err := c.serversEpoch(ctx); err != nil {
+			return nil, err
+		} else if cur == nil && held > 0 || cur != nil && cur.Epoch < held {
+			// The key is gone or older than the record the servers hold (a Redis restart,
+			// or a replay): building on it would undo the fleet's state or be ignored. The
+			// servers write theirs back within a heartbeat; wait for it.
+			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		next := protocol.DesiredState{V: protocol.Version, Fleet: c.opts.Fleet, Signed: len(c.opts.Secret) > 0}
 		if cur == nil {
@@ -400,7 +439,31 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 			return &next, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: gave up after 16 attempts", ErrConflict)
+	return nil, fmt.Errorf("%w: gave up after 16 attempts (another writer, or a desired-state key older than the servers' that they have not written back)", ErrConflict)
+}
+
+// serversEpoch is the highest desired-state epoch a live server says it accepted.
+func (c *Client) serversEpoch(ctx context.Context) (int64, error) {
+	hbs, err := c.readHeartbeats(ctx, false)
+	if err != nil {
+		return 0, err
+	}
+	var e int64
+	for _, hb := range hbs {
+		e = max(e, hb.DesiredEpoch)
+	}
+	return e, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // readHeartbeats returns every live server's verified heartbeat. With strict, a heartbeat
@@ -421,6 +484,12 @@ func (c *Client) readHeartbeats(ctx context.Context, strict bool) (map[string]pr
 		if err == nil {
 			err = hb.Verify(c.opts.Secret, c.opts.Fleet)
 		}
+		if err == nil && time.Since(time.UnixMilli(hb.At)) > c.opts.HeartbeatTTL+heartbeatSkew {
+			// The key exists but the heartbeat inside is old: someone wrote back a dead
+			// server's heartbeat (the key's TTL is not signed, the time inside is).
+			c.log.Debug("sdk: ignoring a stale heartbeat", "server", id, "at", time.UnixMilli(hb.At))
+			continue
+		}
 		if err != nil {
 			if strict {
 				return nil, verifyErr("heartbeat of "+id, err)
@@ -432,6 +501,10 @@ func (c *Client) readHeartbeats(ctx context.Context, strict bool) (map[string]pr
 	}
 	return out, nil
 }
+
+// heartbeatSkew is how far a server's clock may run behind the client's before its
+// heartbeats count as stale whatever their key's TTL says.
+const heartbeatSkew = 30 * time.Second
 
 // refresh rereads heartbeats (and the desired state) into the routing cache.
 func (c *Client) refresh(ctx context.Context, strict bool) error {
@@ -604,11 +677,17 @@ func (c *Client) noteAck(a *protocol.Ack) {
 		return
 	}
 	var desired int64
+	var desiredSHA string
 	paused := false
 	if c.desired != nil {
-		paused = c.desired.Paused
+		paused = c.desired.Paused || c.desired.Sleep > 0
 		if c.desired.Weights != nil {
-			desired = c.desired.Weights.Version
+			desired, desiredSHA = c.desired.Weights.Version, c.desired.Weights.SHA256
+		}
+	}
+	for _, p := range a.Phases {
+		if p.Detail["superseded"] > 0 {
+			return // the server did nothing: its heartbeat stays the word
 		}
 	}
 	av := &ackView{at: a.At, version: a.WeightVersion}
@@ -619,7 +698,7 @@ func (c *Client) noteAck(a *protocol.Ack) {
 		av.state = protocol.StateSleeping
 	case protocol.KindCommit, protocol.KindResume:
 		av.state = protocol.StateRunning
-		av.inRotation = !paused && a.WeightVersion >= desired
+		av.inRotation = !paused && (a.WeightVersion > desired || a.WeightVersion == desired && (desired == 0 || a.WeightSHA256 == desiredSHA))
 	default:
 		return
 	}

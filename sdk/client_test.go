@@ -163,6 +163,19 @@ func TestControlPrimitives(t *testing.T) {
 		assert.Equal(t, []protocol.Kind{"pause", "resume", "sleep", "wake", "reset", "abort"}, a.kinds(), a.id)
 	}
 
+	d, err = c.DesiredState(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 2, d.Sleep, "a fleet sleep is recorded; a partial wake leaves it")
+	require.NoError(t, c.WakeUp(ctx, WakeOptions{}))
+	d, err = c.DesiredState(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, d.Sleep, "a full wake clears it")
+	for _, a := range agents {
+		a.mu.Lock()
+		a.received = a.received[:6] // the full wake is not part of what follows
+		a.mu.Unlock()
+	}
+
 	// Targets: only b hears it, and the desired state does not change.
 	epoch := d.Epoch
 	require.NoError(t, c.Pause(ctx, PauseOptions{}, Targets("b")))

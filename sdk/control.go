@@ -81,6 +81,15 @@ type callConfig struct {
 	targets []string
 	timeout time.Duration
 	results *[]ServerResult
+	pub     pubOpts
+}
+
+// pubOpts is what a command carries about the desired state it was sent for.
+type pubOpts struct {
+	epoch int64 // the desired-state epoch (0: the client's last read)
+	// fleetWide: a run-state command recorded in the desired state (protocol.Envelope.FleetWide).
+	fleetWide bool
+	desired   []byte // the record written for it, attached (nil: none)
 }
 
 // Targets limits a call to the named servers (default: every live server). A call with
@@ -135,55 +144,85 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// Pause stops scheduling on the targets (the whole fleet by default, which also records the
-// pause in the desired state so that a server that missed the command pauses when it
-// converges).
+// Pause stops scheduling on the targets. Without targets it is a fleet pause: the desired
+// state records it first (with the mode), so every server pauses and stays paused, also one
+// that misses the command or restarts, until Resume; the command is the prompt
+// notification, and its acks report each server's pause. With targets it pauses those
+// servers alone and the desired state is untouched (they stay paused until a targeted
+// Resume).
 func (c *Client) Pause(ctx context.Context, o PauseOptions, opts ...CallOption) error {
 	cmd := protocol.Pause{Mode: o.Mode.orDefault(), ClearCache: o.ClearCache}
 	if err := cmd.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	cfg := callOpts(opts)
-	err := c.control(ctx, "pause", cmd, cfg)
-	if len(cfg.targets) == 0 && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNoServers) && ctx.Err() == nil {
-		if _, derr := c.setPaused(ctx, true); derr != nil {
-			return errors.Join(err, derr)
-		}
-	}
-	return err
+	return c.runState(ctx, "pause", cmd, callOpts(opts), func(d *protocol.DesiredState) {
+		d.Paused, d.PauseMode = true, cmd.Mode
+	})
 }
 
-// Resume lets the targets schedule again (the whole fleet by default, which first clears the
-// desired state's pause so that converging servers do not pause again).
+// Resume lets the targets schedule again. Without targets it clears the fleet's pause in the
+// desired state first, so every server resumes, also one that misses the command.
 func (c *Client) Resume(ctx context.Context, opts ...CallOption) error {
-	cfg := callOpts(opts)
-	if len(cfg.targets) == 0 {
-		if err := c.checkOpen(ctx); err != nil {
-			return err
-		}
-		if _, err := c.setPaused(ctx, false); err != nil {
-			return err
-		}
-	}
-	return c.control(ctx, "resume", protocol.Resume{}, cfg)
+	return c.runState(ctx, "resume", protocol.Resume{}, callOpts(opts), func(d *protocol.DesiredState) {
+		d.Paused, d.PauseMode = false, ""
+	})
 }
 
 // Sleep pauses the targets and releases memory (level 1: KV cache; 2: also the weights).
+// Without targets the desired state records the sleep first, as for Pause.
 func (c *Client) Sleep(ctx context.Context, o SleepOptions, opts ...CallOption) error {
 	cmd := protocol.Sleep{Level: o.Level, Mode: string(o.Mode)}
 	if err := cmd.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	return c.control(ctx, "sleep", cmd, callOpts(opts))
+	return c.runState(ctx, "sleep", cmd, callOpts(opts), func(d *protocol.DesiredState) {
+		if cmd.Level > 0 {
+			d.Sleep = cmd.Level
+		} else {
+			d.Paused, d.PauseMode = true, protocol.ModeAbort
+			if cmd.Mode != "" {
+				d.PauseMode = cmd.Mode
+			}
+		}
+	})
 }
 
 // WakeUp restores what Sleep released (Tags: "weights", "kv_cache"; empty: everything).
+// Without targets, a wake of everything clears the desired state's sleep first, as Resume
+// does the pause; a partial wake (one tag: the weights before an update, say) leaves the
+// fleet recorded as asleep until the rest wakes.
 func (c *Client) WakeUp(ctx context.Context, o WakeOptions, opts ...CallOption) error {
 	cmd := protocol.Wake{Tags: slices.Clone(o.Tags)}
 	if err := cmd.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	return c.control(ctx, "wake", cmd, callOpts(opts))
+	cfg := callOpts(opts)
+	change := func(d *protocol.DesiredState) { d.Sleep = 0 }
+	if len(cmd.Tags) > 0 && !(slices.Contains(cmd.Tags, protocol.TagWeights) && slices.Contains(cmd.Tags, protocol.TagKVCache)) {
+		change = nil // a partial wake is not a run state the fleet records
+	}
+	return c.runState(ctx, "wake", cmd, cfg, change)
+}
+
+// runState runs a run-state command. Fleet-wide (no targets) with a change, it writes the
+// desired state first and sends the command with that epoch: a server reads the record
+// before it acts, and a command the record has since superseded changes nothing.
+func (c *Client) runState(ctx context.Context, op string, cmd any, cfg callConfig, change func(*protocol.DesiredState)) error {
+	if len(cfg.targets) == 0 && change != nil {
+		if err := c.checkOpen(ctx); err != nil {
+			return err
+		}
+		d, err := c.updateDesired(ctx, func(d *protocol.DesiredState) error { change(d); return nil })
+		if err != nil {
+			return err
+		}
+		raw, err := d.Encode()
+		if err != nil {
+			return err
+		}
+		cfg.pub = pubOpts{epoch: d.Epoch, fleetWide: true, desired: raw}
+	}
+	return c.control(ctx, op, cmd, cfg)
 }
 
 // ResetCache resets the targets' prefix cache (and with ResetExternal the offloaded KV). A
@@ -214,14 +253,6 @@ func callOpts(opts []CallOption) callConfig {
 	return cfg
 }
 
-// setPaused records a fleet pause in the desired state.
-func (c *Client) setPaused(ctx context.Context, paused bool) (*protocol.DesiredState, error) {
-	return c.updateDesired(ctx, func(d *protocol.DesiredState) error {
-		d.Paused = paused
-		return nil
-	})
-}
-
 // control runs one command on the configured targets and waits for their acks.
 func (c *Client) control(ctx context.Context, op string, cmd any, cfg callConfig) (err error) {
 	ctx, span := c.tracer.Start(ctx, "sdk."+op, trace.WithSpanKind(trace.SpanKindClient))
@@ -241,7 +272,7 @@ func (c *Client) control(ctx context.Context, op string, cmd any, cfg callConfig
 		return err
 	}
 	span.SetAttributes(attribute.StringSlice("rollout.targets", targets))
-	results, err := c.roundTrip(ctx, targets, cmd, timeout)
+	results, err := c.roundTrip(ctx, targets, cmd, timeout, cfg)
 	if cfg.results != nil {
 		*cfg.results = results
 	}
@@ -305,8 +336,8 @@ func (c *Client) resolveTargets(ctx context.Context, want []string, fresh bool) 
 }
 
 // roundTrip publishes cmd to targets and collects every ack until the timeout.
-func (c *Client) roundTrip(ctx context.Context, targets []string, cmd any, timeout time.Duration) ([]ServerResult, error) {
-	s, err := c.publish(ctx, targets, cmd, timeout)
+func (c *Client) roundTrip(ctx context.Context, targets []string, cmd any, timeout time.Duration, cfg callConfig) ([]ServerResult, error) {
+	s, err := c.publish(ctx, targets, cmd, timeout, cfg.pub)
 	if err != nil {
 		return nil, err
 	}
@@ -324,8 +355,8 @@ type sent struct {
 	listeners int
 }
 
-// publish signs and publishes cmd to targets.
-func (c *Client) publish(ctx context.Context, targets []string, cmd any, timeout time.Duration) (s *sent, err error) {
+// publish signs and publishes cmd to targets, with what it carries about the desired state.
+func (c *Client) publish(ctx context.Context, targets []string, cmd any, timeout time.Duration, pub pubOpts) (s *sent, err error) {
 	ctx, span := c.tracer.Start(ctx, "sdk.publish", trace.WithSpanKind(trace.SpanKindProducer))
 	defer func() { endSpan(span, err) }()
 	now := time.Now()
@@ -333,6 +364,14 @@ func (c *Client) publish(ctx context.Context, targets []string, cmd any, timeout
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if pub.epoch == 0 {
+		c.mu.Lock()
+		if c.desired != nil {
+			pub.epoch = c.desired.Epoch
+		}
+		c.mu.Unlock()
+	}
+	env.Epoch, env.FleetWide, env.Desired = pub.epoch, pub.fleetWide, pub.desired
 	carrier := propagation.MapCarrier{}
 	c.prop.Inject(ctx, carrier)
 	if len(carrier) > 0 {
@@ -391,8 +430,13 @@ func (c *Client) collect(ctx context.Context, s *sent, onAck func(ServerResult) 
 		}
 		for _, v := range vals {
 			a, err := protocol.DecodeAck(v)
+			if err == nil {
+				err = a.Verify(c.opts.Secret, c.opts.Fleet)
+			}
 			if err != nil {
-				c.log.Warn("sdk: malformed ack", "command", s.env.ID, "err", err)
+				// Whoever can write to Redis can push to an ack list: an ack that does not
+				// verify is not a server's word and is dropped.
+				c.log.Warn("sdk: ignoring an ack that does not verify", "command", s.env.ID, "err", err)
 				continue
 			}
 			if a.CommandID != s.env.ID || !want[a.ServerID] {

@@ -34,6 +34,7 @@ type fakeAgent struct {
 	url      string
 	peerURL  string                   // advertised peer route (empty: none)
 	holds    []int64                  // versions it advertises for peers
+	sha      string                   // digest of the version it serves
 	fail     map[protocol.Kind]string // kind → failure code
 	silent   map[protocol.Kind]bool   // kinds never acked
 	received []protocol.Envelope
@@ -68,7 +69,7 @@ func (a *fakeAgent) heartbeat() {
 	a.mu.Lock()
 	hb := protocol.Heartbeat{V: protocol.Version, Fleet: a.fleet, ServerID: a.id, State: protocol.StateRunning,
 		WeightVersion: a.version, StagedVersion: a.staged, InRotation: !a.paused, AdvertiseURL: a.url, At: time.Now().UnixMilli(),
-		PeerURL: a.peerURL, Holds: a.holds}
+		PeerURL: a.peerURL, Holds: a.holds, WeightSHA256: a.sha}
 	if a.paused {
 		hb.State = protocol.StatePaused
 	}
@@ -111,6 +112,7 @@ func (a *fakeAgent) loop() {
 		if silent {
 			continue
 		}
+		ack.Sign(a.secret, a.fleet)
 		raw, _ := ack.Encode()
 		_ = a.b.Push(context.Background(), protocol.Names{Fleet: a.fleet}.Acks(env.ID), raw, time.Minute)
 	}
@@ -145,6 +147,7 @@ func (a *fakeAgent) execute(env *protocol.Envelope, ack *protocol.Ack) {
 			break
 		}
 		a.version, a.staged = c.Version, 0
+		a.sha, ack.WeightSHA256 = c.SHA256, c.SHA256
 		for _, n := range []string{"pause", "sleep", "swap", "wake", "resume"} {
 			ack.Phases = append(ack.Phases, protocol.Phase{Name: n, OK: true, Seconds: 0.001})
 		}

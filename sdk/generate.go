@@ -382,10 +382,6 @@ type wireError struct {
 
 // segment sends one /generate request, moving to another server when one fails.
 func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p SamplingParams, res *GenerateResult) (*wireResponse, string, error) {
-	body, err := json.Marshal(wireRequest{PromptTokenIDs: prompt, N: n, Sampling: p, RequestID: id, CacheSalt: g.req.CacheSalt, MinVersion: g.req.MinVersion})
-	if err != nil {
-		return nil, "", fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
 	g.c.aborts.track(g.req.RequestID, id, n)
 	defer g.c.aborts.untrack(g.req.RequestID, id, n)
 	exclude := map[string]bool{}
@@ -397,6 +393,14 @@ func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p
 				return nil, "", fmt.Errorf("%w (last failure: %w)", err, lastErr)
 			}
 			return nil, "", err
+		}
+		// The request carries the floor it was routed by (at least the fleet's committed
+		// version): a server below it refuses rather than serves, whatever this client's
+		// view of it said.
+		body, err := json.Marshal(wireRequest{PromptTokenIDs: prompt, N: n, Sampling: p, RequestID: id, CacheSalt: g.req.CacheSalt, MinVersion: cand.floor})
+		if err != nil {
+			g.c.release(cand.id, n)
+			return nil, "", fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 		out, err := g.c.post(ctx, cand.url, body)
 		g.c.release(cand.id, n)
@@ -539,10 +543,12 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 	var cands []candidate
 	live, atVersion := 0, 0
 	var desired int64
+	var desiredSHA string
 	if c.desired != nil && c.desired.Weights != nil {
-		desired = c.desired.Weights.Version
+		desired, desiredSHA = c.desired.Weights.Version, c.desired.Weights.SHA256
 	}
-	fleetPaused := c.desired != nil && c.desired.Paused
+	floor := max(minVersion, desired)
+	fleetPaused := c.desired != nil && (c.desired.Paused || c.desired.Sleep > 0)
 	for id, v := range c.view {
 		if !v.live {
 			continue
@@ -553,7 +559,9 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 		}
 		// Below the desired version a server is stale whatever its last heartbeat said (it
 		// may predate the update this client just committed).
-		inRotation := v.hb.InRotation && servingState(v.hb.State) && v.hb.WeightVersion >= max(minVersion, desired)
+		// At the desired version it must also be the desired checkpoint.
+		inRotation := v.hb.InRotation && servingState(v.hb.State) && v.hb.WeightVersion >= floor &&
+			(v.hb.WeightVersion > desired || desired == 0 || v.hb.WeightSHA256 == desiredSHA)
 		// A server this client is committing new weights to takes requests too: its engine
 		// queues them while paused or asleep and runs them first after the resume, on the new
 		// weights. So a sample a pause aborted goes back home and waits out the cut there, and
@@ -562,7 +570,7 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 		if !inRotation && !committing || !v.suspect.IsZero() || exclude[id] || v.hb.AdvertiseURL == "" {
 			continue
 		}
-		cands = append(cands, candidate{id: id, url: v.hb.AdvertiseURL, load: v.hb.Running + v.hb.Waiting + v.inflight})
+		cands = append(cands, candidate{id: id, url: v.hb.AdvertiseURL, load: v.hb.Running + v.hb.Waiting + v.inflight, floor: floor})
 	}
 	if len(cands) > 0 {
 		slices.SortFunc(cands, func(a, b candidate) int { return compareStrings(a.id, b.id) })

@@ -145,7 +145,7 @@ func TestUpdateWeightsSendsTheTree(t *testing.T) {
 	}
 
 	agents[2].set(func(a *fakeAgent) { a.holds = []int64{2} })
-	res, err = c.UpdateWeights(t.Context(), ref(2), Plan{Targets: []string{"a", "b"}})
+	res, err = c.UpdateWeights(t.Context(), ref(2), Plan{Targets: []string{"a", "b", "c"}})
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{"a": "c", "b": "c"}, res.Sources, "the holder feeds both")
 

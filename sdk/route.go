@@ -16,6 +16,9 @@ type candidate struct {
 	id   string
 	url  string
 	load int
+	// floor is the lowest weight version the request may run on: the caller's MinVersion
+	// or the fleet's desired version, whichever is higher.
+	floor int64
 }
 
 // affinityKey hashes the cache salt and the first block of a prompt.

@@ -104,7 +104,9 @@ type Plan struct {
 	// StageTimeout bounds fetching and staging (default 2m); CommitTimeout each commit
 	// command (per batch when rolling; default 1m).
 	StageTimeout, CommitTimeout time.Duration
-	// Targets limits the update to these servers (default: every live server).
+	// Targets names the servers the update stages and commits on (default: every live
+	// server). It must include every live server: the desired state moves for the whole
+	// fleet, so a server left out would follow by itself and the result would not say so.
 	Targets []string
 	// PeerFanOut is how many servers one server feeds at most in the distribution tree
 	// (0: DefaultPeerFanOut; negative: no peers, every server fetches from the origin);
@@ -250,7 +252,7 @@ func resolvePlan(p Plan) (resolvedPlan, error) {
 	if r.stageTimeout < 0 || r.commitTimeout < 0 {
 		return resolvedPlan{}, invalid("timeouts must be > 0")
 	}
-	if err := (protocol.Commit{Version: 1, Mode: r.mode, SleepLevel: r.sleepLevel}).Validate(); err != nil {
+	if err := (protocol.Commit{Version: 1, Mode: r.mode, SleepLevel: r.sleepLevel, SHA256: strings.Repeat("0", 64)}).Validate(); err != nil {
 		return resolvedPlan{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return r, nil
@@ -279,6 +281,9 @@ func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (
 	if err := ref.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if ref.SHA256 == "" {
+		return nil, invalid("weights version %d without a sha256: a fleet version names one checkpoint only with its digest (rollout weights digest prints it)", ref.Version)
+	}
 	rp, err := resolvePlan(plan)
 	if err != nil {
 		return nil, err
@@ -290,12 +295,23 @@ func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (
 	if rp.kind != policyAll && rp.k > len(targets) {
 		return nil, invalid("policy %s: K=%d is more than the %d target servers", plan.Policy, rp.k, len(targets))
 	}
+	if len(plan.Targets) > 0 {
+		all, err := c.resolveTargets(ctx, nil, true)
+		if err != nil {
+			return nil, err
+		}
+		if missing := without(all, targets); len(missing) > 0 {
+			return nil, invalid("Plan.Targets leaves out live servers %q: an update moves the whole fleet's desired state, so every live server follows; name them all (or none)", missing)
+		}
+	}
 	serving, err := c.servingVersion(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if ref.Version <= serving {
-		return nil, invalid("weights version %d is not above the fleet's version %d", ref.Version, serving)
+	if retry, err := c.isRetry(ctx, ref); err != nil {
+		return nil, err
+	} else if ref.Version <= serving && !retry {
+		return nil, invalid("weights version %d is not above the fleet's version %d (the same version and digest again completes an update)", ref.Version, serving)
 	}
 
 	res = &UpdateResult{Version: ref.Version, Policy: Policy(plan.Policy.String()), Servers: make([]ServerUpdate, len(targets))}
@@ -308,6 +324,7 @@ func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (
 	var stageEnd, commitStart time.Time
 	for act.kind != actDone {
 		if ctx.Err() != nil {
+			d.settle(ctx)
 			act = t.cancel()
 			break
 		}
@@ -351,6 +368,52 @@ func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (
 	return res, nil
 }
 
+// isRetry reports whether ref is the version the desired state names already, with the
+// same digest: UpdateWeights runs again to bring every server to it (after a cancelled or
+// partial update). The same version with another digest is refused: a version names one
+// checkpoint.
+func (c *Client) isRetry(ctx context.Context, ref WeightsRef) (bool, error) {
+	d, _, err := c.readDesired(ctx)
+	if err != nil || d == nil || d.Weights == nil || d.Weights.Version != ref.Version {
+		return false, err
+	}
+	if d.Weights.SHA256 != ref.SHA256 {
+		return false, fmt.Errorf("%w: fleet version %d is checkpoint %s, not %s", ErrConflict, ref.Version, d.Weights.SHA256, ref.SHA256)
+	}
+	return true, nil
+}
+
+// without returns the ids of all (sorted) that are not in some (sorted).
+func without(all, some []string) []string {
+	var out []string
+	for _, id := range all {
+		if _, ok := slices.BinarySearch(some, id); !ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// settle runs when the caller cancels an update: if servers already swapped (a rolling
+// update between batches) but the desired state does not name the version yet, it writes
+// it, on a short context of its own, so the whole fleet converges to one version instead of
+// staying on two.
+func (d *updateDriver) settle(ctx context.Context) {
+	if d.t.desired || len(d.t.commitOK) == 0 {
+		return
+	}
+	swapped := false
+	for _, ok := range d.t.commitOK {
+		swapped = swapped || ok
+	}
+	if !swapped {
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.c.opts.CommandTimeout)
+	defer cancel()
+	d.setDesired(sctx)
+}
+
 // servingVersion is the fleet's current version: the desired one, or the newest a live
 // server reports when the desired state names none (or an older one).
 func (c *Client) servingVersion(ctx context.Context) (int64, error) {
@@ -381,6 +444,8 @@ type updateDriver struct {
 	res    *UpdateResult
 	desErr error
 	errs   map[string]error
+	// desiredRaw is the record the commit point wrote (nil before it).
+	desiredRaw []byte
 }
 
 func (d *updateDriver) server(id string) *ServerUpdate { return d.res.Server(id) }
@@ -388,7 +453,7 @@ func (d *updateDriver) server(id string) *ServerUpdate { return d.res.Server(id)
 func (d *updateDriver) stage(ctx context.Context, targets []string) action {
 	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.stage")
 	defer span.End()
-	s, err := d.c.publish(ctx, targets, protocol.Stage{Weights: d.ref, Sources: d.sources(ctx, targets)}, d.rp.stageTimeout)
+	s, err := d.c.publish(ctx, targets, protocol.Stage{Weights: d.ref, Sources: d.sources(ctx, targets)}, d.rp.stageTimeout, pubOpts{})
 	if err != nil {
 		d.desErr = err
 		span.RecordError(err)
@@ -481,8 +546,8 @@ func (d *updateDriver) setDesired(ctx context.Context) action {
 	defer span.End()
 	ref := d.ref
 	ds, err := d.c.updateDesired(ctx, func(s *protocol.DesiredState) error {
-		if s.Weights != nil && s.Weights.Version >= ref.Version {
-			return fmt.Errorf("%w: the desired state already names version %d", ErrConflict, s.Weights.Version)
+		if s.Weights != nil && (s.Weights.Version > ref.Version || s.Weights.Version == ref.Version && s.Weights.SHA256 != ref.SHA256) {
+			return fmt.Errorf("%w: the desired state already names version %d (%s)", ErrConflict, s.Weights.Version, s.Weights.SHA256)
 		}
 		s.Weights = &ref
 		s.Plan = &protocol.Commit{Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel}
@@ -494,6 +559,9 @@ func (d *updateDriver) setDesired(ctx context.Context) action {
 		return d.t.desiredWritten(false)
 	}
 	d.res.Epoch = ds.Epoch
+	if raw, err := ds.Encode(); err == nil {
+		d.desiredRaw = raw // attached to the commit commands: the servers need not read it
+	}
 	span.SetAttributes(attribute.Int64("rollout.epoch", ds.Epoch))
 	return d.t.desiredWritten(true)
 }
@@ -501,10 +569,10 @@ func (d *updateDriver) setDesired(ctx context.Context) action {
 func (d *updateDriver) commit(ctx context.Context, targets []string) action {
 	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.commit", trace.WithAttributes(attribute.StringSlice("rollout.targets", targets)))
 	defer span.End()
-	cmd := protocol.Commit{Version: d.ref.Version, Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel}
+	cmd := protocol.Commit{Version: d.ref.Version, Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel, SHA256: d.ref.SHA256}
 	d.c.committing(targets, d.ref.Version)
 	defer d.c.committing(targets, 0)
-	s, err := d.c.publish(ctx, targets, cmd, d.rp.commitTimeout)
+	s, err := d.c.publish(ctx, targets, cmd, d.rp.commitTimeout, pubOpts{desired: d.desiredRaw})
 	if err != nil {
 		span.RecordError(err)
 		for _, id := range targets {
@@ -515,9 +583,9 @@ func (d *updateDriver) commit(ctx context.Context, targets []string) action {
 	var next action
 	var decided bool
 	results, _ := d.c.collect(ctx, s, func(r ServerResult) bool {
-		ok := r.Err == nil && r.WeightVersion >= d.ref.Version
+		ok := r.Err == nil && (r.WeightVersion > d.ref.Version || r.WeightVersion == d.ref.Version && r.Ack.WeightSHA256 == d.ref.SHA256)
 		if r.Err == nil && !ok {
-			r.Err = fmt.Errorf("%w: commit acked ok but the server serves version %d", ErrFailed, r.WeightVersion)
+			r.Err = fmt.Errorf("%w: commit acked ok but the server serves version %d (%s)", ErrFailed, r.WeightVersion, r.Ack.WeightSHA256)
 		}
 		d.recordCommit(ctx, r, s.start)
 		next, decided = d.t.commitAck(r.ServerID, ok)

@@ -51,7 +51,7 @@ func TestUpdateWeightsAllOrNothing(t *testing.T) {
 	require.Len(t, cmds, 2)
 	cmd, err := cmds[1].Command()
 	require.NoError(t, err)
-	assert.Equal(t, protocol.Commit{Version: 1, Mode: "abort", ClearCache: true, SleepLevel: 1}, cmd)
+	assert.Equal(t, protocol.Commit{Version: 1, Mode: "abort", ClearCache: true, SleepLevel: 1, SHA256: ref(1).SHA256}, cmd)
 
 	// One failing stage: nobody commits, the desired state stays.
 	agents[1].set(func(a *fakeAgent) { a.fail[protocol.KindStage] = "digest_mismatch" })

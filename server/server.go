@@ -86,6 +86,10 @@ type Config struct {
 	RedisConfig redisconf.Config
 	// FleetHeartbeat and FleetHeartbeatTTL pace the agent's heartbeat (0: 1s and 5s).
 	FleetHeartbeat, FleetHeartbeatTTL time.Duration
+	// StateDir, when set, is where the fleet agent keeps the newest desired state it
+	// accepted, so that after a restart (and a Redis restart that lost the key) the server
+	// still knows the fleet's version and run state.
+	StateDir string
 	// PeerDir holds the versions a fleet server serves its peers at /weights/ (default: a
 	// temporary directory removed when the server stops); NoPeers turns the route off (the
 	// server then fetches only from the origin and feeds nobody).
@@ -347,7 +351,7 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		Stage: func(ctx context.Context, ref protocol.WeightsRef) (int64, error) {
 			return s.api.StageWeights(ctx, weights.Ref{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256})
 		},
-		ErrorCode: api.ErrorCode, HeartbeatInterval: cfg.FleetHeartbeat, HeartbeatTTL: cfg.FleetHeartbeatTTL,
+		ErrorCode: api.ErrorCode, HeartbeatInterval: cfg.FleetHeartbeat, HeartbeatTTL: cfg.FleetHeartbeatTTL, StateDir: cfg.StateDir,
 		Logger: cfg.Logger, Tracer: cfg.Tracer, Metrics: metrics}
 	if s.peer != nil {
 		acfg.PeerURL = strings.TrimSuffix(adv, "/") + strings.TrimSuffix(peer.Route, "/")

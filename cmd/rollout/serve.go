@@ -123,6 +123,7 @@ func newServeCmd() *cobra.Command {
 	f.BoolVar(&cfg.NoSpareWeights, "no-spare-weights", false, "do not prepare a spare weight set (and its packed copy) at start-up for the first update (saves about twice the checkpoint's float32 size until the second update)")
 	f.BoolVar(&cfg.WeightsAllowPrivate, "weights-allow-private", false,
 		"let http(s) weight fetches reach loopback, private and link-local addresses (loopback is allowed when --addr is loopback)")
+	f.StringVar(&cfg.StateDir, "state-dir", "", "directory where a fleet server keeps the newest desired state it accepted, so it knows the fleet's version and run state after a restart, even if Redis lost it (default: none, Redis and the other servers are the memory)")
 	f.StringVar(&cfg.PeerDir, "peer-dir", "", "directory of the versions this fleet server serves its peers at /weights/ (default: a temporary one)")
 	f.BoolVar(&cfg.NoPeers, "no-peers", false, "no /weights/ peer route: fetch weight updates from the origin only and feed no peer")
 	f.StringVar(&cfg.OTel, "otel", "", "trace exporter: none, stdout or otlp (default: OTEL_TRACES_EXPORTER, else none; OTLP reads the standard OTEL_EXPORTER_OTLP_* variables)")

@@ -296,6 +296,14 @@ func (f *Fleet) Heartbeat(id string) *protocol.Heartbeat {
 	return hb
 }
 
+// SetKey writes a raw value under key in the fleet's Redis (a test acting as another
+// writer: a lost message's record, a replay, garbage).
+func (f *Fleet) SetKey(key string, raw []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return f.bus.Set(ctx, key, raw, 0)
+}
+
 // WaitInRotation waits until p heartbeats in rotation and answers /ready with 200, failing
 // the test (with the process's output) when it does not within StartTimeout or exits.
 func (f *Fleet) WaitInRotation(p *Proc) {

@@ -126,8 +126,8 @@ func TestSecurityRejectsForgedCommands(t *testing.T) {
 			return e
 		}},
 		{"expired", func(now time.Time) *protocol.Envelope {
-			e := pauseEnvelope(t, f.Name, now.Add(-2*time.Second))
-			e.Deadline = now.Add(-time.Second).UnixMilli()
+			e := pauseEnvelope(t, f.Name, now.Add(-50*time.Second))
+			e.Deadline = now.Add(-40 * time.Second).UnixMilli() // past the 30 s clock-skew allowance
 			e.Sign(secret)
 			return e
 		}},

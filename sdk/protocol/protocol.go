@@ -148,6 +148,10 @@ type Commit struct {
 	Mode       string `json:"mode"`
 	ClearCache bool   `json:"clear_cache"`
 	SleepLevel int    `json:"sleep_level"`
+	// SHA256 is the digest of the checkpoint Version must be: a server whose staged set came
+	// from another checkpoint refuses the commit (code conflict). Required in a commit
+	// command; ignored in a desired state's plan, whose Weights carry it.
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 // Abort finishes the named requests (empty: all) with finish reason abort.
@@ -185,9 +189,15 @@ func (w Wake) Validate() error {
 }
 
 // Validate checks the ref and the source assignment (no empty ids, no server its own source).
+// A stage must carry the checkpoint's digest: a version number names one checkpoint only
+// together with it, and a server compares digests, not numbers, to decide whether what it
+// staged or serves is what the fleet asked for.
 func (s Stage) Validate() error {
 	if err := s.Weights.Validate(); err != nil {
 		return err
+	}
+	if s.Weights.SHA256 == "" {
+		return fmt.Errorf("%w: stage of version %d without a sha256: a fleet version names a checkpoint only with its digest", ErrInvalid, s.Weights.Version)
 	}
 	for target, src := range s.Sources {
 		if target == "" || src == "" || target == src {
@@ -208,7 +218,15 @@ func (c Commit) Validate() error {
 	if c.SleepLevel < 0 || c.SleepLevel > 2 {
 		return fmt.Errorf("%w: commit sleep level %d: want 0, 1 or 2", ErrInvalid, c.SleepLevel)
 	}
+	if !validDigest(c.SHA256) {
+		return fmt.Errorf("%w: commit of version %d needs the checkpoint's sha256 (64 hex digits, got %q)", ErrInvalid, c.Version, c.SHA256)
+	}
 	return nil
+}
+
+func validDigest(s string) bool {
+	b, err := hex.DecodeString(s)
+	return err == nil && len(b) == sha256.Size
 }
 
 // Envelope is one signed command. Body holds the JSON of the command Kind names.
@@ -225,6 +243,22 @@ type Envelope struct {
 	Trace map[string]string `json:"trace,omitempty"`
 	Kind  Kind              `json:"kind"`
 	Body  json.RawMessage   `json:"body"`
+	// Epoch is the desired-state epoch the sender wrote or read before publishing (0:
+	// unknown). A server whose desired state is older reads it again before it acts, and a
+	// fleet-wide pause, resume, sleep or wake that the desired state has since superseded
+	// changes nothing (its ack says superseded): the desired state is the authority on run
+	// state, the command only its prompt notification.
+	Epoch int64 `json:"epoch,omitempty"`
+	// FleetWide marks a pause, resume, sleep or wake the sender recorded in the desired state
+	// (at Epoch) for the whole fleet, whatever Targets lists (the servers it waits acks
+	// from). A server judges it against the desired state; one without it is aimed at the
+	// servers it names alone, and a pause or sleep of that kind holds a server until a
+	// resume or wake.
+	FleetWide bool `json:"fleet_wide,omitempty"`
+	// Desired, when set, is the signed desired-state record (as written to its key) the
+	// sender wrote for this command, so a server need not read the key before acting. It
+	// is verified on its own, like the key's value.
+	Desired json.RawMessage `json:"desired,omitempty"`
 	// Sig is the hex HMAC-SHA256 of Canonical with the fleet secret; empty when unsigned.
 	Sig string `json:"sig,omitempty"`
 }
@@ -367,6 +401,12 @@ func (e *Envelope) Canonical() []byte {
 	c.strMap(e.Trace)
 	c.str(string(e.Kind))
 	c.bytes(canonicalJSON(e.Body))
+	if e.Epoch != 0 || e.FleetWide || len(e.Desired) > 0 { // absent, the bytes are those of envelopes written before the fields
+		c.str("epoch")
+		c.int(e.Epoch)
+		c.bool(e.FleetWide)
+		c.bytes(e.Desired)
+	}
 	return c.b.Bytes()
 }
 
@@ -375,7 +415,8 @@ func (e *Envelope) Sign(secret []byte) { e.Sig = mac(secret, e.Canonical()) }
 
 // Verify checks, in order: wire version, fleet, signature (when secret is set; with an empty
 // secret any signature is ignored), and the deadline against now. The ID must be checked for
-// replay by the caller, who keeps the ids it has seen until their deadlines pass.
+// replay by the caller, who keeps the ids it has seen until their deadlines pass. A receiver
+// that allows for clock skew passes now minus the allowance (VerifySkew).
 func (e *Envelope) Verify(secret []byte, fleet string, now time.Time) error {
 	if e.V != Version {
 		return fmt.Errorf("%w: v=%d, want %d", ErrVersion, e.V, Version)
@@ -446,9 +487,11 @@ type Ack struct {
 	Code   string  `json:"code,omitempty"`
 	Error  string  `json:"error,omitempty"`
 	Phases []Phase `json:"phases,omitempty"`
-	// WeightVersion and StagedVersion are the server's after the command.
-	WeightVersion int64 `json:"weight_version"`
-	StagedVersion int64 `json:"staged_version,omitempty"`
+	// WeightVersion and StagedVersion are the server's after the command; WeightSHA256 the
+	// digest of the checkpoint it serves ("" when it serves what it loaded at start).
+	WeightVersion int64  `json:"weight_version"`
+	StagedVersion int64  `json:"staged_version,omitempty"`
+	WeightSHA256  string `json:"weight_sha256,omitempty"`
 	// LastTokenBefore and FirstTokenAfter (Unix nanoseconds, 0 when unknown) bound a commit's
 	// generation bubble: the last token generated before the pause, the first after the resume.
 	LastTokenBefore int64 `json:"last_token_before,omitempty"`
@@ -456,6 +499,61 @@ type Ack struct {
 	// Duplicate is set on a re-ack of a command already executed.
 	Duplicate bool  `json:"duplicate,omitempty"`
 	At        int64 `json:"at"`
+	// Sig is the HMAC-SHA256 of Canonical (which also binds the fleet name); a client with
+	// a secret trusts no ack without a valid one, so whoever can write to Redis cannot
+	// forge an ok, failed or paused answer.
+	Sig string `json:"sig,omitempty"`
+}
+
+// Canonical is what an ack's Sig signs, for fleet.
+func (a *Ack) Canonical(fleet string) []byte {
+	var c canon
+	c.str("rollout.ack")
+	c.int(int64(a.V))
+	c.str(fleet)
+	c.str(a.CommandID)
+	c.str(a.ServerID)
+	c.str(string(a.Kind))
+	c.str(string(a.Result))
+	c.str(a.Code)
+	c.str(a.Error)
+	c.int(int64(len(a.Phases)))
+	for _, p := range a.Phases {
+		c.str(p.Name)
+		c.bool(p.OK)
+		c.str(p.Error)
+		c.str(strconv.FormatFloat(p.Seconds, 'g', -1, 64))
+		keys := make([]string, 0, len(p.Detail))
+		for k := range p.Detail {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		c.int(int64(len(keys)))
+		for _, k := range keys {
+			c.str(k)
+			c.int(p.Detail[k])
+		}
+	}
+	c.int(a.WeightVersion)
+	c.int(a.StagedVersion)
+	c.int(a.LastTokenBefore)
+	c.int(a.FirstTokenAfter)
+	c.bool(a.Duplicate)
+	c.int(a.At)
+	c.str(a.WeightSHA256)
+	return c.b.Bytes()
+}
+
+// Sign sets Sig from secret (nothing when secret is empty: an unsigned fleet).
+func (a *Ack) Sign(secret []byte, fleet string) {
+	if len(secret) > 0 {
+		a.Sig = mac(secret, a.Canonical(fleet))
+	}
+}
+
+// Verify checks the ack's signature when secret is set.
+func (a *Ack) Verify(secret []byte, fleet string) error {
+	return verifySig(secret, a.Canonical(fleet), a.Sig)
 }
 
 // Encode marshals the ack.
@@ -507,8 +605,13 @@ type Heartbeat struct {
 	// version it is fetching (relayed as it arrives).
 	PeerURL string  `json:"peer_url,omitempty"`
 	Holds   []int64 `json:"holds,omitempty"`
-	At      int64   `json:"at"`
-	Sig     string  `json:"sig,omitempty"`
+	// WeightSHA256 is the digest of the checkpoint the server serves ("" when it serves what
+	// it loaded at start); DesiredEpoch the highest desired-state epoch it accepted, which a
+	// client that finds the key gone or older uses to tell a replayed record.
+	WeightSHA256 string `json:"weight_sha256,omitempty"`
+	DesiredEpoch int64  `json:"desired_epoch,omitempty"`
+	At           int64  `json:"at"`
+	Sig          string `json:"sig,omitempty"`
 }
 
 // HoldsVersion reports whether the heartbeat says the server holds version v for its peers.
@@ -541,6 +644,11 @@ func (h *Heartbeat) Canonical() []byte {
 		for _, v := range h.Holds {
 			c.int(v)
 		}
+	}
+	if h.WeightSHA256 != "" || h.DesiredEpoch != 0 {
+		c.str("desired")
+		c.str(h.WeightSHA256)
+		c.int(h.DesiredEpoch)
 	}
 	return c.b.Bytes()
 }
@@ -585,8 +693,13 @@ type DesiredState struct {
 	// Plan is how a server that converges by itself commits Weights (mode, clear_cache,
 	// sleep_level; Version is ignored): the same cut the transaction's commit command uses.
 	Plan *Commit `json:"plan,omitempty"`
-	// Paused asks servers to stay paused (an operator's fleet pause).
-	Paused bool `json:"paused"`
+	// Paused asks servers to stay paused (an operator's fleet pause), with PauseMode (empty:
+	// the plan's mode, else abort); Sleep > 0 asks them to sleep at that level (1: KV, 2:
+	// also the weights). Servers converge to this run state in both directions: a server
+	// that is paused or asleep while the record says serving resumes or wakes by itself.
+	Paused    bool   `json:"paused"`
+	PauseMode string `json:"pause_mode,omitempty"`
+	Sleep     int    `json:"sleep,omitempty"`
 	// Signed says the fleet's messages are signed: a server without a secret must not join.
 	Signed    bool  `json:"signed"`
 	UpdatedAt int64 `json:"updated_at"`
@@ -623,6 +736,15 @@ func (d *DesiredState) Canonical() []byte {
 	if len(d.Trace) > 0 { // absent, the bytes are those of states written before the field
 		c.strMap(d.Trace)
 	}
+	if d.PauseMode != "" || d.Sleep != 0 {
+		c.str("run")
+		c.str(d.PauseMode)
+		c.int(int64(d.Sleep))
+	}
+	if d.Plan != nil && d.Plan.SHA256 != "" {
+		c.str("plan_sha256")
+		c.str(d.Plan.SHA256)
+	}
 	return c.b.Bytes()
 }
 
@@ -638,6 +760,12 @@ func (d *DesiredState) Verify(secret []byte, fleet string) error {
 		if err := d.Weights.Validate(); err != nil {
 			return err
 		}
+		if d.Weights.SHA256 == "" {
+			return fmt.Errorf("%w: desired weights version %d without a sha256", ErrInvalid, d.Weights.Version)
+		}
+	}
+	if d.Sleep < 0 || d.Sleep > 2 || d.PauseMode != "" && !validMode(d.PauseMode) {
+		return fmt.Errorf("%w: desired run state: sleep %d, pause mode %q", ErrInvalid, d.Sleep, d.PauseMode)
 	}
 	return verifySig(secret, d.Canonical(), d.Sig)
 }

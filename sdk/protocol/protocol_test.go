@@ -49,7 +49,7 @@ func commands() map[protocol.Kind]any {
 		protocol.KindWake:   protocol.Wake{Tags: []string{protocol.TagWeights, protocol.TagKVCache}},
 		protocol.KindReset:  protocol.Reset{ResetExternal: true, ResetRunning: true},
 		protocol.KindStage:  protocol.Stage{Weights: protocol.WeightsRef{Version: 7, URI: "http://w/v7", SHA256: digest}},
-		protocol.KindCommit: protocol.Commit{Version: 7, Mode: protocol.ModeWait, ClearCache: true, SleepLevel: 1},
+		protocol.KindCommit: protocol.Commit{Version: 7, Mode: protocol.ModeWait, ClearCache: true, SleepLevel: 1, SHA256: digest},
 		protocol.KindAbort:  protocol.Abort{RequestIDs: []string{"r1", "r2"}},
 	}
 }
@@ -59,6 +59,7 @@ func envelope(t *testing.T, cmd any) *protocol.Envelope {
 	e, err := protocol.NewEnvelope("f", []string{"s2", "s1"}, cmd, t0, 5*time.Second)
 	require.NoError(t, err)
 	e.Trace = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	e.Epoch = 3
 	return e
 }
 
@@ -136,7 +137,9 @@ func TestCommandValidation(t *testing.T) {
 		"stage sha short":    protocol.Stage{Weights: protocol.WeightsRef{Version: 1, URI: "u", SHA256: "abcd"}},
 		"commit version":     protocol.Commit{Version: 0, Mode: protocol.ModeAbort},
 		"commit mode":        protocol.Commit{Version: 1, Mode: "x"},
-		"commit sleep level": protocol.Commit{Version: 1, Mode: protocol.ModeAbort, SleepLevel: 5},
+		"commit sleep level": protocol.Commit{Version: 1, Mode: protocol.ModeAbort, SleepLevel: 5, SHA256: digest},
+		"commit without sha": protocol.Commit{Version: 1, Mode: protocol.ModeAbort},
+		"stage without sha":  protocol.Stage{Weights: protocol.WeightsRef{Version: 1, URI: "u"}},
 	}
 	for name, cmd := range bad {
 		err := cmd.(interface{ Validate() error }).Validate()
@@ -149,7 +152,7 @@ func TestCommandValidation(t *testing.T) {
 	}
 	require.NoError(t, protocol.Sleep{Level: 0}.Validate())
 	require.NoError(t, protocol.Wake{}.Validate())
-	require.NoError(t, protocol.Stage{Weights: protocol.WeightsRef{Version: 1, URI: "u"}}.Validate(), "sha256 is optional")
+	require.NoError(t, protocol.WeightsRef{Version: 1, URI: "u"}.Validate(), "a ref alone may lack a digest; a stage may not")
 }
 
 func TestKinds(t *testing.T) {
@@ -306,8 +309,49 @@ func badSigOrVersion(field string) error {
 		return protocol.ErrVersion
 	case "Kind":
 		return protocol.ErrMalformed
+	case "Weights=new", "PauseMode", "Weights.SHA256":
+		// A desired state's content is checked before its signature: a ref without
+		// version and digest, a pause mode or sleep level out of range.
+		return protocol.ErrInvalid
 	}
 	return protocol.ErrBadSignature
+}
+
+// Tampering with any single field of a signed ack changes its canonical bytes; the fleet
+// name is bound too, so an ack cannot be replayed into another fleet.
+func TestTamperingAnyAckFieldBreaksItsSignature(t *testing.T) {
+	mk := func() *protocol.Ack {
+		return &protocol.Ack{V: protocol.Version, CommandID: "c1", ServerID: "s1", Kind: protocol.KindCommit, Result: protocol.ResultOK,
+			Code: "x", Error: "e", Phases: []protocol.Phase{{Name: "pause", OK: true, Seconds: 0.5, Detail: map[string]int64{"a": 1}}},
+			WeightVersion: 3, StagedVersion: 4, WeightSHA256: digest, LastTokenBefore: 5, FirstTokenAfter: 6, Duplicate: true, At: 7}
+	}
+	base := mk()
+	base.Sign(secret, "f")
+	require.NoError(t, base.Verify(secret, "f"))
+	require.ErrorIs(t, base.Verify(secret, "g"), protocol.ErrBadSignature, "bound to its fleet")
+	require.ErrorIs(t, (&protocol.Ack{V: 1}).Verify(secret, "f"), protocol.ErrUnsigned)
+	n := 0
+	for field := range mutations(base, "Sig", "Phases") {
+		m := mk()
+		m.Sig = base.Sig
+		mutations(m, "Sig", "Phases")[field]()
+		require.ErrorIs(t, m.Verify(secret, "f"), protocol.ErrBadSignature, "changing %s", field)
+		n++
+	}
+	require.Greater(t, n, 10)
+	// Phases are walked as a whole by mutations; change each part of one by hand.
+	for name, change := range map[string]func(*protocol.Ack){
+		"phase name":    func(a *protocol.Ack) { a.Phases[0].Name = "resume" },
+		"phase ok":      func(a *protocol.Ack) { a.Phases[0].OK = false },
+		"phase seconds": func(a *protocol.Ack) { a.Phases[0].Seconds = 9 },
+		"phase detail":  func(a *protocol.Ack) { a.Phases[0].Detail["a"] = 2 },
+		"phase error":   func(a *protocol.Ack) { a.Phases[0].Error = "boom" },
+	} {
+		m := mk()
+		m.Sig = base.Sig
+		change(m)
+		require.ErrorIs(t, m.Verify(secret, "f"), protocol.ErrBadSignature, name)
+	}
 }
 
 func heartbeat() *protocol.Heartbeat {
@@ -315,7 +359,7 @@ func heartbeat() *protocol.Heartbeat {
 		V: protocol.Version, Fleet: "f", ServerID: "s1", State: protocol.StateRunning,
 		WeightVersion: 3, StagedVersion: 4, Epoch: 9, InRotation: true, Running: 5, Waiting: 2,
 		KVUsage: 0.375, AdvertiseURL: "http://10.0.0.1:8000", Build: "v1.2.3", Error: "fetch: 404", PeerURL: "http://10.0.0.1:8000/weights", Holds: []int64{3, 4},
-		At: t0.UnixMilli(),
+		WeightSHA256: digest, DesiredEpoch: 12, At: t0.UnixMilli(),
 	}
 }
 
@@ -323,8 +367,8 @@ func desired() *protocol.DesiredState {
 	return &protocol.DesiredState{
 		V: protocol.Version, Fleet: "f", Epoch: 12,
 		Weights: &protocol.WeightsRef{Version: 4, URI: "http://w/v4", SHA256: digest},
-		Plan:    &protocol.Commit{Version: 4, Mode: protocol.ModeKeep, ClearCache: true, SleepLevel: 1},
-		Paused:  true, Signed: true, UpdatedAt: t0.UnixMilli(),
+		Plan:    &protocol.Commit{Version: 4, Mode: protocol.ModeKeep, ClearCache: true, SleepLevel: 1, SHA256: digest},
+		Paused:  true, PauseMode: protocol.ModeKeep, Sleep: 1, Signed: true, UpdatedAt: t0.UnixMilli(),
 	}
 }
 
@@ -656,7 +700,7 @@ func TestPeerToken(t *testing.T) {
 }
 
 func TestStageSources(t *testing.T) {
-	ref := protocol.WeightsRef{Version: 1, URI: "http://o/v1/"}
+	ref := protocol.WeightsRef{Version: 1, URI: "http://o/v1/", SHA256: digest}
 	require.NoError(t, protocol.Stage{Weights: ref, Sources: map[string]string{"a": "b"}}.Validate())
 	require.ErrorIs(t, protocol.Stage{Weights: ref, Sources: map[string]string{"a": "a"}}.Validate(), protocol.ErrInvalid)
 	require.ErrorIs(t, protocol.Stage{Weights: ref, Sources: map[string]string{"a": ""}}.Validate(), protocol.ErrInvalid)

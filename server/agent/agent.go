@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +82,10 @@ type Config struct {
 	ClockSkew, MaxLifetime time.Duration
 	// Now is the clock of deadlines and timestamps (default time.Now).
 	Now func() time.Time
+	// StateDir, when set, is where the agent keeps the newest desired state it accepted
+	// (DesiredStateFile), so that after a restart, and a Redis restart that lost the key, it
+	// still knows the fleet's version and run state and writes them back.
+	StateDir string
 	// Logger defaults to slog.Default(); Tracer to a no-op tracer; Metrics to none.
 	Logger  *slog.Logger
 	Tracer  trace.Tracer
@@ -150,17 +156,15 @@ type Agent struct {
 	drainReq chan struct{}
 
 	// What InRotation reads: the desired state as last verified, and whether it is known.
-	mu             sync.Mutex
-	desiredKnown   bool
-	desiredVersion int64
-	desiredPaused  bool
-	stopping       bool
-	draining       bool
+	mu           sync.Mutex
+	desiredKnown bool
+	desired      *protocol.DesiredState
+	stopping     bool
+	draining     bool
 
-	// stagedSHA is the digest of the version this agent staged last (only the loop's
-	// worker goroutine touches it, one Work at a time).
-	stagedSHA     string
-	stagedVersion int64
+	// The digests of the checkpoints this agent staged and committed, by version: the
+	// engine knows versions only. Guarded by mu (the two lanes' workers and the loop).
+	staged, serving digestOf
 
 	// bus is the loop's bus once connected: the worker reads a peer's heartbeat through it.
 	bus atomic.Pointer[busBox]
@@ -201,27 +205,32 @@ func (a *Agent) InRotation() bool { return a.Ready() == nil }
 // Ready is InRotation with the reason when not (for /ready).
 func (a *Agent) Ready() error {
 	a.mu.Lock()
-	known, v, paused, stopping := a.desiredKnown, a.desiredVersion, a.desiredPaused, a.stopping || a.draining
+	known, d, stopping := a.desiredKnown, a.desired, a.stopping || a.draining
 	a.mu.Unlock()
-	st := a.engineState()
-	switch {
-	case stopping:
-		return errors.New("leaving the fleet")
-	case !known:
-		return errors.New("the fleet's desired state has not been read yet")
-	case paused:
-		return errors.New("the fleet is paused")
-	case st.WeightVersion < v:
-		return fmt.Errorf("serving weight version %d, the fleet's desired version is %d", st.WeightVersion, v)
-	case st.State != "running":
-		return errors.New("engine is " + st.State)
-	}
-	return nil
+	return RotationError(known, d, a.engineState(), stopping)
 }
 
-// engineState is the engine's snapshot with the versions the peer route holds.
+// digestOf is a checkpoint digest and the version it was recorded for.
+type digestOf struct {
+	version int64
+	sha     string
+}
+
+// of is the digest when v is the version recorded ("" otherwise: unknown).
+func (d digestOf) of(v int64) string {
+	if d.version == v && v > 0 {
+		return d.sha
+	}
+	return ""
+}
+
+// engineState is the engine's snapshot with the digests this agent knows and the versions
+// the peer route holds.
 func (a *Agent) engineState() EngineState {
 	st := a.cfg.Engine.State()
+	a.mu.Lock()
+	st.WeightSHA256, st.StagedSHA256 = a.serving.of(st.WeightVersion), a.staged.of(st.StagedVersion)
+	a.mu.Unlock()
 	if a.cfg.Holds != nil {
 		st.Holds = a.cfg.Holds()
 	}
@@ -229,9 +238,9 @@ func (a *Agent) engineState() EngineState {
 }
 
 func (a *Agent) publish(c *Core, stopping bool) {
-	v, paused, known := c.DesiredVersion()
+	d, known := c.DesiredState()
 	a.mu.Lock()
-	a.desiredKnown, a.desiredVersion, a.desiredPaused, a.stopping = known, v, paused, stopping
+	a.desiredKnown, a.desired, a.stopping = known, d, stopping
 	a.mu.Unlock()
 }
 
@@ -243,10 +252,59 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !a.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
+	saved, err := a.loadState()
+	if err != nil {
+		return err
+	}
 	l := &loop{a: a, core: NewCore(CoreConfig{Fleet: a.cfg.Fleet, ServerID: a.cfg.ServerID, AdvertiseURL: a.cfg.AdvertiseURL, PeerURL: a.cfg.PeerURL,
 		Build: a.cfg.Build, Secret: a.cfg.Secret, Start: a.cfg.Now(), ClockSkew: a.cfg.ClockSkew, MaxLifetime: a.cfg.MaxLifetime,
-		RetryMin: a.cfg.HeartbeatInterval}), done: make(chan workDone, 1)}
+		RetryMin: a.cfg.HeartbeatInterval, Saved: saved}), done: make(chan workDone, 2)}
+	if d, _ := l.core.DesiredState(); d != nil {
+		a.log.Info("agent: restored the fleet's desired state from the state directory", "epoch", d.Epoch, "dir", a.cfg.StateDir)
+	}
 	return l.run(ctx)
+}
+
+// DesiredStateFile is the file in Config.StateDir holding the newest desired state the agent
+// accepted (the signed record as read from the bus).
+const DesiredStateFile = "desired-state.json"
+
+// loadState reads the saved desired state (nil when there is no state directory or file).
+func (a *Agent) loadState() ([]byte, error) {
+	if a.cfg.StateDir == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(filepath.Join(a.cfg.StateDir, DesiredStateFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("agent: read the saved desired state: %w", err)
+	}
+	return b, nil
+}
+
+// saveState writes raw to the state directory atomically (a temporary file renamed over
+// the old one), so a crash leaves the old record or the new, never half of one.
+func (a *Agent) saveState(raw []byte) error {
+	if a.cfg.StateDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(a.cfg.StateDir, DesiredStateFile+".*")
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(raw)
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		_ = os.Remove(f.Name())
+		return err
+	}
+	return os.Rename(f.Name(), filepath.Join(a.cfg.StateDir, DesiredStateFile))
 }
 
 type workDone struct {
@@ -262,12 +320,18 @@ type loop struct {
 	b    bus.Bus
 	sub  bus.Subscription
 
-	working  bool
-	done     chan workDone
-	pending  []pendingAck // acks not pushed yet (the bus was down)
-	busDown  bool
-	subFails int
-	joined   bool
+	working     int // Works out (at most one per lane)
+	done        chan workDone
+	cancelFetch context.CancelFunc // cancels the fetch lane's convergence stage (nil: none)
+	fetchWork   *Work
+	pending     []pendingAck // acks not pushed yet (the bus was down)
+	// rejectLogged is when refused messages were last logged; rejectedSince counts those
+	// refused since.
+	rejectLogged  time.Time
+	rejectedSince int
+	busDown       bool
+	subFails      int
+	joined        bool
 }
 
 func (l *loop) run(ctx context.Context) (err error) {
@@ -336,8 +400,7 @@ func (l *loop) run(ctx context.Context) (err error) {
 			}
 			l.heartbeat(ctx)
 		case d := <-l.done:
-			l.working = false
-			l.core.Done(d.res, a.engineState(), a.cfg.Now())
+			l.finished(d)
 			beat = true
 		}
 		l.flush(ctx)
@@ -382,9 +445,22 @@ func backoff(fails int, base time.Duration) time.Duration {
 	return min(d, 30*time.Second)
 }
 
+// finished reports a Work's end to the core.
+func (l *loop) finished(d workDone) {
+	l.working--
+	if d.w == l.fetchWork {
+		if l.cancelFetch != nil {
+			l.cancelFetch()
+		}
+		l.cancelFetch, l.fetchWork = nil, nil
+	}
+	l.core.Done(d.w, d.res, l.a.engineState(), l.a.cfg.Now())
+}
+
 // resync reads the engine and the desired state into the core and asks it to converge.
 func (l *loop) resync(ctx context.Context) error {
 	a := l.a
+	defer l.core.Resynced(a.cfg.Now())
 	l.core.Engine(a.engineState())
 	rctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval+time.Second)
 	raw, err := l.b.Get(rctx, a.names.Desired())
@@ -453,7 +529,23 @@ func (l *loop) writeHeartbeat(ctx context.Context, hb *protocol.Heartbeat) {
 func (l *loop) flush(ctx context.Context) {
 	a := l.a
 	r := l.core.Ready()
+	for r.Resync && l.b != nil && ctx.Err() == nil {
+		// A command said a newer desired state exists: read it before the command runs.
+		r = l.merge(r, ctx)
+	}
 	l.a.publish(l.core, false)
+	if r.Persist != nil {
+		if err := a.saveState(r.Persist); err != nil {
+			a.log.Error("agent: cannot save the desired state; after a restart this server relies on Redis for it", "dir", a.cfg.StateDir, "err", err)
+		}
+	}
+	if r.Repair != nil && l.b != nil {
+		l.repair(ctx, r.Repair)
+	}
+	if r.CancelFetch && l.cancelFetch != nil {
+		a.log.Info("agent: cancelling a stage the fleet no longer wants")
+		l.cancelFetch()
+	}
 	if a.cfg.Metrics != nil {
 		for _, reason := range r.Rejected {
 			a.cfg.Metrics.Rejected(reason)
@@ -462,13 +554,74 @@ func (l *loop) flush(ctx context.Context) {
 			a.cfg.Metrics.CommandDone(c.Kind, c.Result)
 		}
 	}
-	for _, reason := range r.Rejected {
-		a.log.Warn("agent: refused a control message", "reason", reason)
-	}
+	l.logRejected(r.Rejected)
 	l.queueAcks(r)
 	l.pushAcks(ctx)
 	if r.Work != nil {
 		l.start(ctx, r.Work)
+	}
+	if r.Fetch != nil {
+		l.start(ctx, r.Fetch)
+	}
+}
+
+// logRejected logs refused messages at most once per rejectLogEvery, with how many were
+// refused since the last line: a flood of forged messages must not become a flood of logs.
+func (l *loop) logRejected(reasons []string) {
+	if len(reasons) == 0 {
+		return
+	}
+	l.rejectedSince += len(reasons)
+	now := l.a.cfg.Now()
+	if !l.rejectLogged.IsZero() && now.Sub(l.rejectLogged) < rejectLogEvery {
+		return
+	}
+	l.a.log.Warn("agent: refused control messages (rollout_control_rejected_total counts them by reason)", "last_reason", reasons[len(reasons)-1], "refused", l.rejectedSince)
+	l.rejectLogged, l.rejectedSince = now, 0
+}
+
+// rejectLogEvery paces the log line of refused control messages.
+const rejectLogEvery = 10 * time.Second
+
+// merge runs the resync a Ready asked for and returns that Ready joined with the next one.
+func (l *loop) merge(r Ready, ctx context.Context) Ready { //nolint:revive // ctx second: merge is a fold over r
+	if err := l.resync(ctx); err != nil {
+		l.a.log.Error("agent: resync", "err", err)
+	}
+	n := l.core.Ready()
+	n.Acks = append(r.Acks, n.Acks...)
+	n.AckTraces = append(r.AckTraces, n.AckTraces...)
+	n.Rejected = append(r.Rejected, n.Rejected...)
+	n.Commands = append(r.Commands, n.Commands...)
+	n.CancelFetch = n.CancelFetch || r.CancelFetch
+	if n.Work == nil {
+		n.Work = r.Work
+	}
+	if n.Fetch == nil {
+		n.Fetch = r.Fetch
+	}
+	if n.Persist == nil {
+		n.Persist = r.Persist
+	}
+	if n.Repair == nil {
+		n.Repair = r.Repair
+	}
+	return n
+}
+
+// repair writes the core's newest desired state back over what the key holds (missing,
+// garbage, or an older record), by compare-and-swap so a newer write is never undone.
+func (l *loop) repair(ctx context.Context, r *Repair) {
+	a := l.a
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval+time.Second)
+	defer cancel()
+	ok, err := l.b.CompareAndSwap(rctx, a.names.Desired(), r.Old, r.New)
+	switch {
+	case err != nil:
+		l.busError("repair the desired state", err)
+	case ok:
+		a.log.Warn("agent: the fleet's desired state was missing, unreadable or older than this server's; wrote back the newest record it accepted",
+			"was_missing", r.Old == nil)
 	}
 }
 
@@ -480,6 +633,7 @@ func (l *loop) pushAcks(ctx context.Context) {
 	for len(l.pending) > 0 {
 		p := l.pending[0]
 		ack := p.ack
+		ack.Sign(a.cfg.Secret, a.cfg.Fleet)
 		raw, err := ack.Encode()
 		if err != nil {
 			a.log.Error("agent: encode ack", "command_id", ack.CommandID, "err", err)
@@ -537,11 +691,17 @@ func (l *loop) ackSpan(ctx context.Context, p pendingAck) (context.Context, trac
 // start runs w on its own goroutine; the loop keeps heartbeating meanwhile. Convergence
 // work is cancelled with ctx (the run's).
 func (l *loop) start(ctx context.Context, w *Work) {
-	l.working = true
+	l.working++
 	if w.Envelope != nil {
 		// A command runs to its end even when the agent stops (its deadline bounds it), so a
 		// commit never leaves the server half-cut.
 		ctx = context.WithoutCancel(ctx)
+	}
+	if w.Fetch() {
+		// A convergence stage can be cancelled when the fleet moves on (CancelFetch).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		l.cancelFetch, l.fetchWork = cancel, w
 	}
 	go func() { l.done <- workDone{w: w, res: l.a.execute(ctx, w)} }()
 }
@@ -554,10 +714,8 @@ func (l *loop) stop(ctx context.Context, runErr error) {
 	l.core.Stop(now)
 	a.publish(l.core, true)
 	// Convergence work is cancelled (its context is the run's); a command finishes.
-	if l.working {
-		d := <-l.done
-		l.working = false
-		l.core.Done(d.res, a.engineState(), a.cfg.Now())
+	for l.working > 0 {
+		l.finished(<-l.done)
 	}
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()

@@ -95,17 +95,23 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.Positive(t, a.Phases[0].Detail["bytes"])
 	assert.EqualValues(t, 2, a.StagedVersion)
 	assert.EqualValues(t, 1, a.WeightVersion)
-	// Staging it again (a retried transaction) has nothing to do; another digest under the
-	// same version is a conflict.
+	// Staging it again (a retried transaction) has nothing to do; another checkpoint under
+	// the same version replaces the staged set, and a commit then names which one it means.
 	a = f.do(protocol.Stage{Weights: ref})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
 	assert.EqualValues(t, 1, a.Phases[0].Detail["already_staged"])
 	other := checkpoint(t, 2, 5)
 	a = f.do(protocol.Stage{Weights: other})
-	assert.Equal(t, protocol.ResultFailed, a.Result)
+	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
+	assert.EqualValues(t, 1, a.Phases[0].Detail["replaced"])
+	a = f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, SHA256: ref.SHA256})
+	assert.Equal(t, protocol.ResultFailed, a.Result, "the staged set is the other checkpoint")
 	assert.Equal(t, "conflict", a.Code)
-	assert.EqualValues(t, 2, a.StagedVersion)
-	a = f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, ClearCache: true, SleepLevel: 1})
+	assert.Equal(t, "running", n.stats().State, "refused before the pause")
+	a = f.do(protocol.Stage{Weights: ref})
+	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
+	assert.EqualValues(t, 1, a.Phases[0].Detail["replaced"])
+	a = f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, ClearCache: true, SleepLevel: 1, SHA256: ref.SHA256})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
 	assert.Equal(t, []string{"pause", "sleep", "commit", "wake", "resume"}, phaseNames(a))
 	for _, p := range a.Phases {
@@ -117,13 +123,18 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.EqualValues(t, 2, n.stats().WeightVersion)
 
 	// A commit of the version already served acks ok at once.
-	a = f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort})
+	a = f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, SHA256: ref.SHA256})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
 	assert.Equal(t, []string{"commit"}, phaseNames(a))
+	assert.Equal(t, ref.SHA256, a.WeightSHA256)
 	assert.EqualValues(t, 1, a.Phases[0].Detail["already_serving"])
+	// The same version from another checkpoint is a conflict: the version is taken.
+	a = f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, SHA256: other.SHA256})
+	assert.Equal(t, protocol.ResultFailed, a.Result)
+	assert.Equal(t, "conflict", a.Code)
 
 	// A commit of a version never staged fails without touching the engine.
-	a = f.do(protocol.Commit{Version: 9, Mode: protocol.ModeAbort})
+	a = f.do(protocol.Commit{Version: 9, Mode: protocol.ModeAbort, SHA256: ref.SHA256})
 	assert.Equal(t, protocol.ResultFailed, a.Result)
 	assert.Equal(t, "not_staged", a.Code)
 	assert.Equal(t, "running", n.stats().State)
@@ -137,8 +148,9 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.EqualValues(t, 2, a.WeightVersion)
 
 	// A commit through a level-2 sleep (the weights are released, then the new set wakes).
-	require.Equal(t, protocol.ResultOK, f.do(protocol.Stage{Weights: checkpoint(t, 4, 4)}).Result)
-	a = f.do(protocol.Commit{Version: 4, Mode: protocol.ModeWait, SleepLevel: 2})
+	ref4 := checkpoint(t, 4, 4)
+	require.Equal(t, protocol.ResultOK, f.do(protocol.Stage{Weights: ref4}).Result)
+	a = f.do(protocol.Commit{Version: 4, Mode: protocol.ModeWait, SleepLevel: 2, SHA256: ref4.SHA256})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
 	assert.Equal(t, []string{"pause", "sleep", "commit", "wake", "resume"}, phaseNames(a))
 	res, err = n.add("after-level-2", 3).Collect(t.Context())
@@ -150,9 +162,9 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="pause",result="ok"}`))
 	assert.EqualValues(t, 2, n.metric(`rollout_control_commands_total{kind="sleep",result="ok"}`))
 	assert.EqualValues(t, 3, n.metric(`rollout_control_commands_total{kind="commit",result="ok"}`))
-	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="commit",result="failed"}`))
+	assert.EqualValues(t, 3, n.metric(`rollout_control_commands_total{kind="commit",result="failed"}`), "two conflicts, one not staged")
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="resume",result="failed"}`))
-	assert.EqualValues(t, 2, n.metric(`rollout_control_commands_total{kind="stage",result="failed"}`))
+	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="stage",result="failed"}`), "the bad digest")
 	assert.Zero(t, n.metric(`rollout_control_rejected_total{reason="bad_signature"}`))
 }
 
@@ -167,14 +179,15 @@ func TestCommitReportsItsBubble(t *testing.T) {
 
 	_, err := n.add("warm", 4).Collect(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, protocol.ResultOK, f.do(protocol.Stage{Weights: checkpoint(t, 2, 2)}).Result)
+	ref := checkpoint(t, 2, 2)
+	require.Equal(t, protocol.ResultOK, f.do(protocol.Stage{Weights: ref}).Result)
 	// Requests queue behind a pause, so they are certainly waiting when the commit resumes.
 	require.Equal(t, protocol.ResultOK, f.do(protocol.Pause{Mode: protocol.ModeKeep}).Result)
 	streams := []*engine.Stream{n.add("a", 6), n.add("b", 6)}
 	waitFor(t, "two waiting requests", func() bool { return n.stats().Waiting == 2 })
 
 	before := time.Now()
-	a := f.do(protocol.Commit{Version: 2, Mode: protocol.ModeKeep, ClearCache: true})
+	a := f.do(protocol.Commit{Version: 2, Mode: protocol.ModeKeep, ClearCache: true, SHA256: ref.SHA256})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
 	assert.Equal(t, []string{"pause", "commit", "resume"}, phaseNames(a))
 	require.Positive(t, a.LastTokenBefore)
@@ -249,7 +262,7 @@ func TestRejectionsAreCountedAndChangeNothing(t *testing.T) {
 			return e.ID, encode(t, e)
 		}},
 		{"expired", agent.ReasonExpired, true, func() (string, []byte) {
-			e := envAt(fleetName, time.Now().Add(-10*time.Second), 5*time.Second)
+			e := envAt(fleetName, time.Now().Add(-50*time.Second), 5*time.Second) // past the 30 s skew allowance
 			e.Sign(testSecret)
 			return e.ID, encode(t, e)
 		}},
@@ -371,9 +384,9 @@ func TestConvergesFromTheDesiredState(t *testing.T) {
 	assert.True(t, ok, body)
 	// The commit command that the server missed arrives late: harmless, and it reports
 	// the cut the server made by itself.
-	a := f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, ClearCache: true, SleepLevel: 1})
+	a := f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, ClearCache: true, SleepLevel: 1, SHA256: ref.SHA256})
 	require.Equal(t, protocol.ResultOK, a.Result)
-	assert.Equal(t, []string{"stage", "pause", "sleep", "commit", "wake", "resume"}, phaseNames(a))
+	assert.Equal(t, []string{"pause", "sleep", "commit", "wake", "resume"}, phaseNames(a))
 }
 
 // TestHeartbeatConvergesAndReports: with a short interval the heartbeat alone brings a

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -47,6 +48,11 @@ type CoreConfig struct {
 	// RetryMin and RetryMax bound the backoff between failed convergence attempts at one
 	// desired version.
 	RetryMin, RetryMax time.Duration
+	// Saved is the desired-state record this server accepted last before it restarted (from
+	// its state directory; nil: none). It is verified like a record read from the bus and
+	// is the floor from which the desired state only moves forward: after a Redis restart
+	// that lost the key, the server still knows the fleet's version and writes it back.
+	Saved []byte
 }
 
 // Work is one thing the I/O loop must execute, on the engine, before it reports back with
@@ -55,17 +61,22 @@ type Work struct {
 	// A command: its envelope and decoded body (one of the protocol command types).
 	Envelope *protocol.Envelope
 	Command  any
-	// Convergence (Envelope == nil): stage Stage (when set), then run Commit (when set);
-	// Pause asks for a pause instead (the desired state says paused).
+	// Convergence (Envelope == nil) does one of: stage Stage, run Commit, Pause, Sleep, Wake
+	// (then resume when Resume is set too) or Resume, towards the desired state.
 	Stage  *protocol.WeightsRef
 	Commit *protocol.Commit
 	Pause  *protocol.Pause
+	Sleep  *protocol.Sleep
+	Wake   bool
+	Resume bool
 	// Epoch is the desired-state epoch a convergence works towards.
 	Epoch int64
 	// Trace is the trace context of the call that wrote that desired state.
 	Trace map[string]string
 	// StayPaused tells a commit not to resume at its end: the desired state says paused.
 	StayPaused bool
+	// Deadline is when a command's execution gives up (zero for convergence).
+	Deadline time.Time
 	// Answer, when set, is the command's result already: a commit of the version a
 	// self-convergence just committed reports that cut. The loop still runs it as work, so the
 	// command gets its control.process span in the sender's trace, but touches no engine.
@@ -78,6 +89,16 @@ func (w *Work) Kind() string {
 		return string(w.Envelope.Kind)
 	}
 	return "converge"
+}
+
+// Fetch reports whether w runs on the fetch lane (a stage command or a convergence's
+// stage): it may take minutes, so it runs beside the control lane, and abort, pause or
+// resume never wait behind it.
+func (w *Work) Fetch() bool {
+	if w.Envelope != nil {
+		return w.Envelope.Kind == protocol.KindStage
+	}
+	return w.Stage != nil
 }
 
 // Result is how a Work ended.
@@ -103,10 +124,18 @@ type CommandCount struct {
 }
 
 // Ready is what the core asks the I/O loop to do after an input (raft's Ready): push Acks
-// (each to protocol.Names.Acks(CommandID)), count Rejected and Commands, and start Work.
+// (each to protocol.Names.Acks(CommandID)), count Rejected and Commands, start Work on the
+// control lane and Fetch on the fetch lane, cancel the fetch in flight (CancelFetch), save
+// Persist to the state directory, write Repair back over the desired-state key, and read
+// the desired state again before anything else (Resync; then call Resynced).
 type Ready struct {
-	Work *Work
-	Acks []protocol.Ack
+	Work        *Work
+	Fetch       *Work
+	CancelFetch bool
+	Persist     []byte
+	Repair      *Repair
+	Resync      bool
+	Acks        []protocol.Ack
 	// AckTraces has one entry per ack, in the same order: where its span belongs.
 	AckTraces []AckTrace
 	Rejected  []string
@@ -137,9 +166,16 @@ func (c *Core) ack(a protocol.Ack, at AckTrace) {
 	c.out.AckTraces = append(c.out.AckTraces, at)
 }
 
+// Repair asks the loop to replace the desired-state key's value Old (nil: the key is
+// missing) with New, the newest record this server accepted, by compare-and-swap: a key
+// lost in a Redis restart, overwritten with garbage or with an older record (a replay) is
+// put back by the servers, so the fleet's state only moves forward.
+type Repair struct{ Old, New []byte }
+
 // Empty reports whether there is nothing to do.
 func (r Ready) Empty() bool {
-	return r.Work == nil && len(r.Acks) == 0 && len(r.Rejected) == 0 && len(r.Commands) == 0
+	return r.Work == nil && r.Fetch == nil && !r.CancelFetch && r.Persist == nil && r.Repair == nil && !r.Resync &&
+		len(r.Acks) == 0 && len(r.Rejected) == 0 && len(r.Commands) == 0
 }
 
 // ErrRefuseJoin is returned when the fleet's desired state says it is signed and this server
@@ -157,17 +193,27 @@ type seenCmd struct {
 type Core struct {
 	cfg CoreConfig
 
-	known   bool                   // the desired state was read at least once (found or absent)
-	desired *protocol.DesiredState // last verified; nil: none
-	badRaw  []byte                 // last refused desired-state bytes, so a bad key is counted once
+	known      bool                   // the desired state was read at least once (found or absent)
+	desired    *protocol.DesiredState // newest verified; nil: none. Never forgotten, never older.
+	desiredRaw []byte                 // desired's bytes, what a repair writes back
+	badRaw     []byte                 // last refused desired-state bytes, so a bad key is counted once
 	// desiredErr says why the current desired-state key was refused ("" when it was not).
 	desiredErr string
 	eng        EngineState
 
-	seen   map[string]*seenCmd
-	pruned time.Time // last walk of seen
-	queue  []*Work
-	busy   *Work
+	seen       map[string]*seenCmd
+	pruned     time.Time // last walk of seen
+	queue      []*Work   // control lane
+	fetchQueue []*Work   // fetch lane
+	busy       *Work
+	fetch      *Work
+	// waitEpoch holds commands back until the desired state read is at least this epoch
+	// (a command said its sender wrote it); resyncing says a read was asked for.
+	waitEpoch int64
+	resyncing bool
+	// localHold: a command aimed at this server alone paused it or put it to sleep, so
+	// convergence leaves its run state alone until a resume or wake.
+	localHold bool
 
 	wantConverge bool
 	convEpoch    int64 // epoch last converged to
@@ -177,6 +223,8 @@ type Core struct {
 	retryAt      time.Time
 	backoff      time.Duration
 	commits      map[int64]Result // what recent commits did, for a commit command that raced one
+	rejectTokens float64          // rejection acks allowed now (allowRejectAck)
+	rejectAt     time.Time
 	stopping     bool
 	draining     bool
 
@@ -198,7 +246,30 @@ func NewCore(cfg CoreConfig) *Core {
 	if cfg.RetryMax < cfg.RetryMin {
 		cfg.RetryMax = max(30*time.Second, cfg.RetryMin)
 	}
-	return &Core{cfg: cfg, seen: map[string]*seenCmd{}, commits: map[int64]Result{}}
+	c := &Core{cfg: cfg, seen: map[string]*seenCmd{}, commits: map[int64]Result{}, rejectTokens: rejectAcksPerSecond}
+	if len(cfg.Saved) > 0 {
+		// A saved record that no longer verifies (the secret changed) is dropped: the
+		// bus's record decides then.
+		if d, err := c.verifyDesired(cfg.Saved); err == nil {
+			c.desired, c.desiredRaw = d, bytes.Clone(cfg.Saved)
+		}
+	}
+	return c
+}
+
+// verifyDesired decodes and verifies a desired-state record.
+func (c *Core) verifyDesired(raw []byte) (*protocol.DesiredState, error) {
+	d, err := protocol.DecodeDesiredState(raw)
+	if err != nil {
+		return nil, err
+	}
+	if d.Signed && len(c.cfg.Secret) == 0 {
+		return nil, ErrRefuseJoin
+	}
+	if err := d.Verify(c.cfg.Secret, c.cfg.Fleet); err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // Ready returns and clears what the loop must do.
@@ -209,53 +280,106 @@ func (c *Core) Ready() Ready {
 }
 
 // Busy reports whether a Work is out and not Done yet.
-func (c *Core) Busy() bool { return c.busy != nil }
+func (c *Core) Busy() bool { return c.busy != nil || c.fetch != nil }
 
 // Engine records a fresh engine snapshot.
 func (c *Core) Engine(st EngineState) { c.eng = st }
 
 // Desired takes the desired-state key as read: raw with found, or found == false when the
-// key does not exist. A record that fails to decode or verify is ignored and counted (once
-// per distinct value); ErrRefuseJoin means this server must leave.
+// key does not exist. The core keeps the newest record it ever verified: a missing key, a
+// record that fails to decode or verify, and a verified record older than the one it holds
+// (a replay) change nothing, and each asks for a Repair that writes the held record back.
+// A refused record is counted once per distinct value. ErrRefuseJoin means this server
+// must leave.
 func (c *Core) Desired(raw []byte, found bool, now time.Time) error {
+	defer c.schedule(now)
+	c.wantConverge = true
 	if !found {
-		c.known, c.desired, c.badRaw, c.desiredErr = true, nil, nil, ""
-		c.wantConverge = true
-		c.schedule(now)
+		c.known, c.badRaw, c.desiredErr = true, nil, ""
+		c.repair(nil)
+		return nil
+	}
+	if c.desiredRaw != nil && bytes.Equal(raw, c.desiredRaw) {
+		c.known, c.badRaw, c.desiredErr = true, nil, ""
 		return nil
 	}
 	if c.badRaw != nil && bytes.Equal(raw, c.badRaw) {
+		c.known = true
+		c.repair(raw)
 		return nil
 	}
-	d, derr := protocol.DecodeDesiredState(raw)
-	if derr != nil {
-		return c.refuseDesired(raw, ReasonMalformed) // ignored, as a tampered record is
+	d, err := c.verifyDesired(raw)
+	if errors.Is(err, ErrRefuseJoin) {
+		return err
 	}
-	if d.Signed && len(c.cfg.Secret) == 0 {
-		return ErrRefuseJoin
+	if err != nil {
+		// Ignored, as a tampered record is. Without a record of its own the server counts
+		// as in a fresh fleet (known, nothing desired): one bad write must not keep
+		// correct servers out of rotation for good.
+		c.known = true
+		if errors.Is(err, protocol.ErrMalformed) || errors.Is(err, protocol.ErrTooLarge) || errors.Is(err, protocol.ErrVersion) {
+			c.refuseDesired(raw, ReasonMalformed)
+		} else {
+			c.refuseDesired(raw, reasonOf(err))
+		}
+		c.repair(raw)
+		return nil
 	}
-	if verr := d.Verify(c.cfg.Secret, c.cfg.Fleet); verr != nil {
-		return c.refuseDesired(raw, reasonOf(verr))
+	c.known, c.badRaw, c.desiredErr = true, nil, ""
+	if c.desired != nil && !newer(d, raw, c.desired, c.desiredRaw) {
+		// An older record: a stale read, or someone wrote back an old signed record (a
+		// replay). The servers hold the newer one and put it back.
+		c.out.Rejected = append(c.out.Rejected, ReasonReplayed)
+		c.repair(raw)
+		return nil
 	}
-	c.badRaw, c.desiredErr = nil, ""
-	if c.desired != nil && d.Epoch < c.desired.Epoch {
-		return nil // an older record (a stale read): keep the newer one
+	if c.fetch != nil && c.fetch.Envelope == nil && (d.Weights == nil || *d.Weights != *c.fetch.Stage) {
+		c.out.CancelFetch = true // a convergence stage of what the fleet no longer wants
 	}
-	c.known, c.desired = true, d
-	c.wantConverge = true
-	c.schedule(now)
+	c.desired, c.desiredRaw = d, bytes.Clone(raw)
+	c.out.Persist = c.desiredRaw
 	return nil
 }
 
+// newer reports whether record a (bytes ra) supersedes b (bytes rb): a higher epoch, or at
+// the same epoch (two writers that each rebuilt a lost key) the larger bytes, so every
+// server picks the same one.
+func newer(a *protocol.DesiredState, ra []byte, b *protocol.DesiredState, rb []byte) bool {
+	if a.Epoch != b.Epoch {
+		return a.Epoch > b.Epoch
+	}
+	return bytes.Compare(ra, rb) > 0
+}
+
+// repair asks the loop to write the held record over old (the key's value; nil: missing).
+func (c *Core) repair(old []byte) {
+	if c.desiredRaw == nil {
+		return
+	}
+	c.out.Repair = &Repair{Old: bytes.Clone(old), New: c.desiredRaw}
+}
+
+// Resynced tells the core that the read Ready.Resync asked for was attempted (whatever it
+// found): commands held for a newer desired state go ahead.
+func (c *Core) Resynced(now time.Time) {
+	c.waitEpoch, c.resyncing = 0, false
+	c.schedule(now)
+}
+
+func (c *Core) desiredEpoch() int64 {
+	if c.desired == nil {
+		return 0
+	}
+	return c.desired.Epoch
+}
+
 // refuseDesired counts a desired state that fails to decode or verify; it is ignored (the
-// last good one stands), so the answer is no error.
-func (c *Core) refuseDesired(raw []byte, reason string) error {
+// last good one stands).
+func (c *Core) refuseDesired(raw []byte, reason string) {
 	c.badRaw = bytes.Clone(raw)
 	c.out.Rejected = append(c.out.Rejected, reason)
-	// Said in the heartbeat: a server with a secret in an unsigned fleet (or the reverse)
-	// stays out of rotation, and the operator should see why.
+	// Said in the heartbeat, so the operator sees why the key is being rewritten.
 	c.desiredErr = "the fleet's desired state was refused: " + reason
-	return nil
 }
 
 // Converge asks for a convergence check (after a resubscription or a heartbeat).
@@ -275,7 +399,9 @@ func (c *Core) Envelope(raw []byte, now time.Time) {
 	if !e.ForServer(c.cfg.ServerID) {
 		return
 	}
-	if err := e.Verify(c.cfg.Secret, c.cfg.Fleet, now); err != nil {
+	// The deadline is the sender's clock: allow the same skew as for issued_at, so a
+	// trainer whose clock runs behind is not refused outright.
+	if err := e.Verify(c.cfg.Secret, c.cfg.Fleet, now.Add(-c.cfg.ClockSkew)); err != nil {
 		c.reject(e, reasonOf(err), err, now)
 		return
 	}
@@ -307,8 +433,30 @@ func (c *Core) Envelope(raw []byte, now time.Time) {
 		c.reject(e, ReasonMalformed, err, now)
 		return
 	}
-	c.seen[e.ID] = &seenCmd{deadline: e.Deadline}
-	c.queue = append(c.queue, &Work{Envelope: e, Command: cmd})
+	c.seen[e.ID] = &seenCmd{deadline: e.Deadline + c.cfg.ClockSkew.Milliseconds()}
+	// The command runs until its lifetime from arrival has passed, and never past its
+	// deadline plus the skew allowance: a sender whose clock runs behind gets its whole
+	// lifetime, not a deadline already past on this server's clock.
+	life := time.Duration(e.Deadline-e.IssuedAt) * time.Millisecond
+	w := &Work{Envelope: e, Command: cmd, Deadline: minTime(now.Add(life), time.UnixMilli(e.Deadline).Add(c.cfg.ClockSkew))}
+	if w.Fetch() {
+		c.fetchQueue = append(c.fetchQueue, w)
+	} else {
+		c.queue = append(c.queue, w)
+	}
+	if len(e.Desired) > 0 {
+		// The sender attached the desired state it wrote: take it as if read from the key
+		// (it is verified the same way), which saves a read before acting.
+		_ = c.Desired(e.Desired, true, now)
+	}
+	if e.Epoch > c.desiredEpoch() {
+		// The sender wrote a newer desired state than this server has read: read it before
+		// acting, so the command is judged against the state it was sent for.
+		c.waitEpoch = max(c.waitEpoch, e.Epoch)
+		if !c.resyncing {
+			c.resyncing, c.out.Resync = true, true
+		}
+	}
 	c.schedule(now)
 }
 
@@ -316,13 +464,31 @@ func (c *Core) Envelope(raw []byte, now time.Time) {
 // acks it as rejected.
 func (c *Core) reject(e *protocol.Envelope, reason string, err error, now time.Time) {
 	c.out.Rejected = append(c.out.Rejected, reason)
-	if reason == ReasonWrongFleet || e.ID == "" {
+	if reason == ReasonWrongFleet || e.ID == "" || !c.allowRejectAck(now) {
 		return
 	}
 	c.ack(protocol.Ack{V: protocol.Version, CommandID: e.ID, ServerID: c.cfg.ServerID, Kind: e.Kind,
-		Result: protocol.ResultRejected, Code: reason, Error: err.Error(),
+		Result: protocol.ResultRejected, Code: reason, Error: err.Error(), WeightSHA256: c.eng.WeightSHA256,
 		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, At: now.UnixMilli()},
 		AckTrace{Parent: SenderSpan(e.Trace)})
+}
+
+// Rejection acks a second, at most: a flood of forged commands costs a Redis write each
+// otherwise. Beyond the budget a refusal is only counted; a real sender with a wrong secret
+// still learns it from the first ones.
+const rejectAcksPerSecond = 16
+
+// allowRejectAck spends one rejection ack from a bucket refilled at rejectAcksPerSecond.
+func (c *Core) allowRejectAck(now time.Time) bool {
+	if el := now.Sub(c.rejectAt); el > 0 {
+		c.rejectTokens = min(rejectAcksPerSecond, c.rejectTokens+el.Seconds()*rejectAcksPerSecond)
+	}
+	c.rejectAt = now
+	if c.rejectTokens < 1 {
+		return false
+	}
+	c.rejectTokens--
+	return true
 }
 
 func reasonOf(err error) string {
@@ -355,14 +521,19 @@ func (c *Core) prune(now time.Time) {
 	}
 }
 
-// Done reports the end of the Work handed out, with the engine's state after it.
-func (c *Core) Done(res Result, st EngineState, now time.Time) {
-	w := c.busy
-	c.busy = nil
-	c.eng = st
-	if w == nil {
+// Done reports the end of w, one of the Works handed out, with the engine's state after it.
+func (c *Core) Done(w *Work, res Result, st EngineState, now time.Time) {
+	switch w {
+	case nil:
 		return
+	case c.busy:
+		c.busy = nil
+	case c.fetch:
+		c.fetch = nil
+	default:
+		return // not out (a second report): nothing to do
 	}
+	c.eng = st
 	if res.Committed > 0 && w.Envelope == nil {
 		// Kept for a commit command that arrives after this self-convergence.
 		c.commits = map[int64]Result{res.Committed: res}
@@ -371,15 +542,34 @@ func (c *Core) Done(res Result, st EngineState, now time.Time) {
 		c.convergeDone(w, res, now)
 	} else {
 		c.finish(w, res, now)
+		if res.Err == nil {
+			c.noteHold(w)
+		}
 	}
 	c.wantConverge = true // the engine changed: check again
 	c.schedule(now)
 }
 
+// noteHold records whether a command that succeeded leaves this server paused or asleep on
+// its own account: a pause or sleep that is not fleet-wide is the operator's for the
+// servers it names, and convergence leaves them be until a resume or wake.
+func (c *Core) noteHold(w *Work) {
+	switch w.Envelope.Kind {
+	case protocol.KindPause, protocol.KindSleep:
+		if !w.Envelope.FleetWide && w.Answer == nil {
+			c.localHold = true
+		}
+	case protocol.KindResume, protocol.KindWake:
+		if w.Answer == nil {
+			c.localHold = false
+		}
+	}
+}
+
 func (c *Core) finish(w *Work, res Result, now time.Time) {
 	e := w.Envelope
 	ack := protocol.Ack{V: protocol.Version, CommandID: e.ID, ServerID: c.cfg.ServerID, Kind: e.Kind, Result: protocol.ResultOK,
-		Phases: res.Phases, WeightVersion: res.WeightVersion, StagedVersion: res.StagedVersion,
+		Phases: res.Phases, WeightVersion: res.WeightVersion, StagedVersion: res.StagedVersion, WeightSHA256: c.eng.WeightSHA256,
 		LastTokenBefore: res.LastTokenBefore, FirstTokenAfter: res.FirstTokenAfter, At: now.UnixMilli()}
 	if res.Err != nil {
 		ack.Result, ack.Code, ack.Error = protocol.ResultFailed, res.Code, res.Err.Error()
@@ -407,8 +597,11 @@ func (c *Core) convergeDone(w *Work, res Result, now time.Time) {
 	}
 	c.convErr = res.Err.Error()
 	v := int64(0)
-	if w.Commit != nil {
+	switch {
+	case w.Commit != nil:
 		v = w.Commit.Version
+	case w.Stage != nil:
+		v = w.Stage.Version
 	}
 	if v != c.failVersion || w.Epoch != c.failEpoch {
 		c.failVersion, c.failEpoch, c.backoff = v, w.Epoch, 0
@@ -421,48 +614,114 @@ func (c *Core) convergeDone(w *Work, res Result, now time.Time) {
 // CodeStopping.
 func (c *Core) Stop(now time.Time) {
 	c.stopping = true
-	for _, w := range c.queue {
+	for _, w := range append(c.queue, c.fetchQueue...) {
 		c.finish(w, Result{Err: errors.New("the server is shutting down"), Code: CodeStopping,
 			WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion}, now)
 	}
-	c.queue = nil
+	c.queue, c.fetchQueue = nil, nil
+	if c.fetch != nil && c.fetch.Envelope == nil {
+		c.out.CancelFetch = true
+	}
 }
 
-// schedule hands out the next work when idle: queued commands first, in order, then a
-// convergence step.
+// schedule hands out the next work of each idle lane: queued commands first, in order,
+// then a convergence step. Nothing goes out while a command waits for a newer desired
+// state to be read.
 func (c *Core) schedule(now time.Time) {
-	if c.busy != nil || c.stopping {
+	if c.stopping || c.waitEpoch > c.desiredEpoch() && c.resyncing {
 		return
 	}
-	for len(c.queue) > 0 {
-		w := c.queue[0]
-		c.queue = c.queue[1:]
-		if now.UnixMilli() > w.Envelope.Deadline {
-			// It waited behind longer work past its deadline: the sender gave up on it.
+	if c.busy == nil {
+		if w := c.next(&c.queue, now); w != nil {
+			c.prepare(w)
+			c.busy, c.out.Work = w, w
+		}
+	}
+	if c.fetch == nil {
+		if w := c.next(&c.fetchQueue, now); w != nil {
+			c.fetch, c.out.Fetch = w, w
+		}
+	}
+	if !c.wantConverge || c.busy != nil || len(c.queue) > 0 || len(c.fetchQueue) > 0 {
+		return
+	}
+	c.wantConverge = false
+	w := c.convergeWork(now)
+	switch {
+	case w == nil:
+	case w.Fetch():
+		if c.fetch == nil {
+			c.fetch, c.out.Fetch = w, w
+		}
+	default:
+		c.busy, c.out.Work = w, w
+	}
+}
+
+// next pops the first queued command still within its deadline; one that waited past it
+// is refused as expired (the sender gave up on it).
+func (c *Core) next(q *[]*Work, now time.Time) *Work {
+	for len(*q) > 0 {
+		w := (*q)[0]
+		*q = (*q)[1:]
+		if now.After(w.Deadline) {
 			delete(c.seen, w.Envelope.ID)
 			c.reject(w.Envelope, ReasonExpired, fmt.Errorf("%w: deadline passed while queued", protocol.ErrExpired), now)
 			continue
 		}
-		if cm, ok := w.Command.(protocol.Commit); ok {
-			w.StayPaused = c.desired != nil && c.desired.Paused
-			if prev, ok := c.commits[cm.Version]; ok && c.eng.WeightVersion >= cm.Version {
-				// A self-convergence committed this version a moment ago: report its cut.
-				r := alreadyCommitted(prev, c.eng)
-				w.Answer = &r
-			}
+		return w
+	}
+	return nil
+}
+
+// prepare settles, as a control-lane command goes out, what the desired state decides
+// about it: whether a commit resumes at its end, whether a commit already happened, and
+// whether a fleet-wide run-state command has been superseded.
+func (c *Core) prepare(w *Work) {
+	switch cm := w.Command.(type) {
+	case protocol.Commit:
+		w.StayPaused = c.desired != nil && (c.desired.Paused || c.desired.Sleep > 0)
+		if prev, ok := c.commits[cm.Version]; ok && c.eng.WeightVersion >= cm.Version && c.eng.WeightSHA256 == cm.SHA256 {
+			// A self-convergence committed this version a moment ago: report its cut.
+			r := alreadyCommitted(prev, c.eng)
+			w.Answer = &r
 		}
-		c.busy = w
-		c.out.Work = w
-		return
+	case protocol.Pause, protocol.Resume, protocol.Sleep, protocol.Wake:
+		if superseded(w.Envelope, c.desired) {
+			p := protocol.Phase{Name: string(w.Envelope.Kind), OK: true, Detail: map[string]int64{"superseded": 1}}
+			w.Answer = &Result{Phases: []protocol.Phase{p}}
+		}
 	}
-	if !c.wantConverge {
-		return
+}
+
+// superseded reports whether a fleet-wide run-state command disagrees with the desired
+// state the server holds, which is at least as new as the command: a resume after a later
+// fleet pause, or a pause replayed after the fleet resumed. Such a command changes
+// nothing; convergence keeps the server at the desired state.
+func superseded(e *protocol.Envelope, d *protocol.DesiredState) bool {
+	if !e.FleetWide || e.Epoch == 0 || d == nil || d.Epoch < e.Epoch {
+		return false
 	}
-	c.wantConverge = false
-	if w := c.convergeWork(now); w != nil {
-		c.busy = w
-		c.out.Work = w
+	asleep := d.Sleep > 0
+	paused := d.Paused || asleep
+	switch e.Kind {
+	case protocol.KindPause:
+		return !paused
+	case protocol.KindSleep:
+		return !asleep
+	case protocol.KindResume:
+		return paused
+	case protocol.KindWake:
+		return asleep
 	}
+	return false
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 func alreadyCommitted(prev Result, st EngineState) Result {
@@ -472,8 +731,11 @@ func alreadyCommitted(prev Result, st EngineState) Result {
 	return r
 }
 
-// convergeWork decides what brings the server to the desired state, or nil when it is there
-// (or must wait before retrying a failure).
+// convergeWork decides the next step that brings the server to the desired state, or nil
+// when it is there (or must wait before retrying a failure). Weights first (stage, then
+// commit; a stage whose version or digest differs from the desired one is replaced), then
+// the run state, in both directions: pause or sleep when the record says so, wake and
+// resume when it says serving (unless a command aimed at this server alone holds it).
 func (c *Core) convergeWork(now time.Time) *Work {
 	if !c.known {
 		return nil
@@ -483,31 +745,66 @@ func (c *Core) convergeWork(now time.Time) *Work {
 		c.convEpoch, c.convErr = 0, ""
 		return nil
 	}
+	st := c.eng
 	mode := protocol.ModeAbort
 	if d.Plan != nil && d.Plan.Mode != "" {
 		mode = d.Plan.Mode
 	}
-	if d.Weights != nil && c.eng.WeightVersion < d.Weights.Version {
-		if d.Weights.Version == c.failVersion && d.Epoch == c.failEpoch && now.Before(c.retryAt) {
+	pauseMode := mode
+	if d.PauseMode != "" {
+		pauseMode = d.PauseMode
+	}
+	base := Work{Epoch: d.Epoch, Trace: d.Trace}
+	if d.Weights != nil && st.WeightVersion < d.Weights.Version && st.State != protocol.StateSleeping {
+		v := d.Weights.Version
+		if v == c.failVersion && d.Epoch == c.failEpoch && now.Before(c.retryAt) {
 			// The same record failed a moment ago (a bad digest, a fetch error): back off
 			// rather than refetch on every heartbeat; a new epoch retries at once.
 			return nil
+		}
+		if st.StagedVersion != v || st.StagedSHA256 != d.Weights.SHA256 {
+			if c.fetch != nil {
+				return nil // a stage is in flight; its end converges again
+			}
+			ref := *d.Weights
+			w := base
+			w.Stage = &ref
+			return &w
 		}
 		plan := protocol.Commit{Mode: mode, ClearCache: true}
 		if d.Plan != nil {
 			plan = *d.Plan
 			plan.Mode = mode
 		}
-		plan.Version = d.Weights.Version
-		w := &Work{Commit: &plan, Epoch: d.Epoch, Trace: d.Trace, StayPaused: d.Paused}
-		if c.eng.StagedVersion != d.Weights.Version {
-			ref := *d.Weights
-			w.Stage = &ref
-		}
-		return w
+		plan.Version, plan.SHA256 = v, d.Weights.SHA256
+		w := base
+		w.Commit, w.StayPaused = &plan, d.Paused || d.Sleep > 0
+		return &w
 	}
-	if d.Paused && c.eng.State == "running" {
-		return &Work{Pause: &protocol.Pause{Mode: mode}, Epoch: d.Epoch, Trace: d.Trace}
+	w := base
+	switch {
+	case d.Sleep > 0:
+		if st.State == protocol.StateSleeping {
+			break
+		}
+		w.Sleep = &protocol.Sleep{Level: d.Sleep, Mode: pauseMode}
+		return &w
+	case d.Paused:
+		if st.State == protocol.StateRunning {
+			w.Pause = &protocol.Pause{Mode: pauseMode}
+			return &w
+		}
+		if st.State == protocol.StateSleeping && !c.localHold {
+			w.Wake = true // waking may resume (a sleep that paused); the next step pauses
+			return &w
+		}
+	case c.localHold:
+	case st.State == protocol.StateSleeping:
+		w.Wake, w.Resume = true, true
+		return &w
+	case st.State == protocol.StatePaused:
+		w.Resume = true
+		return &w
 	}
 	c.convEpoch, c.convErr = d.Epoch, ""
 	return nil
@@ -517,20 +814,40 @@ func (c *Core) convergeWork(now time.Time) *Work {
 func (c *Core) Drain() { c.draining = true }
 
 // InRotation reports whether the server may take traffic: it has read the desired state,
-// serves at least its version, is neither paused nor asleep, the fleet is not paused, and the
-// server is not leaving.
+// serves its checkpoint (version and digest, or a later version), is neither paused nor
+// asleep, the fleet is not paused, and the server is not leaving.
 func (c *Core) InRotation() bool {
-	return inRotation(c.known, c.desired, c.eng, c.stopping || c.draining)
+	return RotationError(c.known, c.desired, c.eng, c.stopping || c.draining) == nil
 }
 
-func inRotation(known bool, d *protocol.DesiredState, st EngineState, stopping bool) bool {
-	if !known || stopping || st.State != "running" {
-		return false
+// RotationError is nil when a server may take traffic, else why not; known says whether the
+// desired state d (nil: none) was read, st is the engine, stopping whether it is leaving.
+func RotationError(known bool, d *protocol.DesiredState, st EngineState, stopping bool) error {
+	switch {
+	case stopping:
+		return errors.New("leaving the fleet")
+	case !known:
+		return errors.New("the fleet's desired state has not been read yet")
+	case d != nil && d.Sleep > 0:
+		return fmt.Errorf("the fleet is asleep (level %d)", d.Sleep)
+	case d != nil && d.Paused:
+		return errors.New("the fleet is paused")
+	case d != nil && d.Weights != nil && st.WeightVersion < d.Weights.Version:
+		return fmt.Errorf("serving weight version %d, the fleet's desired version is %d", st.WeightVersion, d.Weights.Version)
+	case d != nil && d.Weights != nil && st.WeightVersion == d.Weights.Version && st.WeightSHA256 != d.Weights.SHA256:
+		return fmt.Errorf("serving weight version %d from checkpoint %s, the fleet's version %d is %s: the fleet must move to a later version",
+			st.WeightVersion, shortDigest(st.WeightSHA256), d.Weights.Version, shortDigest(d.Weights.SHA256))
+	case st.State != protocol.StateRunning:
+		return errors.New("engine is " + st.State)
 	}
-	if d == nil {
-		return true
+	return nil
+}
+
+func shortDigest(s string) string {
+	if s == "" {
+		return "(unknown)"
 	}
-	return !d.Paused && (d.Weights == nil || st.WeightVersion >= d.Weights.Version)
+	return s[:min(len(s), 12)]
 }
 
 // Heartbeat builds this server's (signed) heartbeat.
@@ -539,15 +856,16 @@ func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
 	switch {
 	case c.stopping && c.busy == nil:
 		state = protocol.StateStopping
-	case c.busy != nil && (c.busy.Commit != nil || isCommit(c.busy.Command)):
+	case c.busy != nil && (c.busy.Commit != nil || isCommit(c.busy.Command)) && c.busy.Answer == nil:
 		state = protocol.StateUpdating
 	case state == "":
 		state = protocol.StateRunning
 	}
 	hb := protocol.Heartbeat{V: protocol.Version, Fleet: c.cfg.Fleet, ServerID: c.cfg.ServerID, State: state,
 		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, Epoch: c.convEpoch, InRotation: c.InRotation(),
+		WeightSHA256: c.eng.WeightSHA256, DesiredEpoch: c.desiredEpoch(),
 		Running: c.eng.Running, Waiting: c.eng.Waiting, KVUsage: c.eng.KVUsage, AdvertiseURL: c.cfg.AdvertiseURL,
-		Build: c.cfg.Build, Error: joinErrs(c.desiredErr, c.convErr), At: now.UnixMilli()}
+		Build: c.cfg.Build, Error: joinErrs(c.desiredErr, c.convErr, c.rotationReason()), At: now.UnixMilli()}
 	if c.cfg.PeerURL != "" {
 		hb.PeerURL, hb.Holds = c.cfg.PeerURL, c.eng.Holds
 	}
@@ -557,14 +875,23 @@ func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
 	return hb
 }
 
-func joinErrs(a, b string) string {
-	switch {
-	case a == "":
-		return b
-	case b == "":
-		return a
+// rotationReason says why the server is out of rotation ("" when it is in), for the
+// heartbeat's error, which `rollout fleet status` shows.
+func (c *Core) rotationReason() string {
+	if err := RotationError(c.known, c.desired, c.eng, c.stopping || c.draining); err != nil {
+		return "out of rotation: " + err.Error()
 	}
-	return a + "; " + b
+	return ""
+}
+
+func joinErrs(errs ...string) string {
+	var out []string
+	for _, e := range errs {
+		if e != "" {
+			out = append(out, e)
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 func isCommit(cmd any) bool {
@@ -572,14 +899,6 @@ func isCommit(cmd any) bool {
 	return ok
 }
 
-// DesiredVersion is the version the desired state names (0: none) and whether the fleet is
-// paused, as last read.
-func (c *Core) DesiredVersion() (version int64, paused, known bool) {
-	if c.desired == nil {
-		return 0, false, c.known
-	}
-	if c.desired.Weights != nil {
-		version = c.desired.Weights.Version
-	}
-	return version, c.desired.Paused, c.known
-}
+// DesiredState is the desired state the core holds (nil: none; the record is never
+// modified, so the caller may keep it) and whether it was read.
+func (c *Core) DesiredState() (d *protocol.DesiredState, known bool) { return c.desired, c.known }

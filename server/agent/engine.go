@@ -46,8 +46,12 @@ type EngineState struct {
 	// State is "running", "paused" or "sleeping".
 	State                        string
 	WeightVersion, StagedVersion int64
-	Running, Waiting             int
-	KVUsage                      float64
+	// WeightSHA256 and StagedSHA256 are the digests of the checkpoints serving and staged
+	// ("" when unknown: what the server loaded at start), filled by the agent, which
+	// staged them, not by the engine.
+	WeightSHA256, StagedSHA256 string
+	Running, Waiting           int
+	KVUsage                    float64
 	// Holds are the versions the server's peer route serves (filled by the agent, not the
 	// engine).
 	Holds []int64

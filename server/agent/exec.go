@@ -28,9 +28,9 @@ func (a *Agent) execute(ctx context.Context, w *Work) Result {
 	defer span.End()
 	var res Result
 	if w.Envelope != nil {
-		if w.Envelope.Deadline > 0 {
+		if !w.Deadline.IsZero() {
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(w.Envelope.Deadline))
+			ctx, cancel = context.WithDeadline(ctx, w.Deadline)
 			defer cancel()
 		}
 		if w.Answer != nil {
@@ -197,26 +197,38 @@ func (a *Agent) command(ctx context.Context, w *Work) Result {
 // converge runs a convergence step: stage the desired version if needed, then commit it;
 // or pause when the fleet is paused.
 func (a *Agent) converge(ctx context.Context, w *Work) Result {
-	if w.Pause != nil {
-		p := a.begin("pause")
-		_, err := a.cfg.Engine.Pause(ctx, w.Pause.Mode, w.Pause.ClearCache)
-		return Result{Phases: []protocol.Phase{p.end(err)}, Err: err}
-	}
+	eng := a.cfg.Engine
 	var res Result
-	if w.Stage != nil {
+	run := func(name string, f func() error) bool {
+		p := a.begin(name)
+		err := f()
+		res.Phases = append(res.Phases, p.end(err))
+		res.Err = err
+		return err == nil
+	}
+	switch {
+	case w.Stage != nil:
 		a.log.Info("agent: converging: staging the fleet's desired version", "version", w.Stage.Version, "epoch", w.Epoch)
-		res = a.stage(ctx, *w.Stage, "")
-		if res.Err != nil {
-			return res
+		return a.stage(ctx, *w.Stage, "")
+	case w.Commit != nil:
+		a.log.Info("agent: converging: committing the fleet's desired version", "version", w.Commit.Version, "epoch", w.Epoch)
+		return a.commit(ctx, *w.Commit, w.StayPaused)
+	case w.Pause != nil:
+		a.log.Info("agent: converging: the fleet is paused", "mode", w.Pause.Mode, "epoch", w.Epoch)
+		run("pause", func() error { _, err := eng.Pause(ctx, w.Pause.Mode, w.Pause.ClearCache); return err })
+	case w.Sleep != nil:
+		a.log.Info("agent: converging: the fleet is asleep", "level", w.Sleep.Level, "epoch", w.Epoch)
+		run("sleep", func() error { return eng.Sleep(ctx, w.Sleep.Level, w.Sleep.Mode) })
+	case w.Wake:
+		a.log.Info("agent: converging: the fleet is awake", "epoch", w.Epoch)
+		if run("wake", func() error { return eng.WakeUp(ctx, nil) }) && w.Resume && eng.State().State == protocol.StatePaused {
+			run("resume", func() error { return eng.Resume(ctx) })
 		}
+	case w.Resume:
+		a.log.Info("agent: converging: the fleet is serving", "epoch", w.Epoch)
+		run("resume", func() error { return eng.Resume(ctx) })
 	}
-	if w.Commit == nil {
-		return res
-	}
-	a.log.Info("agent: converging: committing the fleet's desired version", "version", w.Commit.Version, "epoch", w.Epoch)
-	c := a.commit(ctx, *w.Commit, w.StayPaused)
-	c.Phases = append(res.Phases, c.Phases...)
-	return c
+	return res
 }
 
 // stage fetches, verifies and stages ref while the engine keeps serving, from peer (a
@@ -229,16 +241,16 @@ func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer string)
 	case st.WeightVersion >= ref.Version:
 		p.detail("already_serving", 1)
 		return Result{Phases: []protocol.Phase{p.end(nil)}}
-	case st.StagedVersion == ref.Version:
-		// A version number names one set of weights (the engine refuses to restage it), so a
-		// second stage of it, e.g. a retried transaction, has nothing to do; unless this
-		// agent staged it from another digest, which is a conflict to report.
-		if a.stagedVersion == ref.Version && a.stagedSHA != "" && ref.SHA256 != "" && a.stagedSHA != ref.SHA256 {
-			err := fmt.Errorf("version %d is already staged with digest %s, not %s", ref.Version, a.stagedSHA, ref.SHA256)
-			return Result{Phases: []protocol.Phase{p.end(err)}, Err: err, Code: "conflict"}
-		}
+	case st.StagedVersion == ref.Version && st.StagedSHA256 == ref.SHA256:
+		// A version and its digest name one checkpoint: a second stage of it, e.g. a retried
+		// transaction, has nothing to do. The same version from another checkpoint (another
+		// trainer's, or a stage whose digest this agent never learnt) is fetched and
+		// replaces the staged set.
 		p.detail("already_staged", 1)
 		return Result{Phases: []protocol.Phase{p.end(nil)}}
+	}
+	if st.StagedVersion == ref.Version {
+		p.detail("replaced", 1)
 	}
 	var err error
 	if a.cfg.StagePeers != nil {
@@ -265,7 +277,9 @@ func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer string)
 		p.detail("origin_bytes", n)
 	}
 	if err == nil {
-		a.stagedVersion, a.stagedSHA = ref.Version, ref.SHA256
+		a.mu.Lock()
+		a.staged = digestOf{ref.Version, ref.SHA256}
+		a.mu.Unlock()
 	}
 	return Result{Phases: []protocol.Phase{p.end(err)}, Err: err}
 }
@@ -276,18 +290,28 @@ func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer string)
 // resume.
 func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) Result {
 	eng := a.cfg.Engine
-	st := eng.State()
+	st := a.engineState()
 	var res Result
-	if st.WeightVersion >= c.Version {
+	if st.WeightVersion > c.Version || st.WeightVersion == c.Version && st.WeightSHA256 == c.SHA256 {
 		p := a.begin("commit")
 		p.detail("version", st.WeightVersion)
 		p.detail("already_serving", 1)
 		res.Phases = append(res.Phases, p.end(nil))
 		return res
 	}
+	if st.WeightVersion == c.Version {
+		res.Code = "conflict"
+		res.Err = fmt.Errorf("version %d is served from checkpoint %s, not %s", c.Version, shortDigest(st.WeightSHA256), shortDigest(c.SHA256))
+		return res
+	}
 	if st.StagedVersion != c.Version {
 		res.Code = "not_staged"
 		res.Err = fmt.Errorf("version %d is not staged (staged: %d, serving: %d)", c.Version, st.StagedVersion, st.WeightVersion)
+		return res
+	}
+	if st.StagedSHA256 != c.SHA256 {
+		res.Code = "conflict"
+		res.Err = fmt.Errorf("version %d is staged from checkpoint %s, not %s", c.Version, shortDigest(st.StagedSHA256), shortDigest(c.SHA256))
 		return res
 	}
 	step := func(name string, f func(p *phase) error) error {
@@ -338,6 +362,9 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 			p.detail("version", v)
 			if err == nil {
 				res.Committed = v
+				a.mu.Lock()
+				a.serving = digestOf{v, c.SHA256}
+				a.mu.Unlock()
 			}
 			return err
 		}) == nil {

@@ -119,9 +119,14 @@ func (f *fleet) do(cmd any, targets ...string) protocol.Ack {
 
 // barrier runs a no-op command: every message published before it has been handled once its
 // ack is back (the agent handles the channel in order, one command at a time).
+// barrier returns once both of the agent's lanes ran what was queued before it: a stage of
+// a version every test server serves (the fetch lane; acked at once) and then an abort of
+// nothing (the control lane, which a convergence commit after a stage occupies by then).
 func (f *fleet) barrier() {
 	f.t.Helper()
-	a := f.do(protocol.Abort{RequestIDs: []string{"no-such-request"}})
+	a := f.do(protocol.Stage{Weights: protocol.WeightsRef{Version: 1, URI: "file:///barrier", SHA256: strings.Repeat("0", 64)}})
+	require.Equal(f.t, protocol.ResultOK, a.Result, "%+v", a)
+	a = f.do(protocol.Abort{RequestIDs: []string{"no-such-request"}})
 	require.Equal(f.t, protocol.ResultOK, a.Result, "%+v", a)
 }
 

@@ -111,7 +111,7 @@ func TestPartitionedServerCatchesUp(t *testing.T) {
 	ref := checkpoint(t, 2, 2)
 	f.setDesired(protocol.DesiredState{Epoch: 1, Weights: &ref, Signed: true}, true)
 	// A commit published now reaches nobody.
-	e := f.envelope(protocol.Commit{Version: 2, Mode: protocol.ModeAbort})
+	e := f.envelope(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, SHA256: ref.SHA256})
 	raw, err := e.Encode()
 	require.NoError(t, err)
 	got, err := rb.Publish(t.Context(), f.names.Control(), raw)

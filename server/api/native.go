@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"time"
@@ -46,7 +47,7 @@ func (a *API) handleGenerate(c *gin.Context) {
 		return
 	}
 	if req.MinVersion > 0 {
-		if v := a.eng.Version(); v < req.MinVersion {
+		if v := a.awaitVersion(c.Request.Context(), req.MinVersion); v < req.MinVersion {
 			writeError(c, &Error{Status: http.StatusConflict, Type: typeConflict, Code: "stale_version", Param: "min_version",
 				Message: fmt.Sprintf("serving weight version %d is older than min_version %d", v, req.MinVersion)})
 			return
@@ -213,4 +214,47 @@ func (a *API) handleReady(c *gin.Context) {
 func (a *API) handleVersion(c *gin.Context) {
 	c.PureJSON(http.StatusOK, gin.H{"version": a.cfg.Version, "model": a.cfg.ModelName, "weight_version": a.eng.Version(),
 		"time": time.Now().UTC().Format(time.RFC3339)})
+}
+
+// floorWait bounds how long a request whose floor is the version being committed waits
+// for the swap; a cut takes well under a second, and one that takes longer is failing.
+const floorWait = 30 * time.Second
+
+// awaitVersion returns the serving version once it is at least floor. Versions only grow,
+// so a request admitted then never runs on older weights. When the server is below floor
+// but has floor staged (a commit is cutting over to it: the fleet routes requests to a
+// server it is committing to, and they wait out the cut there) it waits for the swap, up to
+// floorWait or until the staged set changes; otherwise it answers at once.
+func (a *API) awaitVersion(ctx context.Context, floor int64) int64 {
+	// settled reads the staged version before the serving one a second time: a commit
+	// stores the new serving version first, so "nothing staged" is never read together
+	// with the old serving version.
+	settled := func() (int64, bool) {
+		if v := a.eng.Version(); v >= floor {
+			return v, true
+		}
+		if a.eng.StagedVersion() < floor {
+			return a.eng.Version(), true
+		}
+		return 0, false
+	}
+	if v, ok := settled(); ok {
+		return v
+	}
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(floorWait)
+	defer deadline.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return a.eng.Version()
+		case <-deadline.C:
+			return a.eng.Version()
+		case <-tick.C:
+			if v, ok := settled(); ok {
+				return v
+			}
+		}
+	}
 }

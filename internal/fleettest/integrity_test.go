@@ -1,0 +1,153 @@
+package fleettest_test
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/internal/fleettest"
+	"github.com/rolloutkit/rollout/sdk"
+	"github.com/rolloutkit/rollout/sdk/protocol"
+)
+
+// staleFleet starts three servers whose --weights-root make "ckpt" one checkpoint on s1 and
+// s2 and another on s3, commits version 1 under quorum:2 (s3's digest check fails, so it
+// stays on version 0, out of rotation) and returns the fleet and the trainer's client.
+func staleFleet(t *testing.T, name string, extra func(i int) []string) (*fleettest.Fleet, *sdk.Client) {
+	t.Helper()
+	good, bad := t.TempDir(), t.TempDir()
+	sum := checkpoint(t, filepath.Join(good, "ckpt"), 61)
+	checkpoint(t, filepath.Join(bad, "ckpt"), 62)
+	f := fleettest.Start(t, fleettest.Options{Servers: 3, Fleet: name, ServerArgs: func(i int) []string {
+		root := good
+		if i == 2 {
+			root = bad
+		}
+		args := []string{"--weights-root", root}
+		if extra != nil {
+			args = append(args, extra(i)...)
+		}
+		return args
+	}})
+	c := dial(t, f)
+	res, err := c.UpdateWeights(t.Context(), sdk.WeightsRef{Version: 1, URI: "ckpt", SHA256: sum}, sdk.Plan{Policy: sdk.Quorum(2)})
+	require.NoError(t, err)
+	require.Equal(t, sdk.OutcomeDegraded, res.Outcome)
+	f.WaitFor(f.Procs[2], 10*time.Second, "out of rotation on version 0", func(hb *protocol.Heartbeat) bool {
+		return hb != nil && hb.WeightVersion == 0 && !hb.InRotation
+	})
+	return f, c
+}
+
+// generateAll runs n single-sample requests through c and returns every token's version.
+func generateAll(t *testing.T, c *sdk.Client, n int) []int64 {
+	t.Helper()
+	var versions []int64
+	for i := range n {
+		res, err := c.Generate(t.Context(), sdk.GenerateRequest{PromptTokenIDs: []int{1, 2, 3 + i%5}, Sampling: sdk.SamplingParams{MaxTokens: 4}})
+		require.NoError(t, err)
+		for _, s := range res.Samples {
+			versions = append(versions, s.WeightVersions()...)
+		}
+	}
+	return versions
+}
+
+// TestRedisRestartsEmptyStaleServerStaysOut (issue 25, case 3): after Redis restarts empty,
+// the servers keep the fleet's desired state and write it back; the server still on
+// version 0 stays out of rotation, and a client that dials afterwards gets only tokens of
+// the committed version.
+func TestRedisRestartsEmptyStaleServerStaysOut(t *testing.T) {
+	skipShort(t)
+	f, _ := staleFleet(t, "restart-empty", nil)
+	f.Redis.Restart()
+	// The servers write the desired state back by themselves (nobody else writes it here).
+	require.Eventually(t, func() bool {
+		hb := f.Heartbeat("s1")
+		return hb != nil && hb.InRotation
+	}, 20*time.Second, 20*time.Millisecond, "the servers heartbeat again")
+	c := dial(t, f)
+	d, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	require.NotNil(t, d, "the servers wrote the desired state back")
+	require.NotNil(t, d.Weights)
+	assert.EqualValues(t, 1, d.Weights.Version)
+	hb := f.Heartbeat("s3")
+	require.NotNil(t, hb)
+	assert.False(t, hb.InRotation, "the stale server stays out")
+	assert.Contains(t, hb.Error, "out of rotation", "and says why")
+	for _, v := range generateAll(t, c, 20) {
+		require.EqualValues(t, 1, v, "no token from version 0 after the fleet committed version 1")
+	}
+}
+
+// TestRestartedServerWithStateDirStaysOut (issue 25, cases 2 and 3): a stale server killed
+// and restarted while Redis is empty knows the fleet's version from its state directory and
+// stays out of rotation; the trainer's long-lived client routes nothing to it, and requests
+// carry the floor, so no token below version 1 is generated.
+func TestRestartedServerWithStateDirStaysOut(t *testing.T) {
+	skipShort(t)
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	f, c := staleFleet(t, "state-dir", func(i int) []string { return []string{"--state-dir", dirs[i]} })
+	s3 := f.Procs[2]
+	s3.Kill()
+	f.Redis.Restart()
+	s3.Start()
+	f.WaitFor(s3, 20*time.Second, "heartbeating, out of rotation", func(hb *protocol.Heartbeat) bool {
+		return hb != nil && hb.WeightVersion == 0 && !hb.InRotation && hb.DesiredEpoch > 0
+	})
+	for _, v := range generateAll(t, c, 30) {
+		require.EqualValues(t, 1, v)
+	}
+}
+
+// TestPauseThenResumeQuicklyConverges (issue 25, case 4): a fleet pause (keep, clear cache)
+// followed by a resume half a second later leaves every server running and in rotation,
+// whatever each agent had read of the desired state in between.
+func TestPauseThenResumeQuicklyConverges(t *testing.T) {
+	skipShort(t)
+	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "pause-resume", Args: offloadArgs})
+	c := dial(t, f)
+	for range 5 {
+		require.NoError(t, c.Pause(t.Context(), sdk.PauseOptions{Mode: sdk.PauseKeep, ClearCache: true}))
+		time.Sleep(500 * time.Millisecond) // the reported race window, not a result-deciding wait
+		require.NoError(t, c.Resume(t.Context()))
+	}
+	for _, p := range f.Procs {
+		f.WaitFor(p, 10*time.Second, "running in rotation", func(hb *protocol.Heartbeat) bool {
+			return hb != nil && hb.State == protocol.StateRunning && hb.InRotation
+		})
+	}
+	res, err := c.Generate(t.Context(), sdk.GenerateRequest{PromptTokenIDs: []int{1, 2}, Sampling: sdk.SamplingParams{MaxTokens: 2}})
+	require.NoError(t, err)
+	require.Len(t, res.Samples, 1)
+}
+
+// TestLostResumeConverges (issue 25, case 4): a fleet resume the servers never hear (the
+// desired state is cleared, the message is lost) still resumes them, from the record.
+func TestLostResumeConverges(t *testing.T) {
+	skipShort(t)
+	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "lost-resume", Args: offloadArgs})
+	c := dial(t, f)
+	require.NoError(t, c.Pause(t.Context(), sdk.PauseOptions{}))
+	for _, p := range f.Procs {
+		f.WaitFor(p, 10*time.Second, "paused", func(hb *protocol.Heartbeat) bool { return hb != nil && hb.State == protocol.StatePaused })
+	}
+	// The resume's record without its message: write the desired state as Resume would.
+	d, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	next := *d
+	next.Paused, next.PauseMode, next.Epoch, next.Sig = false, "", d.Epoch+1, ""
+	next.Sign([]byte(f.Secret))
+	raw, err := next.Encode()
+	require.NoError(t, err)
+	require.NoError(t, f.SetKey(protocol.Names{Fleet: f.Name}.Desired(), raw))
+	for _, p := range f.Procs {
+		f.WaitFor(p, 10*time.Second, "running in rotation", func(hb *protocol.Heartbeat) bool {
+			return hb != nil && hb.State == protocol.StateRunning && hb.InRotation
+		})
+	}
+}
