@@ -485,3 +485,48 @@ func TestExemplars(t *testing.T) {
 	}
 	require.NotZero(t, n, "no panel of an exemplar-carrying histogram")
 }
+
+// TestImage: the image builds the default (assembly) kernels, starts with its default command
+// and gets a small build context.
+func TestImage(t *testing.T) {
+	dir := root(t)
+	b, err := os.ReadFile(filepath.Join(dir, "Dockerfile"))
+	require.NoError(t, err)
+	var cmd string
+	for line := range strings.Lines(string(b)) {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		require.NotRegexp(t, `GOEXPERIMENT=\S*simd`, line, "the default build must not select the archsimd kernels")
+		if c, ok := strings.CutPrefix(line, "CMD "); ok {
+			cmd = c
+		}
+		if u, ok := strings.CutPrefix(line, "RUN adduser"); ok {
+			require.Contains(t, u, "-u "+strconv.Itoa(rolloutUID), "compose's secrets are owned by uid %d", rolloutUID)
+		}
+	}
+	var args []string
+	require.NoError(t, json.Unmarshal([]byte(cmd), &args), "CMD %s", cmd)
+	// serve refuses tokenless admin routes on a non-loopback listener: the default command
+	// needs a token file or the admin routes on loopback.
+	admin, ok := flag(args, "--admin-addr")
+	_, token := flag(args, "--admin-token-file")
+	require.True(t, token || (ok && (strings.HasPrefix(admin, "127.0.0.1:") || strings.HasPrefix(admin, "unix:"))),
+		"the default command would be refused: %v", args)
+
+	b, err = os.ReadFile(filepath.Join(dir, ".dockerignore"))
+	require.NoError(t, err)
+	var ignored []string
+	for line := range strings.Lines(string(b)) {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			ignored = append(ignored, strings.Trim(line, "/"))
+		}
+	}
+	for _, p := range []string{"bin", ".git", "rl-loop-out", "deploy/secrets"} {
+		require.Contains(t, ignored, p, ".dockerignore")
+	}
+	for _, p := range []string{"go.mod", "go.sum", "cmd", "examples", "engine", "*", "**"} {
+		require.NotContains(t, ignored, p, ".dockerignore leaves the build without %s", p)
+	}
+}
