@@ -27,7 +27,7 @@ DEMO_STEPS ?= 40
 
 help: ## List the targets
 	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); GOEXPERIMENT=simd selects the archsimd kernels)"
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 build: ## Build the CLI into bin/rollout

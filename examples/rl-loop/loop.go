@@ -48,6 +48,7 @@ type config struct {
 	Redis, Fleet string
 	RedisConfig  redisconf.Config // how to reach Redis beyond its URL (TLS, password file, Sentinel)
 	Secret       []byte
+	APIKey       string // bearer token of the servers' generation routes (external fleet only)
 	StoreAddr    string // where the weight store listens
 	StoreURL     string // the store's URL as the servers reach it (default: its listen URL)
 	Logger       *slog.Logger
@@ -97,7 +98,8 @@ type fleet struct {
 
 func openFleet(ctx context.Context, cfg config) (*fleet, error) {
 	if cfg.Redis != "" {
-		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, RedisConfig: cfg.RedisConfig, Fleet: cfg.Fleet, Secret: cfg.Secret, Logger: cfg.Logger})
+		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, RedisConfig: cfg.RedisConfig, Fleet: cfg.Fleet, Secret: cfg.Secret,
+			APIKey: cfg.APIKey, Logger: cfg.Logger})
 		if err != nil {
 			return nil, err
 		}

@@ -12,6 +12,9 @@
 //	go run ./examples/rl-loop                       # embedded: 2 servers in this process
 //	go run ./examples/rl-loop --redis redis://127.0.0.1:6379 --fleet demo --fleet-secret-file s.txt
 //
+// Against servers started with --api-key-file, pass the same file as --api-key-file (or the
+// key as ROLLOUT_API_KEY): the loop's generation requests carry it as a bearer token.
+//
 // It writes DIR/log.jsonl (one JSON record per step), DIR/reward.png (the reward curve) and
 // DIR/checkpoint (the trainer's state; --resume continues from it).
 package main
@@ -65,6 +68,7 @@ func parseFlags(args []string) (config, error) {
 	cfg.RedisConfig.RegisterFlags(fs, "Redis of an external fleet (default: an embedded fleet)")
 	fs.StringVar(&cfg.Fleet, "fleet", "", "fleet name (with --redis)")
 	secretFile := fs.String("fleet-secret-file", "", "file holding the fleet secret (at least 32 bytes)")
+	apiKeyFile := fs.String("api-key-file", "", "file holding the servers' API key (with --redis; or set ROLLOUT_API_KEY)")
 	fs.StringVar(&cfg.StoreAddr, "store-addr", "127.0.0.1:0", "listen address of the weight store the servers fetch from")
 	fs.StringVar(&cfg.StoreURL, "store-url", "", "base URL the servers fetch weights from (default: the store's listen URL)")
 	logLevel := fs.String("log-level", "warn", "log level of the servers and the SDK: debug, info, warn, error")
@@ -90,6 +94,18 @@ func parseFlags(args []string) (config, error) {
 			return cfg, err
 		}
 		cfg.Secret = []byte(strings.TrimSpace(string(b)))
+	}
+	cfg.APIKey = os.Getenv("ROLLOUT_API_KEY")
+	if *apiKeyFile != "" {
+		b, err := os.ReadFile(*apiKeyFile)
+		if err != nil {
+			return cfg, err
+		}
+		// An empty key would silently send no Authorization header and fail every request
+		// with 401: refuse it here, where the cause is clear.
+		if cfg.APIKey = strings.TrimSpace(string(b)); cfg.APIKey == "" {
+			return cfg, fmt.Errorf("--api-key-file %s is empty", *apiKeyFile)
+		}
 	}
 	return cfg, nil
 }

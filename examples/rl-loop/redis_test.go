@@ -1,11 +1,15 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/rolloutkit/rollout/internal/fleettest"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // TestLoopAgainstRolloutServeProcesses runs the same loop against two `rollout serve`
@@ -29,4 +33,66 @@ func TestLoopAgainstRolloutServeProcesses(t *testing.T) {
 		require.NotNil(t, hb)
 		require.EqualValues(t, cfg.Steps, hb.WeightVersion, "server %s serves the last version", p.ID)
 	}
+}
+
+// TestLoopLikeCompose runs the loop as docker-compose.yml does: the servers require an API
+// key, take weights only from file:// sources under --weights-root (the loop's run directory,
+// which compose shares with them read-only) and have no peer route, so no fetch needs a
+// private address; the loop reads the key and the fleet secret from files and publishes
+// file:// refs. A second run with --resume continues the fleet's versions (compose restarts
+// the loop when a run ends), and a server restarted while no loop runs converges to the
+// fleet's version from the files on its own.
+func TestLoopLikeCompose(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test; skipped with -short")
+	}
+	out, secrets := t.TempDir(), t.TempDir()
+	keyFile := filepath.Join(secrets, "api_key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("compose-test-api-key\n"), 0o600))
+	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "rl-loop-compose", Args: []string{"--offload-cpu-bytes", "16MiB",
+		"--api-key-file", keyFile, "--weights-root", filepath.Join(out, "weights"), "--no-peers"}})
+	secretFile := filepath.Join(secrets, "fleet_secret")
+	require.NoError(t, os.WriteFile(secretFile, []byte(f.Secret), 0o600))
+	args := []string{"--steps", "2", "--prompts", "2", "--group", "4", "--max-tokens", "6", "--out", out, "--log-level", "error",
+		"--redis", f.Redis.URL(), "--fleet", f.Name, "--fleet-secret-file", secretFile, "--api-key-file", keyFile,
+		"--store-url", "file://" + filepath.Join(out, "weights"), "--resume"}
+
+	for pass, firstStep := range []int{1, 3} {
+		cfg, err := parseFlags(args)
+		require.NoError(t, err)
+		sum, err := run(t.Context(), cfg, devNull(t))
+		require.NoError(t, err, "run %d", pass+1)
+		require.Len(t, sum.Records, 2)
+		require.Equal(t, firstStep, sum.Records[0].Step, "run %d starts where the checkpoint left off", pass+1)
+		require.Equal(t, 2, sum.Updates)
+		require.Zero(t, sum.Violations)
+	}
+	for _, p := range f.Procs {
+		require.EqualValues(t, 4, f.Heartbeat(p.ID).WeightVersion, "server %s", p.ID)
+	}
+
+	p := f.Procs[0]
+	p.Kill()
+	p.Start()
+	f.WaitFor(p, 60*time.Second, "back on version 4 and in rotation", func(hb *protocol.Heartbeat) bool {
+		return hb != nil && hb.WeightVersion == 4 && hb.InRotation
+	})
+}
+
+// TestAPIKeyFile: the key is read from the file without its newline, and an empty file is
+// refused rather than sending requests the servers would refuse.
+func TestAPIKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "key")
+	require.NoError(t, os.WriteFile(key, []byte("k-123\n"), 0o600))
+	cfg, err := parseFlags([]string{"--api-key-file", key})
+	require.NoError(t, err)
+	require.Equal(t, "k-123", cfg.APIKey)
+
+	empty := filepath.Join(dir, "empty")
+	require.NoError(t, os.WriteFile(empty, []byte("\n"), 0o600))
+	_, err = parseFlags([]string{"--api-key-file", empty})
+	require.ErrorContains(t, err, "empty")
+	_, err = parseFlags([]string{"--api-key-file", filepath.Join(dir, "missing")})
+	require.Error(t, err)
 }
