@@ -18,8 +18,10 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/rolloutkit/rollout/engine/load"
+	"github.com/rolloutkit/rollout/engine/weights"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
 	"github.com/rolloutkit/rollout/trainer"
@@ -37,9 +39,12 @@ type config struct {
 	Seed      uint64
 	Out       string // directory for the checkpoint, weight store, log and plot
 	Resume    bool   // continue from Out's checkpoint
-	Sync      bool   // wait for each update before generating the next batch
-	Policy    string // update policy: all, quorum:K, rolling:K
-	Mode      string // pause mode of the cut: abort, wait, keep
+	// FleetStart says what to do when the fleet already serves a version above this run's
+	// (another run's weights): FleetStartFail, FleetStartReset or FleetStartAdopt.
+	FleetStart string
+	Sync       bool   // wait for each update before generating the next batch
+	Policy     string // update policy: all, quorum:K, rolling:K
+	Mode       string // pause mode of the cut: abort, wait, keep
 
 	// Embedded fleet (default) or an external one over Redis.
 	Servers      int
@@ -72,6 +77,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("--servers must be >= 1 (got %d)", c.Servers)
 	case c.Redis != "" && c.Fleet == "":
 		return errors.New("--redis needs --fleet")
+	case c.FleetStart != "" && c.FleetStart != FleetStartFail && c.FleetStart != FleetStartReset && c.FleetStart != FleetStartAdopt:
+		return fmt.Errorf("--fleet-start %q: want fail, reset or adopt", c.FleetStart)
 	}
 	if _, err := sdk.ParsePolicy(c.Policy); err != nil {
 		return err
@@ -116,6 +123,54 @@ func openFleet(ctx context.Context, cfg config) (*fleet, error) {
 		return nil, err
 	}
 	return &fleet{client: c, close: func() error { return errors.Join(c.Close(), f.Close()) }}, nil
+}
+
+// What a run does on a fleet that serves a version above the run's own (--fleet-start).
+const (
+	// FleetStartFail refuses to start, saying what the fleet serves and the two choices.
+	FleetStartFail = "fail"
+	// FleetStartReset publishes this run's weights as the version after the fleet's and
+	// brings the fleet to it before the first step: the run trains from its own weights.
+	FleetStartReset = "reset"
+	// FleetStartAdopt loads the checkpoint the fleet serves (its desired state's ref) and
+	// trains from it at the fleet's version: the run continues the fleet's policy.
+	FleetStartAdopt = "adopt"
+)
+
+// fleetStart reconciles the trainer with a fleet that already serves version fleetV (from
+// another run) as cfg.FleetStart says, returning the trainer to use. Versions only go
+// forward on a fleet: a run cannot serve its step-1 weights as version 1 where another
+// run's version 10 is committed.
+func fleetStart(ctx context.Context, cfg config, tr *trainer.Trainer, tcfg trainer.Config, d *protocol.DesiredState) (*trainer.Trainer, error) {
+	fleetV := d.Weights.Version
+	switch cfg.FleetStart {
+	case FleetStartReset:
+		tcfg.Version = fleetV + 1
+		w := tr.Weights()
+		if tcfg.KLCoef > 0 {
+			tcfg.Reference = w
+		}
+		tr.Close()
+		return trainer.New(w, tcfg)
+	case FleetStartAdopt:
+		w, err := weights.Load(ctx, weights.Ref{Version: fleetV, URI: d.Weights.URI, SHA256: d.Weights.SHA256},
+			weights.Options{HTTPClient: weights.NewHTTPClient(weights.FetchPolicy{AllowLoopback: true, AllowPrivate: true})})
+		if err != nil {
+			return nil, fmt.Errorf("--fleet-start adopt: load the fleet's version %d from %s: %w", fleetV, weights.RedactURI(d.Weights.URI), err)
+		}
+		if err := trainer.CheckShape(w.Config, tr.ModelConfig()); err != nil {
+			return nil, fmt.Errorf("--fleet-start adopt: %w", err)
+		}
+		tcfg.Version = fleetV
+		if tcfg.KLCoef > 0 {
+			tcfg.Reference = w
+		}
+		tr.Close()
+		return trainer.New(w, tcfg)
+	}
+	return nil, fmt.Errorf("fleet %q serves weight version %d (%s) from another run and this run is at version %d: "+
+		"pass --fleet-start reset to publish this run's weights as version %d and train from them, "+
+		"or --fleet-start adopt to train on from the fleet's checkpoint", cfg.Fleet, fleetV, d.Weights.SHA256[:12], tr.Version(), fleetV+1)
 }
 
 // update is an UpdateWeights call in flight.
@@ -212,6 +267,17 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 		}
 		ref, err := store.Ref(base, v)
 		return sdk.WeightsRef{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256}, err
+	}
+
+	// A fleet another run left at a later version: reset it to this run's weights, adopt
+	// its checkpoint, or stop, as --fleet-start says.
+	if d, err := c.DesiredState(ctx); err != nil {
+		return nil, err
+	} else if d != nil && d.Weights != nil && d.Weights.Version > tr.Version() {
+		if tr, err = fleetStart(ctx, cfg, tr, tcfg, d); err != nil {
+			return nil, err
+		}
+		defer tr.Close()
 	}
 
 	// A resumed trainer is ahead of a fresh fleet: bring the fleet to its version first.

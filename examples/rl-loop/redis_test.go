@@ -96,3 +96,55 @@ func TestAPIKeyFile(t *testing.T) {
 	_, err = parseFlags([]string{"--api-key-file", filepath.Join(dir, "missing")})
 	require.Error(t, err)
 }
+
+// TestSecondRunOnARunningFleet (issue 25, case 12): a fresh run on a fleet another run left
+// at version N stops with a message naming the choices; with --fleet-start reset it publishes
+// its own weights as N+1 and trains from there; with --fleet-start adopt it trains on from
+// the fleet's checkpoint at N.
+func TestSecondRunOnARunningFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test; skipped with -short")
+	}
+	// Each run's --out is under one directory the servers read file:// weights from, so a
+	// run's checkpoints stay fetchable after it ends (adopt loads the fleet's from there).
+	root := t.TempDir()
+	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "rl-loop-second",
+		Args: []string{"--offload-cpu-bytes", "16MiB", "--weights-root", root}})
+	cfg := func(name, start string) config {
+		c := testConfig(t)
+		c.Redis, c.Fleet, c.Secret = f.Redis.URL(), f.Name, []byte(f.Secret)
+		c.Out = filepath.Join(root, name)
+		c.StoreURL = "file://" + filepath.Join(c.Out, "weights")
+		c.FleetStart = start
+		return c
+	}
+	versions := func() []int64 {
+		var vs []int64
+		for _, p := range f.Procs {
+			vs = append(vs, f.Heartbeat(p.ID).WeightVersion)
+		}
+		return vs
+	}
+	first := cfg("first", FleetStartFail)
+	_, err := run(t.Context(), first, devNull(t))
+	require.NoError(t, err)
+	n := int64(first.Steps)
+
+	_, err = run(t.Context(), cfg("second", FleetStartFail), devNull(t))
+	require.Error(t, err, "a fresh run does not silently fight the fleet's versions")
+	require.Contains(t, err.Error(), "--fleet-start reset")
+	require.Contains(t, err.Error(), "--fleet-start adopt")
+
+	second := cfg("second", FleetStartReset)
+	sum, err := run(t.Context(), second, devNull(t))
+	require.NoError(t, err)
+	require.Zero(t, sum.Violations)
+	afterReset := n + 1 + int64(second.Steps)
+	require.Equal(t, []int64{afterReset, afterReset}, versions(), "reset: its weights as version %d, then its steps", n+1)
+
+	third := cfg("third", FleetStartAdopt)
+	sum, err = run(t.Context(), third, devNull(t))
+	require.NoError(t, err)
+	require.Zero(t, sum.Violations)
+	require.Equal(t, []int64{afterReset + int64(third.Steps), afterReset + int64(third.Steps)}, versions(), "adopt: on from the fleet's version")
+}
