@@ -50,8 +50,13 @@ type Options struct {
 	Bus bus.Bus
 	// Fleet is the fleet name every server was started with.
 	Fleet string
-	// Secret is the fleet secret (at least 32 bytes; empty for an unsigned fleet).
+	// Secret is the fleet secret (at least 32 bytes). Dial refuses an empty one unless
+	// InsecureUnsigned is set: an unsigned client obeys and is obeyed by anyone who reaches
+	// Redis.
 	Secret []byte
+	// InsecureUnsigned allows an empty Secret (a fleet started with
+	// --insecure-unsigned-fleet).
+	InsecureUnsigned bool
 	// HTTPClient carries Generate's requests (default: a client with keep-alive pooling
 	// sized for many concurrent requests per server).
 	HTTPClient *http.Client
@@ -155,6 +160,9 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 	}
 	if err := protocol.CheckSecret(o.Secret); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if len(o.Secret) == 0 && !o.InsecureUnsigned {
+		return nil, invalid("a fleet client needs the fleet secret (Options.InsecureUnsigned for a fleet run with --insecure-unsigned-fleet)")
 	}
 	o.defaults()
 	c := &Client{opts: o, names: protocol.Names{Fleet: o.Fleet}, log: o.Logger,

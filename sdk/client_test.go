@@ -85,8 +85,8 @@ func TestDialWrongSecret(t *testing.T) {
 	other := bytes.Repeat([]byte("x"), 32)
 	_, err = Dial(t.Context(), Options{Bus: b, Fleet: "f", Secret: other})
 	require.ErrorIs(t, err, ErrBadSecret)
-	// No secret for a signed fleet.
-	_, err = Dial(t.Context(), Options{Bus: b, Fleet: "f"})
+	// No secret for a signed fleet (with the insecure opt-in, so the signed fleet refuses it).
+	_, err = Dial(t.Context(), Options{Bus: b, Fleet: "f", InsecureUnsigned: true})
 	require.ErrorIs(t, err, ErrBadSecret)
 
 	// A fleet whose desired state is fine but whose server signs with another secret.
@@ -222,7 +222,9 @@ func TestControlRejected(t *testing.T) {
 	defer b.Close()
 	// An unsigned client; the server demands signed commands, so it rejects the pause.
 	a := startFake(t, b, "f", nil, "a", 0)
-	c, err := Dial(t.Context(), Options{Bus: b, Fleet: "f"})
+	_, err := Dial(t.Context(), Options{Bus: b, Fleet: "f"})
+	require.ErrorIs(t, err, ErrInvalid, "no secret: refused unless asked for")
+	c, err := Dial(t.Context(), Options{Bus: b, Fleet: "f", InsecureUnsigned: true})
 	require.NoError(t, err)
 	defer c.Close()
 	a.set(func(a *fakeAgent) { a.secret = secret })

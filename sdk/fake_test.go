@@ -217,7 +217,8 @@ func newMemFleet(t *testing.T, secret []byte, n int, version int64) (*bus.Mem, [
 		agents = append(agents, startFake(t, b, "f", secret, string(rune('a'+i)), version))
 	}
 	// HeartbeatTTL 1ns: a deleted heartbeat key means a gone server at once.
-	c, err := Dial(t.Context(), Options{Bus: b, Fleet: "f", Secret: secret, CommandTimeout: 10 * time.Second, HeartbeatTTL: time.Nanosecond})
+	c, err := Dial(t.Context(), Options{Bus: b, Fleet: "f", Secret: secret, CommandTimeout: 10 * time.Second, HeartbeatTTL: time.Nanosecond,
+		InsecureUnsigned: secret == nil})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	return b, agents, c

@@ -20,9 +20,9 @@ func TestDialRedisFailsFast(t *testing.T) {
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
-	_, err = Dial(t.Context(), Options{RedisURL: "redis://" + addr, Fleet: "f"})
+	_, err = Dial(t.Context(), Options{RedisURL: "redis://" + addr, Fleet: "f", Secret: secret})
 	require.ErrorIs(t, err, bus.ErrUnavailable)
-	_, err = Dial(t.Context(), Options{RedisURL: "redis://:hunter2@" + addr, Fleet: "f"})
+	_, err = Dial(t.Context(), Options{RedisURL: "redis://:hunter2@" + addr, Fleet: "f", Secret: secret})
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "hunter2")
 }

@@ -86,6 +86,9 @@ type Config struct {
 	RedisConfig redisconf.Config
 	// FleetHeartbeat and FleetHeartbeatTTL pace the agent's heartbeat (0: 1s and 5s).
 	FleetHeartbeat, FleetHeartbeatTTL time.Duration
+	// InsecureUnsignedFleet lets a fleet member run without FleetSecret: it then obeys any
+	// publisher on its Redis. Refused by default.
+	InsecureUnsignedFleet bool
 	// StateDir, when set, is where the fleet agent keeps the newest desired state it
 	// accepted, so that after a restart (and a Redis restart that lost the key) the server
 	// still knows the fleet's version and run state.
@@ -482,6 +485,10 @@ func (c *Config) fleetDefaults() error {
 	if err := protocol.CheckSecret([]byte(c.FleetSecret)); err != nil {
 		return fmt.Errorf("%w: --fleet-secret: %w", ErrInvalidConfig, err)
 	}
+	if c.FleetSecret == "" && !c.InsecureUnsignedFleet {
+		return fmt.Errorf("%w: a fleet member needs --fleet-secret-file (without a secret anyone who reaches Redis steers the fleet); "+
+			"--insecure-unsigned-fleet runs it unsigned anyway", ErrInvalidConfig)
+	}
 	if c.FleetHeartbeat < 0 || c.FleetHeartbeatTTL < 0 {
 		return fmt.Errorf("%w: negative fleet heartbeat interval or TTL", ErrInvalidConfig)
 	}
@@ -601,6 +608,9 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}()
 		s.log.Info("server: admin routes on their own listener", "admin_addr", s.adm.Addr().String())
+	}
+	if s.cfg.Fleet != "" && s.cfg.FleetSecret == "" {
+		s.log.Warn("server: INSECURE: this fleet member runs unsigned (--insecure-unsigned-fleet): anyone who can publish on its Redis can pause it, swap its weights or fake its state")
 	}
 	s.log.Info("server: listening", "addr", s.Addr(), "model", s.cfg.ModelName, "weight_version", s.eng.Version(),
 		"offload", s.conn != nil, "admin_token", s.cfg.AdminToken != "", "api_key", s.cfg.APIKey != "")

@@ -25,6 +25,7 @@ type fleetConn struct {
 	redis              redisFlags
 	fleet              string
 	secret, secretFile string
+	insecure           bool // --insecure-unsigned-fleet
 }
 
 func (c *fleetConn) register(cmd *cobra.Command, persistent bool) {
@@ -36,6 +37,7 @@ func (c *fleetConn) register(cmd *cobra.Command, persistent bool) {
 	f.StringVar(&c.fleet, "fleet", "", "fleet name the servers were started with")
 	f.StringVar(&c.secret, "fleet-secret", "", "HMAC secret of the fleet (at least 32 bytes; empty for an unsigned fleet)")
 	f.StringVar(&c.secretFile, "fleet-secret-file", "", "file holding the fleet secret (trailing newline ignored), so it stays out of ps")
+	f.BoolVar(&c.insecure, "insecure-unsigned-fleet", false, "talk to a fleet run without a secret (refused without this flag)")
 }
 
 // dial checks the flags and connects; sdk.Dial itself fails fast on an unreachable Redis or
@@ -58,7 +60,8 @@ func (c *fleetConn) dial(ctx context.Context, cmd *cobra.Command) (*sdk.Client, 
 		}
 		secret = s
 	}
-	cl, err := sdk.Dial(ctx, sdk.Options{RedisConfig: c.redis.config(cmd), Fleet: c.fleet, Secret: []byte(secret), Logger: loggerFrom(cmd)})
+	cl, err := sdk.Dial(ctx, sdk.Options{RedisConfig: c.redis.config(cmd), Fleet: c.fleet, Secret: []byte(secret), Logger: loggerFrom(cmd),
+		InsecureUnsigned: c.insecure})
 	if err != nil {
 		return nil, fmt.Errorf("fleet %q: %w", c.fleet, err)
 	}

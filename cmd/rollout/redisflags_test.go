@@ -74,7 +74,7 @@ func TestServeAndFleetOverTLSWithACL(t *testing.T) {
 	exited := make(chan int, 1)
 	go func() {
 		exited <- run(ctx, []string{"serve", "--addr", addr, "--kv-blocks", "256", "--server-id", "tls-1", "--log-level", "warn",
-			"--fleet", "tls", "--redis", url, "--redis-ca-file", ca}, &serveOut, &serveErr)
+			"--fleet", "tls", "--redis", url, "--redis-ca-file", ca, "--insecure-unsigned-fleet"}, &serveOut, &serveErr)
 	}()
 	b, err := bus.DialRedisConfig(t.Context(), redisconf.Config{URL: url, CAFile: ca, PasswordFile: pwFile}, bus.RedisOptions{})
 	require.NoError(t, err)
@@ -92,14 +92,14 @@ func TestServeAndFleetOverTLSWithACL(t *testing.T) {
 	t.Setenv(redisconf.EnvPassword, "") // the file alone, now
 	var out, errb bytes.Buffer
 	require.Equal(t, 0, run(t.Context(), []string{"fleet", "status", "--fleet", "tls", "--redis", url, "--redis-ca-file", ca,
-		"--redis-password-file", pwFile}, &out, &errb), errb.String())
+		"--redis-password-file", pwFile, "--insecure-unsigned-fleet"}, &out, &errb), errb.String())
 	assert.Contains(t, out.String(), "tls-1")
 
 	// The same without the CA: refused, never plain text.
 	out.Reset()
 	errb.Reset()
 	assert.Equal(t, 1, run(t.Context(), []string{"fleet", "status", "--fleet", "tls", "--redis", url,
-		"--redis-password-file", pwFile}, &out, &errb))
+		"--redis-password-file", pwFile, "--insecure-unsigned-fleet"}, &out, &errb))
 	assert.Contains(t, errb.String(), "TLS")
 
 	cancel()

@@ -111,6 +111,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "URL the fleet routes requests to (default: from --addr)")
 	f.StringVar(&cfg.FleetSecret, "fleet-secret", "", "HMAC secret of the fleet's control commands (at least 32 bytes)")
 	f.StringVar(&secretFile, "fleet-secret-file", "", "file holding the fleet secret (trailing newline ignored), so it stays out of ps")
+	f.BoolVar(&cfg.InsecureUnsignedFleet, "insecure-unsigned-fleet", false, "join a fleet without a secret: the server then obeys anyone who can publish on its Redis (refused without this flag)")
 	f.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token of the admin routes (unset: direct loopback clients only); prefer --admin-token-file, flags show in ps")
 	f.StringVar(&adminTokenFile, "admin-token-file", "", "file holding the admin token (trailing newline ignored), so it stays out of ps")
 	f.StringVar(&cfg.APIKey, "api-key", "", "bearer token of the generation routes (unset: open); prefer --api-key-file, flags show in ps")

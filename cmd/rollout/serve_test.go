@@ -117,6 +117,8 @@ func TestServeRefusesBadFleetFlags(t *testing.T) {
 		{[]string{"serve", "--redis", "redis://127.0.0.1:1", "--fleet", "demo", "--fleet-secret", "short", "--addr", "127.0.0.1:0"}, "shorter than 32 bytes"},
 		{[]string{"serve", "--redis", "redis://127.0.0.1:1", "--fleet", "demo", "--fleet-secret-file", short, "--addr", "127.0.0.1:0"}, "shorter than 32 bytes"},
 		{[]string{"serve", "--fleet-secret-file", filepath.Join(t.TempDir(), "missing"), "--addr", "127.0.0.1:0"}, "--fleet-secret-file"},
+		// Closed by default: no secret, no fleet membership unless asked for loudly.
+		{[]string{"serve", "--redis", "redis://127.0.0.1:1", "--fleet", "demo", "--addr", "127.0.0.1:0"}, "--insecure-unsigned-fleet"},
 	} {
 		var out, errb bytes.Buffer
 		assert.Equal(t, 1, run(t.Context(), tc.args, &out, &errb), tc.args)

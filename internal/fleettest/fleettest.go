@@ -164,7 +164,7 @@ func Start(t testing.TB, o Options) *Fleet {
 	if o.Secret == "-" {
 		f.Secret = ""
 	}
-	var secretArgs []string
+	secretArgs := []string{"--insecure-unsigned-fleet"}
 	if f.Secret != "" {
 		path := filepath.Join(t.TempDir(), "fleet-secret")
 		if err := os.WriteFile(path, []byte(f.Secret+"\n"), 0o600); err != nil {

@@ -436,7 +436,7 @@ func TestRefusesASignedFleetWithoutSecret(t *testing.T) {
 	mem := newMem(t)
 	f := newFleet(t, mem)
 	f.setDesired(protocol.DesiredState{Epoch: 1, Signed: true}, true)
-	n := startNode(t, mem, func(c *server.Config) { c.FleetSecret = "" })
+	n := startNode(t, mem, func(c *server.Config) { c.FleetSecret, c.InsecureUnsignedFleet = "", true })
 	select {
 	case err := <-n.done:
 		n.done = nil

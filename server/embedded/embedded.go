@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"crypto/rand"
 	"context"
 	"errors"
 	"fmt"
@@ -30,7 +31,8 @@ type Options struct {
 	Model string
 	// Fleet is the fleet name (default "embedded").
 	Fleet string
-	// Secret signs the fleet's messages (at least 32 bytes; empty: unsigned).
+	// Secret signs the fleet's messages (at least 32 bytes; empty: a random one, which
+	// DialOptions carries).
 	Secret []byte
 	// Server, when set, adjusts server i's config before it starts (sizes, weights root,
 	// initial weight version...). The bus, fleet, id and secret are set already.
@@ -74,6 +76,12 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 	}
 	if err := protocol.CheckSecret(o.Secret); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if len(o.Secret) == 0 {
+		// A fleet is signed by default: an in-process one gets a random secret, which
+		// DialOptions hands to the trainer's client.
+		o.Secret = make([]byte, protocol.MinSecretBytes)
+		_, _ = rand.Read(o.Secret) // crypto/rand.Read never fails (Go >= 1.24)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
