@@ -1,8 +1,8 @@
 package embedded
 
 import (
-	"crypto/rand"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
