@@ -54,6 +54,10 @@ type Options struct {
 	// InsecureUnsigned is set: an unsigned client obeys and is obeyed by anyone who reaches
 	// Redis.
 	Secret []byte
+	// VerifySecrets are earlier fleet secrets still accepted, never used to sign: during a
+	// key rotation servers keep heartbeating and acking with keys issued under the old
+	// secret until they are issued new ones.
+	VerifySecrets [][]byte
 	// InsecureUnsigned allows an empty Secret (a fleet started with
 	// --insecure-unsigned-fleet).
 	InsecureUnsigned bool
@@ -97,6 +101,9 @@ type Client struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 
+	// auth signs commands and desired states and checks servers' messages (Secret, then
+	// VerifySecrets).
+	auth *protocol.Auth
 	// verifiedHB: a server's heartbeat verified with the client's secret, so the secret is
 	// right and a desired state that does not verify is forged or garbage.
 	verifiedHB atomic.Bool
@@ -161,6 +168,14 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 	if err := protocol.CheckSecret(o.Secret); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	for _, s := range o.VerifySecrets {
+		if err := protocol.CheckSecret(s); err != nil || len(s) == 0 {
+			return nil, invalid("VerifySecrets: every secret must be at least %d bytes", protocol.MinSecretBytes)
+		}
+	}
+	if len(o.Secret) == 0 && len(o.VerifySecrets) > 0 {
+		return nil, invalid("VerifySecrets without a Secret")
+	}
 	if len(o.Secret) == 0 && !o.InsecureUnsigned {
 		return nil, invalid("a fleet client needs the fleet secret (Options.InsecureUnsigned for a fleet run with --insecure-unsigned-fleet)")
 	}
@@ -169,6 +184,11 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 		tracer: o.TracerProvider.Tracer(tracerName), prop: o.Propagator, http: o.HTTPClient,
 		stop: make(chan struct{}), view: map[string]*serverView{}, refreshed: make(chan struct{}),
 		kick: make(chan struct{}, 1), garbage: make(chan string, 1024)}
+	auth, err := protocol.NewAuth(append([][]byte{o.Secret}, o.VerifySecrets...)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	c.auth = auth
 	switch {
 	case o.Bus != nil:
 		c.bus = o.Bus
@@ -312,14 +332,14 @@ func (c *Client) readDesired(ctx context.Context) (*protocol.DesiredState, []byt
 		c.log.Warn("sdk: the fleet's desired-state key holds garbage; ignoring it (the servers write their record back)", "fleet", c.opts.Fleet, "err", err)
 		return c.cachedDesired(), raw, nil
 	}
-	if err := d.Verify(c.opts.Secret, c.opts.Fleet); err != nil {
+	if err := d.VerifyWith(c.auth, c.opts.Fleet); err != nil {
 		if c.verifiedHB.Load() {
 			c.log.Warn("sdk: the fleet's desired state does not verify although its servers' heartbeats do; ignoring it", "fleet", c.opts.Fleet, "err", err)
 			return c.cachedDesired(), raw, nil
 		}
 		return nil, nil, verifyErr("desired state", err)
 	}
-	if d.Signed && len(c.opts.Secret) == 0 {
+	if d.Signed && !c.auth.Signed() {
 		return nil, nil, fmt.Errorf("%w: fleet %q is signed and the client has no secret", ErrBadSecret, c.opts.Fleet)
 	}
 	c.mu.Lock()
@@ -357,7 +377,7 @@ func (c *Client) checkHeartbeatSecret(ctx context.Context) error {
 	if len(hbs) > 0 {
 		c.verifiedHB.Store(true)
 	}
-	if len(c.opts.Secret) == 0 {
+	if !c.auth.Signed() {
 		for id, hb := range hbs {
 			if hb.Sig != "" {
 				return fmt.Errorf("%w: server %s of fleet %q signs its heartbeat and the client has no secret", ErrBadSecret, id, c.opts.Fleet)
@@ -397,7 +417,7 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 			}
 			continue
 		}
-		next := protocol.DesiredState{V: protocol.Version, Fleet: c.opts.Fleet, Signed: len(c.opts.Secret) > 0}
+		next := protocol.DesiredState{V: protocol.Version, Fleet: c.opts.Fleet, Signed: c.auth.Signed()}
 		if cur == nil {
 			// The key is gone but this client saw it (Redis restarted empty): rebuild from
 			// what it last read, so the epoch keeps growing past what the servers have seen.
@@ -428,9 +448,9 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 			next.Trace = map[string]string(carrier)
 		}
 		next.Sig = ""
-		if len(c.opts.Secret) > 0 {
+		if c.auth.Signed() {
 			next.Signed = true
-			next.Sign(c.opts.Secret)
+			next.SignWith(c.auth)
 		}
 		b, err := next.Encode()
 		if err != nil {
@@ -490,7 +510,7 @@ func (c *Client) readHeartbeats(ctx context.Context, strict bool) (map[string]pr
 			err = fmt.Errorf("%w: heartbeat key %q holds server %q", protocol.ErrMalformed, key, hb.ServerID)
 		}
 		if err == nil {
-			err = hb.Verify(c.opts.Secret, c.opts.Fleet)
+			err = hb.VerifyWith(c.auth, c.opts.Fleet)
 		}
 		if err == nil && time.Since(time.UnixMilli(hb.At)) > c.opts.HeartbeatTTL+heartbeatSkew {
 			// The key exists but the heartbeat inside is old: someone wrote back a dead

@@ -377,8 +377,8 @@ func (c *Client) publish(ctx context.Context, targets []string, cmd any, timeout
 	if len(carrier) > 0 {
 		env.Trace = map[string]string(carrier)
 	}
-	if len(c.opts.Secret) > 0 {
-		env.Sign(c.opts.Secret)
+	if c.auth.Signed() {
+		env.SignWith(c.auth)
 	}
 	b, err := env.Encode()
 	if err != nil {
@@ -431,7 +431,7 @@ func (c *Client) collect(ctx context.Context, s *sent, onAck func(ServerResult) 
 		for _, v := range vals {
 			a, err := protocol.DecodeAck(v)
 			if err == nil {
-				err = a.Verify(c.opts.Secret, c.opts.Fleet)
+				err = a.VerifyWith(c.auth, c.opts.Fleet)
 			}
 			if err != nil {
 				// Whoever can write to Redis can push to an ack list: an ack that does not

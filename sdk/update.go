@@ -453,7 +453,8 @@ func (d *updateDriver) server(id string) *ServerUpdate { return d.res.Server(id)
 func (d *updateDriver) stage(ctx context.Context, targets []string) action {
 	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.stage")
 	defer span.End()
-	s, err := d.c.publish(ctx, targets, protocol.Stage{Weights: d.ref, Sources: d.sources(ctx, targets)}, d.rp.stageTimeout, pubOpts{})
+	stage := protocol.Stage{Weights: d.ref, Sources: d.sources(ctx, targets), Grant: d.c.auth.PeerGrant(d.c.opts.Fleet, d.ref.Version, d.ref.SHA256)}
+	s, err := d.c.publish(ctx, targets, stage, d.rp.stageTimeout, pubOpts{})
 	if err != nil {
 		d.desErr = err
 		span.RecordError(err)

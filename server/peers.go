@@ -14,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/engine/weights"
-	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/server/agent"
 	"github.com/rolloutkit/rollout/server/api"
 	"github.com/rolloutkit/rollout/server/peer"
@@ -30,7 +29,7 @@ func (s *Server) startPeer() error {
 		}
 		dir, s.peerTmp = d, d
 	}
-	p, err := peer.New(context.Background(), peer.Config{Dir: dir, Fleet: s.cfg.Fleet, Secret: []byte(s.cfg.FleetSecret), Logger: s.log})
+	p, err := peer.New(context.Background(), peer.Config{Dir: dir, Fleet: s.cfg.Fleet, Auth: s.auth, Logger: s.log})
 	if err != nil {
 		s.removePeerDir()
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -118,7 +117,7 @@ func (s *Server) stagePeers(ctx context.Context, req agent.StageRequest, m *api.
 		o.KeepDir, o.Observe = f.Dir, observe
 		if p := req.Peer; p != nil {
 			o.Mirrors = []weights.Mirror{{URL: strings.TrimSuffix(p.URL, "/") + "/v" + strconv.FormatInt(ref.Version, 10) + "/",
-				Header: http.Header{"Authorization": {"Bearer " + protocol.PeerToken([]byte(s.cfg.FleetSecret), s.cfg.Fleet, ref.Version, ref.SHA256)}}}}
+				Header: http.Header{"Authorization": {"Bearer " + req.Grant}}}}
 		}
 	}
 	_, err = s.api.StageWeightsWith(ctx, ref, tweak)

@@ -86,6 +86,10 @@ type Config struct {
 	RedisConfig redisconf.Config
 	// FleetHeartbeat and FleetHeartbeatTTL pace the agent's heartbeat (0: 1s and 5s).
 	FleetHeartbeat, FleetHeartbeatTTL time.Duration
+	// FleetKey is this server's issued key file's contents (`rollout fleet keys issue`),
+	// used instead of FleetSecret: the server then verifies the trainer's commands and signs
+	// only its own heartbeats and acks, and holds nothing that signs for the fleet.
+	FleetKey []byte
 	// InsecureUnsignedFleet lets a fleet member run without FleetSecret: it then obeys any
 	// publisher on its Redis. Refused by default.
 	InsecureUnsignedFleet bool
@@ -160,6 +164,9 @@ type Server struct {
 	// they stop after HTTP has drained and before the engine does.
 	parts []part
 	agent *agent.Agent
+	// auth signs and verifies the fleet's messages (from FleetKey or FleetSecret; unsigned
+	// without either).
+	auth *protocol.Auth
 	// peer is the fleet's peer route (nil without one); peerTmp its directory when the
 	// server made it.
 	peer    *peer.Server
@@ -280,7 +287,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 	if cfg.ModelName == "" {
 		cfg.ModelName = modelName(cfg.Model)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, adm: adm}
+	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, adm: adm, auth: cfg.fleetAuth()}
 	metrics := api.NewMetrics()
 	s.conn, err = newConnector(cfg, m.Weights.Config, cfg.Logger, cfg.TracerProvider, metrics.ObserveResetToFlush)
 	if err != nil {
@@ -350,7 +357,7 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		}
 	}
 	acfg := agent.Config{Bus: cfg.Bus, Fleet: cfg.Fleet, ServerID: id, AdvertiseURL: adv, Build: cfg.Version,
-		Secret: []byte(cfg.FleetSecret), Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps, Slept: s.api.ReleaseWeightSets},
+		Secret: []byte(cfg.FleetSecret), Auth: s.auth, Engine: &agent.EngineAdapter{Engine: s.eng, AbortRequests: s.api.Abort, Clock: steps, Slept: s.api.ReleaseWeightSets},
 		Stage: func(ctx context.Context, ref protocol.WeightsRef) (int64, error) {
 			return s.api.StageWeights(ctx, weights.Ref{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256})
 		},
@@ -403,6 +410,21 @@ func advertiseURL(addr net.Addr) string {
 
 // Agent is the server's fleet agent (nil when it is not in a fleet).
 func (s *Server) Agent() *agent.Agent { return s.agent }
+
+// fleetAuth is the Auth of the fleet key or secret (validated by defaults).
+func (c *Config) fleetAuth() *protocol.Auth {
+	if len(c.FleetKey) > 0 {
+		if a, err := protocol.ParseServerKey(c.FleetKey); err == nil {
+			return a
+		}
+		return protocol.Untrusting()
+	}
+	a, err := protocol.NewAuth([]byte(c.FleetSecret))
+	if err != nil {
+		return protocol.Untrusting()
+	}
+	return a
+}
 
 func (c *Config) defaults() error {
 	if c.Model == "" {
@@ -485,8 +507,23 @@ func (c *Config) fleetDefaults() error {
 	if err := protocol.CheckSecret([]byte(c.FleetSecret)); err != nil {
 		return fmt.Errorf("%w: --fleet-secret: %w", ErrInvalidConfig, err)
 	}
-	if c.FleetSecret == "" && !c.InsecureUnsignedFleet {
-		return fmt.Errorf("%w: a fleet member needs --fleet-secret-file (without a secret anyone who reaches Redis steers the fleet); "+
+	if c.FleetSecret != "" && len(c.FleetKey) > 0 {
+		return fmt.Errorf("%w: --fleet-secret-file and --fleet-key-file are exclusive", ErrInvalidConfig)
+	}
+	if len(c.FleetKey) > 0 {
+		k, err := protocol.ParseServerKey(c.FleetKey)
+		if err != nil {
+			return fmt.Errorf("%w: --fleet-key-file: %w", ErrInvalidConfig, err)
+		}
+		if c.ServerID == "" {
+			c.ServerID = k.ServerID() // the key names the server
+		}
+		if k.ServerID() != c.ServerID {
+			return fmt.Errorf("%w: --fleet-key-file was issued to server %q, not %q", ErrInvalidConfig, k.ServerID(), c.ServerID)
+		}
+	}
+	if c.FleetSecret == "" && len(c.FleetKey) == 0 && !c.InsecureUnsignedFleet {
+		return fmt.Errorf("%w: a fleet member needs --fleet-key-file or --fleet-secret-file (without one anyone who reaches Redis steers the fleet); "+
 			"--insecure-unsigned-fleet runs it unsigned anyway", ErrInvalidConfig)
 	}
 	if c.FleetHeartbeat < 0 || c.FleetHeartbeatTTL < 0 {
@@ -609,7 +646,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}()
 		s.log.Info("server: admin routes on their own listener", "admin_addr", s.adm.Addr().String())
 	}
-	if s.cfg.Fleet != "" && s.cfg.FleetSecret == "" {
+	if s.cfg.Fleet != "" && !s.auth.Signed() {
 		s.log.Warn("server: INSECURE: this fleet member runs unsigned (--insecure-unsigned-fleet): anyone who can publish on its Redis can pause it, swap its weights or fake its state")
 	}
 	s.log.Info("server: listening", "addr", s.Addr(), "model", s.cfg.ModelName, "weight_version", s.eng.Version(),

@@ -85,7 +85,7 @@ func newFleetCmd() *cobra.Command {
 	}
 	fc.conn.register(cmd, true)
 	cmd.PersistentFlags().BoolVar(&fc.asJSON, "json", false, "print JSON instead of a table")
-	cmd.AddCommand(fc.statusCmd(), fc.pauseCmd(), fc.resumeCmd(), fc.sleepCmd(), fc.wakeCmd(), fc.resetCmd(), fc.updateCmd())
+	cmd.AddCommand(fc.statusCmd(), fc.pauseCmd(), fc.resumeCmd(), fc.sleepCmd(), fc.wakeCmd(), fc.resetCmd(), fc.updateCmd(), fc.keysCmd())
 	return cmd
 }
 

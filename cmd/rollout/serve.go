@@ -24,7 +24,7 @@ func newServeCmd() *cobra.Command {
 		cfg                   server.Config
 		kvBytes, offloadBytes sizeValue
 		maxBody               sizeValue
-		secretFile            string
+		secretFile, keyFile   string
 		adminTokenFile        string
 		apiKeyFile            string
 		redis                 redisFlags
@@ -66,6 +66,13 @@ func newServeCmd() *cobra.Command {
 					return fmt.Errorf("--%s-file: %w", sf.flag, err)
 				}
 				*sf.dst = v
+			}
+			if keyFile != "" {
+				b, err := os.ReadFile(keyFile)
+				if err != nil {
+					return fmt.Errorf("--fleet-key-file: %w", err)
+				}
+				cfg.FleetKey = b
 			}
 			var attrs []attribute.KeyValue
 			if cfg.Fleet != "" {
@@ -111,6 +118,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&cfg.AdvertiseURL, "advertise-url", "", "URL the fleet routes requests to (default: from --addr)")
 	f.StringVar(&cfg.FleetSecret, "fleet-secret", "", "HMAC secret of the fleet's control commands (at least 32 bytes)")
 	f.StringVar(&secretFile, "fleet-secret-file", "", "file holding the fleet secret (trailing newline ignored), so it stays out of ps")
+	f.StringVar(&keyFile, "fleet-key-file", "", "this server's issued key (rollout fleet keys issue): verifies the trainer's commands, signs only this server's messages; instead of --fleet-secret-file")
 	f.BoolVar(&cfg.InsecureUnsignedFleet, "insecure-unsigned-fleet", false, "join a fleet without a secret: the server then obeys anyone who can publish on its Redis (refused without this flag)")
 	f.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token of the admin routes (unset: direct loopback clients only); prefer --admin-token-file, flags show in ps")
 	f.StringVar(&adminTokenFile, "admin-token-file", "", "file holding the admin token (trailing newline ignored), so it stays out of ps")

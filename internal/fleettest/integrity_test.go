@@ -75,8 +75,8 @@ func TestRedisRestartsEmptyStaleServerStaysOut(t *testing.T) {
 	require.NotNil(t, d, "the servers wrote the desired state back")
 	require.NotNil(t, d.Weights)
 	assert.EqualValues(t, 1, d.Weights.Version)
-	hb := f.Heartbeat("s3")
-	require.NotNil(t, hb)
+	var hb *protocol.Heartbeat
+	f.WaitFor(f.Procs[2], 10*time.Second, "heartbeating again", func(h *protocol.Heartbeat) bool { hb = h; return h != nil })
 	assert.False(t, hb.InRotation, "the stale server stays out")
 	assert.Contains(t, hb.Error, "out of rotation", "and says why")
 	for _, v := range generateAll(t, c, 20) {

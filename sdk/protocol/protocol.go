@@ -2,7 +2,6 @@ package protocol
 
 import (
 	"bytes"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
@@ -139,6 +138,10 @@ type Stage struct {
 	// fetches from Weights.URI (the origin). The receiving server checks that its source is a
 	// member of the fleet (a verified heartbeat advertising a peer URL) before it connects.
 	Sources map[string]string `json:"sources,omitempty"`
+	// Grant is the trainer's peer token for Weights (PeerToken): servers present it to
+	// their sources, which check it with the trainer's public key. A server with an issued
+	// key cannot make one, so it comes with the command.
+	Grant string `json:"grant,omitempty"`
 }
 
 // Commit swaps in the staged Version: pause(Mode, ClearCache) → sleep(SleepLevel, when > 0)
@@ -410,14 +413,22 @@ func (e *Envelope) Canonical() []byte {
 	return c.b.Bytes()
 }
 
-// Sign sets Sig from secret.
-func (e *Envelope) Sign(secret []byte) { e.Sig = mac(secret, e.Canonical()) }
+// Sign sets Sig with the trainer key derived from secret.
+func (e *Envelope) Sign(secret []byte) { e.SignWith(authOf(secret)) }
+
+// SignWith sets Sig with a's trainer key (empty when a holds none).
+func (e *Envelope) SignWith(a *Auth) { e.Sig = a.signTrainer(e.Canonical()) }
 
 // Verify checks, in order: wire version, fleet, signature (when secret is set; with an empty
 // secret any signature is ignored), and the deadline against now. The ID must be checked for
 // replay by the caller, who keeps the ids it has seen until their deadlines pass. A receiver
 // that allows for clock skew passes now minus the allowance (VerifySkew).
 func (e *Envelope) Verify(secret []byte, fleet string, now time.Time) error {
+	return e.VerifyWith(authOf(secret), fleet, now)
+}
+
+// VerifyWith is Verify with the trainer keys a trusts (an unsigned a checks no signature).
+func (e *Envelope) VerifyWith(a *Auth, fleet string, now time.Time) error {
 	if e.V != Version {
 		return fmt.Errorf("%w: v=%d, want %d", ErrVersion, e.V, Version)
 	}
@@ -427,13 +438,8 @@ func (e *Envelope) Verify(secret []byte, fleet string, now time.Time) error {
 	if e.Fleet != fleet {
 		return fmt.Errorf("%w: %q, this is %q", ErrWrongFleet, e.Fleet, fleet)
 	}
-	if len(secret) > 0 {
-		if e.Sig == "" {
-			return ErrUnsigned
-		}
-		if !checkMAC(secret, e.Canonical(), e.Sig) {
-			return ErrBadSignature
-		}
+	if err := a.verifyTrainer(e.Canonical(), e.Sig); err != nil {
+		return err
 	}
 	if now.UnixMilli() > e.Deadline {
 		return fmt.Errorf("%w: deadline %s", ErrExpired, time.UnixMilli(e.Deadline).UTC().Format(time.RFC3339Nano))
@@ -544,16 +550,22 @@ func (a *Ack) Canonical(fleet string) []byte {
 	return c.b.Bytes()
 }
 
-// Sign sets Sig from secret (nothing when secret is empty: an unsigned fleet).
-func (a *Ack) Sign(secret []byte, fleet string) {
-	if len(secret) > 0 {
-		a.Sig = mac(secret, a.Canonical(fleet))
-	}
+// Sign sets Sig with the server key derived from secret for the ack's server (nothing when
+// secret is empty: an unsigned fleet).
+func (a *Ack) Sign(secret []byte, fleet string) { a.SignWith(authOf(secret), fleet) }
+
+// SignWith sets Sig with auth's key for the ack's server ("" when auth cannot sign for it).
+func (a *Ack) SignWith(auth *Auth, fleet string) {
+	a.Sig = auth.signServer(fleet, a.ServerID, a.Canonical(fleet))
 }
 
 // Verify checks the ack's signature when secret is set.
-func (a *Ack) Verify(secret []byte, fleet string) error {
-	return verifySig(secret, a.Canonical(fleet), a.Sig)
+func (a *Ack) Verify(secret []byte, fleet string) error { return a.VerifyWith(authOf(secret), fleet) }
+
+// VerifyWith checks that the ack's server signed it (a trainer's Auth can check any
+// server's; an issued server key only its own).
+func (a *Ack) VerifyWith(auth *Auth, fleet string) error {
+	return auth.verifyServer(fleet, a.ServerID, a.Canonical(fleet), a.Sig)
 }
 
 // Encode marshals the ack.
@@ -653,15 +665,24 @@ func (h *Heartbeat) Canonical() []byte {
 	return c.b.Bytes()
 }
 
-// Sign sets Sig from secret.
-func (h *Heartbeat) Sign(secret []byte) { h.Sig = mac(secret, h.Canonical()) }
+// Sign sets Sig with the server key derived from secret for the heartbeat's server.
+func (h *Heartbeat) Sign(secret []byte) { h.SignWith(authOf(secret)) }
+
+// SignWith sets Sig with a's key for the heartbeat's server ("" when a cannot sign for it).
+func (h *Heartbeat) SignWith(a *Auth) { h.Sig = a.signServer(h.Fleet, h.ServerID, h.Canonical()) }
 
 // Verify checks the fleet and, when secret is set, the signature.
 func (h *Heartbeat) Verify(secret []byte, fleet string) error {
+	return h.VerifyWith(authOf(secret), fleet)
+}
+
+// VerifyWith checks the fleet and that the heartbeat's server signed it (a trainer's Auth
+// can check any server's; an issued server key only its own).
+func (h *Heartbeat) VerifyWith(a *Auth, fleet string) error {
 	if h.Fleet != fleet {
 		return fmt.Errorf("%w: %q, this is %q", ErrWrongFleet, h.Fleet, fleet)
 	}
-	return verifySig(secret, h.Canonical(), h.Sig)
+	return a.verifyServer(fleet, h.ServerID, h.Canonical(), h.Sig)
 }
 
 // Encode marshals the heartbeat.
@@ -748,11 +769,19 @@ func (d *DesiredState) Canonical() []byte {
 	return c.b.Bytes()
 }
 
-// Sign sets Sig from secret.
-func (d *DesiredState) Sign(secret []byte) { d.Sig = mac(secret, d.Canonical()) }
+// Sign sets Sig with the trainer key derived from secret.
+func (d *DesiredState) Sign(secret []byte) { d.SignWith(authOf(secret)) }
+
+// SignWith sets Sig with a's trainer key (empty when a holds none).
+func (d *DesiredState) SignWith(a *Auth) { d.Sig = a.signTrainer(d.Canonical()) }
 
 // Verify checks the fleet and, when secret is set, the signature.
 func (d *DesiredState) Verify(secret []byte, fleet string) error {
+	return d.VerifyWith(authOf(secret), fleet)
+}
+
+// VerifyWith checks the fleet, the content and the trainer signature with a's trusted keys.
+func (d *DesiredState) VerifyWith(a *Auth, fleet string) error {
 	if d.Fleet != fleet {
 		return fmt.Errorf("%w: %q, this is %q", ErrWrongFleet, d.Fleet, fleet)
 	}
@@ -767,7 +796,7 @@ func (d *DesiredState) Verify(secret []byte, fleet string) error {
 	if d.Sleep < 0 || d.Sleep > 2 || d.PauseMode != "" && !validMode(d.PauseMode) {
 		return fmt.Errorf("%w: desired run state: sleep %d, pause mode %q", ErrInvalid, d.Sleep, d.PauseMode)
 	}
-	return verifySig(secret, d.Canonical(), d.Sig)
+	return a.verifyTrainer(d.Canonical(), d.Sig)
 }
 
 // Encode marshals the desired state.
@@ -786,32 +815,40 @@ func DecodeDesiredState(b []byte) (*DesiredState, error) {
 }
 
 // PeerToken is the bearer token a server presents to a peer's /weights/ route for version v
-// with digest sha: an HMAC of the fleet secret, so every member can compute it, nobody
-// without the secret can, and it opens that one version only. Empty when the fleet is
-// unsigned (peer routes then take no token, as the rest of an unsigned fleet).
+// with digest sha: the trainer key's signature of (fleet, version, digest), so only a trainer
+// can make one, every member can check it, and it opens that one version only. Ed25519
+// signatures are deterministic, so a server holding the fleet secret computes the same token
+// the trainer puts in the stage command (Stage.Grant) for servers with issued keys. Empty
+// when the fleet is unsigned (peer routes then take no token, as the rest of an unsigned
+// fleet).
 func PeerToken(secret []byte, fleet string, v int64, sha string) string {
-	if len(secret) == 0 {
-		return ""
-	}
-	var c canon
-	c.str("rollout.peer")
-	c.str(fleet)
-	c.int(v)
-	c.str(strings.ToLower(sha))
-	return mac(secret, c.b.Bytes())
+	return authOf(secret).PeerGrant(fleet, v, sha)
 }
 
-// CheckPeerToken reports whether tok is PeerToken(secret, fleet, v, sha), in constant time.
+// PeerGrant is PeerToken with a's trainer key ("" when a holds none).
+func (a *Auth) PeerGrant(fleet string, v int64, sha string) string {
+	return a.signTrainer(peerCanonical(fleet, v, sha))
+}
+
+// CheckPeerToken reports whether tok is a trainer's grant for (fleet, v, sha), checked with
+// the trainer key derived from secret.
 func CheckPeerToken(secret []byte, fleet string, v int64, sha, tok string) bool {
-	if len(secret) == 0 {
-		return true
-	}
+	return authOf(secret).CheckPeerGrant(fleet, v, sha, tok)
+}
+
+// CheckPeerGrant reports whether tok is a trainer's grant for (fleet, v, sha) under a key a
+// trusts (true for an unsigned a).
+func (a *Auth) CheckPeerGrant(fleet string, v int64, sha, tok string) bool {
+	return a.verifyTrainer(peerCanonical(fleet, v, sha), tok) == nil
+}
+
+func peerCanonical(fleet string, v int64, sha string) []byte {
 	var c canon
 	c.str("rollout.peer")
 	c.str(fleet)
 	c.int(v)
 	c.str(strings.ToLower(sha))
-	return checkMAC(secret, c.b.Bytes(), tok)
+	return c.b.Bytes()
 }
 
 // CheckSecret refuses a secret too short to sign with; an empty secret means unsigned.
@@ -895,35 +932,6 @@ func canonicalJSON(b []byte) []byte {
 		return b
 	}
 	return out
-}
-
-func mac(secret, msg []byte) string {
-	h := hmac.New(sha256.New, secret)
-	h.Write(msg)
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-func checkMAC(secret, msg []byte, sig string) bool {
-	got, err := hex.DecodeString(sig)
-	if err != nil {
-		return false
-	}
-	h := hmac.New(sha256.New, secret)
-	h.Write(msg)
-	return hmac.Equal(got, h.Sum(nil))
-}
-
-func verifySig(secret, canonical []byte, sig string) error {
-	if len(secret) == 0 {
-		return nil
-	}
-	if sig == "" {
-		return ErrUnsigned
-	}
-	if !checkMAC(secret, canonical, sig) {
-		return ErrBadSignature
-	}
-	return nil
 }
 
 func encode(v any) ([]byte, error) {

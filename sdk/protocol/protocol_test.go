@@ -690,7 +690,8 @@ func TestErrorsAreDistinct(t *testing.T) {
 func TestPeerToken(t *testing.T) {
 	sha := strings.Repeat("ab", 32)
 	tok := protocol.PeerToken(secret, "f", 3, sha)
-	require.Len(t, tok, 64)
+	require.True(t, strings.HasPrefix(tok, "ed25519:"), tok)
+	require.Equal(t, tok, protocol.PeerToken(secret, "f", 3, sha), "deterministic: a secret holder computes the trainer's grant")
 	require.True(t, protocol.CheckPeerToken(secret, "f", 3, strings.ToUpper(sha), tok))
 	require.False(t, protocol.CheckPeerToken(secret, "f", 4, sha, tok), "a token opens one version only")
 	require.False(t, protocol.CheckPeerToken(secret, "g", 3, sha, tok), "nor another fleet's")

@@ -58,8 +58,11 @@ type Config struct {
 	// Fleet and ServerID name this server; AdvertiseURL is where the fleet sends it requests;
 	// Build is the build version its heartbeat reports.
 	Fleet, ServerID, AdvertiseURL, Build string
-	// Secret is the fleet's HMAC secret (empty: unsigned; else at least 32 bytes).
+	// Secret is the fleet secret (empty: unsigned; else at least 32 bytes). Auth, when set,
+	// is used instead: an issued server key (protocol.ParseServerKey), which verifies the
+	// trainer's commands and signs only this server's own messages.
 	Secret []byte
+	Auth   *protocol.Auth
 	// Engine executes the commands.
 	Engine Engine
 	// Stage fetches, verifies and stages a weights version while the server keeps serving,
@@ -111,6 +114,9 @@ func (c *Config) validate() error {
 	if err := protocol.CheckSecret(c.Secret); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", "Secret", err))
 	}
+	if c.Auth != nil && c.Auth.ServerID() != "" && c.Auth.ServerID() != c.ServerID {
+		errs = append(errs, field("Auth", fmt.Sprintf("the server key was issued to %q, this server is %q", c.Auth.ServerID(), c.ServerID)))
+	}
 	if c.HeartbeatInterval < 0 || c.HeartbeatTTL < 0 || c.AckTTL < 0 {
 		errs = append(errs, field("HeartbeatInterval, HeartbeatTTL, AckTTL", "negative"))
 	}
@@ -140,6 +146,13 @@ func (c *Config) validate() error {
 	}
 	if c.ErrorCode == nil {
 		c.ErrorCode = func(error) string { return "" }
+	}
+	if c.Auth == nil {
+		a, err := protocol.NewAuth(c.Secret)
+		if err != nil {
+			return fmt.Errorf("%w: Secret: %w", ErrInvalidConfig, err)
+		}
+		c.Auth = a
 	}
 	return nil
 }
@@ -257,7 +270,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	l := &loop{a: a, core: NewCore(CoreConfig{Fleet: a.cfg.Fleet, ServerID: a.cfg.ServerID, AdvertiseURL: a.cfg.AdvertiseURL, PeerURL: a.cfg.PeerURL,
-		Build: a.cfg.Build, Secret: a.cfg.Secret, Start: a.cfg.Now(), ClockSkew: a.cfg.ClockSkew, MaxLifetime: a.cfg.MaxLifetime,
+		Build: a.cfg.Build, Secret: a.cfg.Secret, Auth: a.cfg.Auth, Start: a.cfg.Now(), ClockSkew: a.cfg.ClockSkew, MaxLifetime: a.cfg.MaxLifetime,
 		RetryMin: a.cfg.HeartbeatInterval, Saved: saved}), done: make(chan workDone, 2)}
 	if d, _ := l.core.DesiredState(); d != nil {
 		a.log.Info("agent: restored the fleet's desired state from the state directory", "epoch", d.Epoch, "dir", a.cfg.StateDir)
@@ -357,7 +370,7 @@ func (l *loop) run(ctx context.Context) (err error) {
 				continue
 			}
 			if !l.joined {
-				a.log.Info("agent: joined the fleet", "advertise_url", a.cfg.AdvertiseURL, "signed", len(a.cfg.Secret) > 0, "attempts", l.subFails+1)
+				a.log.Info("agent: joined the fleet", "advertise_url", a.cfg.AdvertiseURL, "signed", a.cfg.Auth.Signed(), "key_id", a.cfg.Auth.KeyID(), "attempts", l.subFails+1)
 				l.joined = true
 			} else {
 				a.log.Info("agent: control channel joined again", "attempts", l.subFails+1)
@@ -479,6 +492,9 @@ func (l *loop) resync(ctx context.Context) error {
 	if err != nil {
 		a.log.Error("agent: leaving", "err", err)
 		return err
+	}
+	if r := l.core.TakeRepair(); r != nil {
+		l.repair(ctx, r) // before the heartbeat that follows: a client that sees it finds the key
 	}
 	l.core.Converge(now)
 	return nil
@@ -633,7 +649,7 @@ func (l *loop) pushAcks(ctx context.Context) {
 	for len(l.pending) > 0 {
 		p := l.pending[0]
 		ack := p.ack
-		ack.Sign(a.cfg.Secret, a.cfg.Fleet)
+		ack.SignWith(a.cfg.Auth, a.cfg.Fleet)
 		raw, err := ack.Encode()
 		if err != nil {
 			a.log.Error("agent: encode ack", "command_id", ack.CommandID, "err", err)

@@ -36,8 +36,10 @@ type CoreConfig struct {
 	// PeerURL is the base of the server's /weights/ route (empty: none), advertised with the
 	// versions EngineState.Holds lists.
 	PeerURL string
-	// Secret signs heartbeats and verifies commands and the desired state (empty: unsigned).
+	// Secret signs heartbeats and verifies commands and the desired state (empty: unsigned);
+	// Auth, when set, replaces it (an issued server key, or a cached NewAuth(Secret)).
 	Secret []byte
+	Auth   *protocol.Auth
 	// Start is when the agent started: a command issued more than ClockSkew before it is
 	// refused as replayed (the ids it executed before a restart are gone).
 	Start     time.Time
@@ -243,6 +245,12 @@ func NewCore(cfg CoreConfig) *Core {
 	if cfg.RetryMin <= 0 {
 		cfg.RetryMin = time.Second
 	}
+	if cfg.Auth == nil {
+		cfg.Auth, _ = protocol.NewAuth(cfg.Secret) // a bad secret signs nothing and trusts nothing
+		if err := protocol.CheckSecret(cfg.Secret); err != nil {
+			cfg.Auth = protocol.Untrusting()
+		}
+	}
 	if cfg.RetryMax < cfg.RetryMin {
 		cfg.RetryMax = max(30*time.Second, cfg.RetryMin)
 	}
@@ -263,10 +271,10 @@ func (c *Core) verifyDesired(raw []byte) (*protocol.DesiredState, error) {
 	if err != nil {
 		return nil, err
 	}
-	if d.Signed && len(c.cfg.Secret) == 0 {
+	if d.Signed && !c.cfg.Auth.Signed() {
 		return nil, ErrRefuseJoin
 	}
-	if err := d.Verify(c.cfg.Secret, c.cfg.Fleet); err != nil {
+	if err := d.VerifyWith(c.cfg.Auth, c.cfg.Fleet); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -359,6 +367,14 @@ func (c *Core) repair(old []byte) {
 	c.out.Repair = &Repair{Old: bytes.Clone(old), New: c.desiredRaw}
 }
 
+// TakeRepair returns and clears the pending Repair, so the loop can write the record back
+// at once after a read, before it heartbeats.
+func (c *Core) TakeRepair() *Repair {
+	r := c.out.Repair
+	c.out.Repair = nil
+	return r
+}
+
 // Resynced tells the core that the read Ready.Resync asked for was attempted (whatever it
 // found): commands held for a newer desired state go ahead.
 func (c *Core) Resynced(now time.Time) {
@@ -401,7 +417,7 @@ func (c *Core) Envelope(raw []byte, now time.Time) {
 	}
 	// The deadline is the sender's clock: allow the same skew as for issued_at, so a
 	// trainer whose clock runs behind is not refused outright.
-	if err := e.Verify(c.cfg.Secret, c.cfg.Fleet, now.Add(-c.cfg.ClockSkew)); err != nil {
+	if err := e.VerifyWith(c.cfg.Auth, c.cfg.Fleet, now.Add(-c.cfg.ClockSkew)); err != nil {
 		c.reject(e, reasonOf(err), err, now)
 		return
 	}
@@ -869,8 +885,8 @@ func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
 	if c.cfg.PeerURL != "" {
 		hb.PeerURL, hb.Holds = c.cfg.PeerURL, c.eng.Holds
 	}
-	if len(c.cfg.Secret) > 0 {
-		hb.Sign(c.cfg.Secret)
+	if c.cfg.Auth.Signed() {
+		hb.SignWith(c.cfg.Auth)
 	}
 	return hb
 }

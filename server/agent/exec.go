@@ -185,7 +185,7 @@ func (a *Agent) command(ctx context.Context, w *Work) Result {
 			return nil
 		})
 	case protocol.Stage:
-		return a.stage(ctx, c.Weights, c.Sources[a.cfg.ServerID])
+		return a.stage(ctx, c.Weights, c.Sources[a.cfg.ServerID], c.Grant)
 	case protocol.Commit:
 		return a.commit(ctx, c, w.StayPaused)
 	default:
@@ -209,7 +209,7 @@ func (a *Agent) converge(ctx context.Context, w *Work) Result {
 	switch {
 	case w.Stage != nil:
 		a.log.Info("agent: converging: staging the fleet's desired version", "version", w.Stage.Version, "epoch", w.Epoch)
-		return a.stage(ctx, *w.Stage, "")
+		return a.stage(ctx, *w.Stage, "", "")
 	case w.Commit != nil:
 		a.log.Info("agent: converging: committing the fleet's desired version", "version", w.Commit.Version, "epoch", w.Epoch)
 		return a.commit(ctx, *w.Commit, w.StayPaused)
@@ -233,7 +233,7 @@ func (a *Agent) converge(ctx context.Context, w *Work) Result {
 
 // stage fetches, verifies and stages ref while the engine keeps serving, from peer (a
 // server id the stage command assigned; "" for the origin only) first.
-func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer string) Result {
+func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer, grant string) Result {
 	st := a.engineState()
 	p := a.begin("stage")
 	p.detail("version", ref.Version)
@@ -254,7 +254,10 @@ func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer string)
 	}
 	var err error
 	if a.cfg.StagePeers != nil {
-		req := StageRequest{Ref: ref}
+		req := StageRequest{Ref: ref, Grant: grant}
+		if req.Grant == "" {
+			req.Grant = a.cfg.Auth.PeerGrant(a.cfg.Fleet, ref.Version, ref.SHA256)
+		}
 		if peer != "" {
 			req.Peer, req.PeerRefused = a.lookupPeer(ctx, peer, ref.Version)
 			if req.PeerRefused != nil {

@@ -25,6 +25,9 @@ type Peer struct {
 // StageRequest is one stage for Config.StagePeers.
 type StageRequest struct {
 	Ref protocol.WeightsRef
+	// Grant is the bearer token that opens Ref's version on a peer's /weights/ route: the
+	// trainer's, from the stage command (protocol.PeerToken; "" in an unsigned fleet).
+	Grant string
 	// Peer is where to fetch first (nil: the origin, Ref.URI, only); PeerRefused says why the
 	// assigned peer was refused (ErrPeerNotMember), for the server to count.
 	Peer        *Peer
@@ -39,7 +42,11 @@ type StageReport struct {
 }
 
 // lookupPeer checks that id is a member of the fleet: its heartbeat key exists, decodes,
-// verifies with the fleet secret, names id and advertises a peer URL.
+// names id and advertises a peer URL, and, when this server holds the fleet secret,
+// verifies. A server with an issued key cannot check another server's signature; it relies
+// on the stage command, which the trainer signed, for the assignment, and on the digest
+// check for the bytes (a heartbeat rewritten in Redis can only send it to a source that
+// fails the check, after which it fetches from the origin).
 func (a *Agent) lookupPeer(ctx context.Context, id string, version int64) (*Peer, error) {
 	box := a.bus.Load()
 	if box == nil {
@@ -55,8 +62,8 @@ func (a *Agent) lookupPeer(ctx context.Context, id string, version int64) (*Peer
 	if err == nil && hb.ServerID != id {
 		err = fmt.Errorf("%w: heartbeat of %q names %q", protocol.ErrMalformed, id, hb.ServerID)
 	}
-	if err == nil {
-		err = hb.Verify(a.cfg.Secret, a.cfg.Fleet)
+	if err == nil && a.cfg.Auth.CanSignCommands() {
+		err = hb.VerifyWith(a.cfg.Auth, a.cfg.Fleet)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %w", ErrPeerNotMember, id, err)

@@ -32,14 +32,28 @@ type Config struct {
 	// Dir holds the verified versions (a weightstore directory) and downloads in flight;
 	// created when missing, emptied of stale downloads.
 	Dir string
-	// Fleet and Secret compute the per-version tokens (protocol.PeerToken) requests must
-	// carry; with no secret the route takes none, as the rest of an unsigned fleet.
+	// Fleet and Auth check the per-version tokens (protocol.PeerToken, the trainer's grants)
+	// requests must carry; Secret stands for Auth when Auth is nil. With neither the route
+	// takes none, as the rest of an unsigned fleet.
 	Fleet  string
+	Auth   *protocol.Auth
 	Secret []byte
 	Logger *slog.Logger
 	// BeginWait bounds how long a request for a version the server neither holds nor
 	// fetches waits for its fetch to begin (default DefaultBeginWait).
 	BeginWait time.Duration
+}
+
+// auth is Auth, or the Auth of Secret.
+func (c *Config) auth() *protocol.Auth {
+	if c.Auth != nil {
+		return c.Auth
+	}
+	a, err := protocol.NewAuth(c.Secret)
+	if err != nil {
+		return protocol.Untrusting()
+	}
+	return a
 }
 
 // Server is a rollout server's peer side: the versions it holds, served read-only, and the
@@ -68,6 +82,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.BeginWait <= 0 {
 		cfg.BeginWait = DefaultBeginWait
 	}
+	cfg.Auth = cfg.auth() // derived once: a check per request must not derive the key
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("peer: %w", err)
 	}
@@ -229,7 +244,7 @@ func (s *Server) Handler() http.Handler {
 			sha = rel.sha
 		}
 		tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !protocol.CheckPeerToken(s.cfg.Secret, s.cfg.Fleet, v, sha, tok) {
+		if !s.cfg.auth().CheckPeerGrant(s.cfg.Fleet, v, sha, tok) {
 			httpError(w, http.StatusUnauthorized, "unauthorized", "a peer token for this version is required")
 			return
 		}
