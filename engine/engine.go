@@ -217,7 +217,20 @@ type callMsg struct {
 	name  string
 	fn    func(ctx context.Context, done func(any, error))
 	reply chan result
+	// control marks a control call (pause, resume, sleep, wake-up, weight stage, commit and
+	// update, spare): the loop queues it in Engine.ctlq instead of running it at once.
+	control bool
+	// state is callQueued until the loop starts the call or its caller withdraws it: whichever
+	// swaps it first decides whether the call takes effect.
+	state atomic.Int32
 }
+
+// States of a callMsg.
+const (
+	callQueued    int32 = iota // accepted, not started: its caller may still withdraw it
+	callStarted                // started by the loop: it completes, caller or not
+	callWithdrawn              // its caller gave up first: the loop drops it unrun
+)
 
 // idleTask completes a deferred utility call once the engine has no work. run reports whether
 // it finished (it may instead create work, e.g. a flush to deliver, and run again later);
@@ -260,7 +273,15 @@ type Engine struct {
 	// weight-sized set: an RL run updates weights every step. Sleep drops it.
 	spare atomic.Pointer[model.Model]
 	reqs  map[string]*reqState
-	idle  []idleTask
+	// idle holds the deferred completion of the control call in progress (a pause or sleep
+	// waiting for the engine to drain); only that call can be in progress, so at most one.
+	idle []idleTask
+	// ctlq is the FIFO of accepted control calls not yet started, and ctlBusy says one is in
+	// progress (started, its caller not yet answered). The next starts only once it is
+	// answered, so control calls take effect one at a time in the order the loop received
+	// them (docs/architecture.md, "Control calls").
+	ctlq    []*callMsg
+	ctlBusy bool
 	// ctl is the pause and sleep state; only transition changes it (control.go).
 	ctl         controlState
 	logits      []float32
@@ -413,13 +434,33 @@ func (e *Engine) runIdle() bool {
 				e.log.Error("engine: idle task made no progress; dropping it")
 				e.idle[0].fail(fmt.Errorf("engine: internal error: deferred call made no progress"))
 				e.idle = e.idle[1:]
+				e.runControl()
 			}
 			return true
 		}
 		e.idle = e.idle[1:]
 		progressed = true
+		// The task answered the control call in progress: start the ones queued behind it.
+		e.runControl()
 	}
 	return progressed
+}
+
+// runControl starts queued control calls, in order, while none is in progress. A call that
+// completes at once is followed by the next in the same turn; one that waits for the engine to
+// drain (a pause with wait, a sleep) holds the rest back until runIdle completes it. A call its
+// caller withdrew before it started is dropped here without running.
+func (e *Engine) runControl() {
+	for !e.ctlBusy && len(e.ctlq) > 0 {
+		cm := e.ctlq[0]
+		e.ctlq[0] = nil
+		e.ctlq = e.ctlq[1:]
+		if !cm.state.CompareAndSwap(callQueued, callStarted) {
+			continue
+		}
+		e.ctlBusy = true
+		e.run(cm, func() { e.ctlBusy = false })
+	}
 }
 
 func (e *Engine) handle(m message) {
@@ -446,6 +487,10 @@ func (e *Engine) shutdown() {
 			t.fail(ErrClosed)
 		}
 		e.idle = nil
+		for _, cm := range e.ctlq {
+			cm.reply <- result{nil, ErrClosed}
+		}
+		e.ctlq = nil
 		// Answer whatever is still queued.
 		for {
 			select {
@@ -731,11 +776,29 @@ type result struct {
 	err error
 }
 
+// ErrStillRunning is returned, wrapped with the context's error, by a call whose caller gave
+// up after the engine had started it: the call completes anyway and takes effect (a control
+// call at its one linearization point, never in part). A call whose caller gave up before it
+// started returns the context's error alone and has no effect.
+var ErrStillRunning = errors.New("engine: the call had started and completes without its caller")
+
 // call runs fn on the engine goroutine and waits for it to call done (at once, or later from
-// an idle task). A cancelled ctx stops the wait, not the operation.
+// an idle task). A cancelled ctx withdraws the call if the loop has not started it yet (it then
+// never runs: ctx.Err()); once started, the call runs to completion and the caller gets its
+// result if it is already there, else ErrStillRunning wrapped with ctx.Err().
 func call[T any](ctx context.Context, e *Engine, name string, fn func(ctx context.Context, done func(T, error))) (T, error) {
+	return callAs(ctx, e, name, false, fn)
+}
+
+// controlCall is call for a control call: the loop queues it behind the control calls it
+// received before and starts it once they all completed (runControl).
+func controlCall[T any](ctx context.Context, e *Engine, name string, fn func(ctx context.Context, done func(T, error))) (T, error) {
+	return callAs(ctx, e, name, true, fn)
+}
+
+func callAs[T any](ctx context.Context, e *Engine, name string, control bool, fn func(ctx context.Context, done func(T, error))) (T, error) {
 	var zero T
-	cm := &callMsg{ctx: ctx, name: name, reply: make(chan result, 1)}
+	cm := &callMsg{ctx: ctx, name: name, reply: make(chan result, 1), control: control}
 	cm.fn = func(ctx context.Context, done func(any, error)) {
 		fn(ctx, func(v T, err error) { done(v, err) })
 	}
@@ -746,7 +809,14 @@ func call[T any](ctx context.Context, e *Engine, name string, fn func(ctx contex
 	select {
 	case r = <-cm.reply:
 	case <-ctx.Done():
-		return zero, ctx.Err()
+		if cm.state.CompareAndSwap(callQueued, callWithdrawn) {
+			return zero, ctx.Err()
+		}
+		select {
+		case r = <-cm.reply:
+		default:
+			return zero, fmt.Errorf("%w: %w", ErrStillRunning, ctx.Err())
+		}
 	case <-e.done:
 		select {
 		case r = <-cm.reply:
@@ -761,11 +831,29 @@ func call[T any](ctx context.Context, e *Engine, name string, fn func(ctx contex
 	return v, nil
 }
 
+// dispatch starts a call the loop received: a control call joins the FIFO of control calls,
+// any other runs now unless its caller withdrew it.
 func (e *Engine) dispatch(cm *callMsg) {
+	if cm.control {
+		e.ctlq = append(e.ctlq, cm)
+		e.runControl()
+		return
+	}
+	if cm.state.CompareAndSwap(callQueued, callStarted) {
+		e.run(cm, nil)
+	}
+}
+
+// run runs a started call; after, if set, runs when the call is answered, before its caller
+// hears back.
+func (e *Engine) run(cm *callMsg, after func()) {
 	ctx, span := e.cfg.Tracer.Start(cm.ctx, "engine."+cm.name)
 	var once sync.Once
 	cm.fn(ctx, func(v any, err error) {
 		once.Do(func() {
+			if after != nil {
+				after()
+			}
 			if err != nil {
 				span.RecordError(err)
 			}
