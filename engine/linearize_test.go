@@ -298,10 +298,10 @@ func (e *Engine) barrier(ctx context.Context) error {
 // sequential model from the state the run started in, the final state (read behind a barrier)
 // included. Runs follow each other on the same engine, starting from where the last one left
 // it, with fixed seeds: the operations are the same every time, the interleavings are not.
-// ROLLOUT_LINEARIZE_RUNS sets the number of runs (default 1200, about 16 s with -race on 2
+// ROLLOUT_LINEARIZE_RUNS sets the number of runs (default 2000, about 12 s with -race on 2
 // cores).
 func TestControlLinearizable(t *testing.T) {
-	runs := linRuns(t, 1200)
+	runs := linRuns(t, 2000)
 	w1, err := model.Preset("tiny", 1)
 	require.NoError(t, err)
 	w2, err := model.Preset("tiny", 2)
