@@ -183,3 +183,25 @@ func TestStartedControlCallCompletes(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, FinishLength, res.FinishReason, "the drain ran to its end")
 }
+
+// TestWeightsCopyKeepsItsVersionInUse: a commit that retires the set Weights is copying must
+// not make it free for reuse before the copy ends. VersionsInUse used to report only the
+// staged and serving versions, so a server recycling retired sets (weights.Recycler) could
+// load the next update into the set mid-copy: a torn copy, and a data race.
+func TestWeightsCopyKeepsItsVersionInUse(t *testing.T) {
+	e, w1 := testEngine(t, nil)
+	ctx := ctxT(t)
+	w2, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	var during []int64
+	e.beforeCopy = func() {
+		_, err := e.UpdateWeights(ctx, w2, 2, false) // retires version 1 mid-copy
+		require.NoError(t, err)
+		during = e.VersionsInUse()
+	}
+	got, err := e.Weights(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, w1, got, "the copy is of the set served when Weights was called")
+	assert.ElementsMatch(t, []int64{2, 1}, during, "version 1 is read until its copy ends")
+	assert.Equal(t, []int64{2}, e.VersionsInUse(), "and free once it ended")
+}

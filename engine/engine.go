@@ -282,6 +282,10 @@ type Engine struct {
 	// them (docs/architecture.md, "Control calls").
 	ctlq    []*callMsg
 	ctlBusy bool
+	// copies are the copies by Weights in progress (VersionsInUse reports their versions);
+	// beforeCopy, set by tests only, runs before each copy.
+	copies     copyCount
+	beforeCopy func()
 	// ctl is the pause and sleep state; only transition changes it (control.go).
 	ctl         controlState
 	logits      []float32

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -476,15 +477,71 @@ func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version in
 // Weights returns a copy of the serving weight set (nil after a level-2 sleep), e.g. for a
 // trainer that starts from the served policy. It is a copy because the serving model shares
 // memory with the set: writes to it would change what is served without a version bump and
-// race the forward pass.
+// race the forward pass. While the copy runs, VersionsInUse reports the set's version, so that
+// a caller recycling retired sets (weights.Recycler) does not load into it mid-copy even if a
+// commit retires it meanwhile. Its context bounds the copy's start only: once the engine
+// handed the set over, the copy completes.
 func (e *Engine) Weights(ctx context.Context) (*model.Weights, error) {
-	w, err := call(ctx, e, "weights", func(_ context.Context, done func(*model.Weights, error)) { done(e.weights, nil) })
-	if err != nil || w == nil {
+	type got struct {
+		w       *model.Weights
+		version int64
+	}
+	// Not withdrawable once sent: the loop registers the copy before it answers, and a caller
+	// that stopped waiting could not unregister it.
+	g, err := call(context.WithoutCancel(ctx), e, "weights", func(_ context.Context, done func(got, error)) {
+		if e.weights != nil {
+			e.copies.start(e.version)
+		}
+		done(got{e.weights, e.version}, nil)
+	})
+	if err != nil || g.w == nil {
 		return nil, err
+	}
+	defer e.copies.end(g.version)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if e.beforeCopy != nil {
+		e.beforeCopy()
 	}
 	// The set is immutable once staged (only the caller that passed it in could write to it),
 	// so it is copied on the caller's goroutine, not the engine's.
-	return w.Clone(), nil
+	return g.w.Clone(), nil
+}
+
+// copyCount counts the copies by Weights in progress, by version.
+type copyCount struct {
+	mu sync.Mutex
+	n  map[int64]int
+}
+
+func (c *copyCount) start(v int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[int64]int{}
+	}
+	c.n[v]++
+}
+
+func (c *copyCount) end(v int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[v]--; c.n[v] <= 0 {
+		delete(c.n, v)
+	}
+}
+
+// versions appends the versions being copied to vs.
+func (c *copyCount) versions(vs []int64) []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for v := range c.n {
+		if !slices.Contains(vs, v) {
+			vs = append(vs, v)
+		}
+	}
+	return vs
 }
 
 func sameShape(a, b model.Config) bool {
