@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -58,10 +59,11 @@ type Config struct {
 	BlockSize int
 	// NumBlocks is the size of the KV pool including the null block; 0 derives it from
 	// KVBytes, or, with both 0, sizes the pool for MaxNumSeqs full contexts (capped at 1 GiB).
+	// A pool of more than 2^31-1 blocks, or larger than the machine's memory, is refused.
 	NumBlocks int
 	KVBytes   int64
-	// MaxNumSeqs bounds the running batch (default DefaultMaxNumSeqs); MaxBatchedTokens the
-	// tokens per step (default DefaultMaxBatchedTokens).
+	// MaxNumSeqs bounds the running batch (default DefaultMaxNumSeqs, at most 2^20);
+	// MaxBatchedTokens the tokens per step (default DefaultMaxBatchedTokens).
 	MaxNumSeqs       int
 	MaxBatchedTokens int
 	// MaxQueued bounds the requests waiting to be scheduled, in every state (default
@@ -102,8 +104,19 @@ type Hooks struct {
 	BeforeForward func(step uint64) error
 }
 
-// maxBlockSize bounds Config.BlockSize.
-const maxBlockSize = 1024
+// Bounds of the Config fields that size memory.
+const (
+	// maxBlockSize bounds Config.BlockSize.
+	maxBlockSize = 1024
+	// maxNumSeqs bounds Config.MaxNumSeqs: far above any real batch, and low enough that the
+	// derived pool size (MaxNumSeqs full contexts) cannot overflow.
+	maxNumSeqs = 1 << 20
+	// maxNumBlocks bounds the KV pool in blocks: block ids reach the model as int32.
+	maxNumBlocks = math.MaxInt32
+	// maxKVBytes bounds the KV pool in bytes where the machine's memory is unknown: the
+	// user address space of x86-64 and arm64.
+	maxKVBytes = 1 << 47
+)
 
 // invalidField is a Config error in the style every config of the module uses: the sentinel,
 // the field, why.
@@ -113,7 +126,8 @@ func invalidField(field, format string, args ...any) error {
 
 // Validate reports the first field New would refuse, as "engine: invalid argument: Field:
 // reason" (errors.Is ErrInvalidArgument). Zero values stand for their defaults and are valid;
-// a KV pool derived from KVBytes too small to hold a block is found by New only.
+// a KV pool derived from KVBytes too small to hold a block, and one larger than the machine's
+// memory, are found by New only.
 func (c Config) Validate() error {
 	if c.Weights == nil {
 		return invalidField("Weights", "required")
@@ -129,8 +143,17 @@ func (c Config) Validate() error {
 			return invalidField(f.name, "%d is negative", f.v)
 		}
 	}
+	if c.MaxNumSeqs > maxNumSeqs {
+		return invalidField("MaxNumSeqs", "%d is more than %d", c.MaxNumSeqs, maxNumSeqs)
+	}
 	if c.NumBlocks < 0 || c.NumBlocks == 1 {
 		return invalidField("NumBlocks", "%d blocks (the null block included) hold nothing", c.NumBlocks)
+	}
+	if c.NumBlocks > maxNumBlocks {
+		return invalidField("NumBlocks", "%d blocks is more than %d (block ids are 32-bit)", c.NumBlocks, maxNumBlocks)
+	}
+	if c.KVBytes < 0 {
+		return invalidField("KVBytes", "%d is negative", c.KVBytes)
 	}
 	return nil
 }
@@ -162,10 +185,19 @@ func (c *Config) defaults() error {
 	}
 	mc := c.Weights.Config
 	blockBytes := mc.KVBlockBytes(c.BlockSize)
+	field := "NumBlocks"
 	if c.NumBlocks == 0 {
 		if c.KVBytes > 0 {
-			c.NumBlocks = int(c.KVBytes / blockBytes)
+			field = "KVBytes"
+			n := c.KVBytes / blockBytes
+			if n > maxNumBlocks {
+				return invalidField("KVBytes", "%d bytes make a KV pool of %d blocks (%d bytes each), more than %d", c.KVBytes, n, blockBytes, maxNumBlocks)
+			}
+			c.NumBlocks = int(n)
 		} else {
+			// Validate bounds MaxNumSeqs, and MaxPositionEmbeddings is bounded by the model's
+			// limits, so the product cannot overflow.
+			field = "MaxNumSeqs"
 			perSeq := (mc.MaxPositionEmbeddings + c.BlockSize - 1) / c.BlockSize
 			c.NumBlocks = min(c.MaxNumSeqs*perSeq, int((1<<30)/blockBytes)) + 1
 		}
@@ -173,6 +205,15 @@ func (c *Config) defaults() error {
 	minBlocks := (mc.MaxPositionEmbeddings+c.BlockSize-1)/c.BlockSize + 1
 	if c.NumBlocks < 2 {
 		return invalidField("KVBytes", "%d bytes make a KV pool of %d blocks (%d bytes each), which holds nothing", c.KVBytes, c.NumBlocks, blockBytes)
+	}
+	// The pool is one allocation: one larger than the machine's memory would end the process
+	// (the runtime's out-of-memory error is fatal, and one beyond the address space panics).
+	limit, where := physicalMemory(), "this machine's memory"
+	if limit <= 0 {
+		limit, where = maxKVBytes, "the address space"
+	}
+	if int64(c.NumBlocks) > limit/blockBytes {
+		return invalidField(field, "a KV pool of %d blocks of %d bytes is larger than %s (%d bytes)", c.NumBlocks, blockBytes, where, limit)
 	}
 	if c.NumBlocks < minBlocks {
 		c.Logger.Warn("KV pool smaller than one full context: long requests will be cut at the pool size",
