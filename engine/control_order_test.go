@@ -205,3 +205,54 @@ func TestWeightsCopyKeepsItsVersionInUse(t *testing.T) {
 	assert.ElementsMatch(t, []int64{2, 1}, during, "version 1 is read until its copy ends")
 	assert.Equal(t, []int64{2}, e.VersionsInUse(), "and free once it ended")
 }
+
+// TestAbandonedPauseWaitLetsLaterCallsStart: once the caller of a Pause(wait) gave up, the
+// pause (which took effect when it started) no longer holds the control calls behind it until
+// its drain ends: a Pause(abort) sent next aborts the request the drain was waiting for.
+func TestAbandonedPauseWaitLetsLaterCallsStart(t *testing.T) {
+	var (
+		stage              atomic.Int32
+		e                  *Engine
+		entered1, entered2 = make(chan struct{}), make(chan struct{})
+		gate1, gate2       = make(chan struct{}), make(chan struct{})
+	)
+	e, _ = testEngine(t, func(c *Config) {
+		c.Hooks.BeforeForward = func(uint64) error {
+			switch {
+			case stage.CompareAndSwap(1, 2):
+				close(entered1)
+				<-gate1
+			case e.ctl.Phase == ctlPaused && stage.CompareAndSwap(3, 4):
+				close(entered2)
+				<-gate2
+			}
+			return nil
+		}
+	})
+	ctx := ctxT(t)
+	stage.Store(1)
+	a, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: prompt(8, 1), Sampling: greedy(200)})
+	require.NoError(t, err)
+	<-entered1
+	pctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { _, err := e.Pause(pctx, PauseWait, false); errc <- err }()
+	waitQueued(t, e, 1)
+	stage.Store(3)
+	close(gate1)
+	<-entered2 // the wait pause started; its drain is held in a forward
+	cancel()
+	require.ErrorIs(t, <-errc, ErrStillRunning)
+	abortc := make(chan error, 1)
+	go func() { _, err := e.Pause(ctx, PauseAbort, false); abortc <- err }()
+	waitQueued(t, e, 1)
+	close(gate2) // one step ends, then the loop takes the abort pause
+	require.NoError(t, <-abortc)
+	res, err := a.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, FinishAbort, res.FinishReason, "aborted, not left to run its 200 tokens")
+	assert.Less(t, len(res.Tokens), 200)
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, string(PauseAbort), st.PauseMode)
+}

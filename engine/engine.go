@@ -279,6 +279,10 @@ const (
 type idleTask struct {
 	run  func() bool
 	fail func(error)
+	// abandon, if set, answers the call at once when its caller gave up, for a call whose
+	// effect is complete and whose wait serves only the caller (a Pause(wait) without
+	// clear_cache): the control calls behind it need not wait for the drain then.
+	abandon func()
 }
 
 // Engine is EngineCore. Create it with New, run it with Run, release it with Close (also one
@@ -323,6 +327,7 @@ type Engine struct {
 	// them (docs/architecture.md, "Control calls").
 	ctlq    []*callMsg
 	ctlBusy bool
+	ctlHead *callMsg // the control call in progress, while ctlBusy
 	// copies are the copies by Weights in progress (VersionsInUse reports their versions);
 	// beforeCopy, set by tests only, runs before each copy.
 	copies     copyCount
@@ -430,6 +435,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		if ctx.Err() != nil || e.stopping() {
 			return nil
 		}
+		e.dropAbandoned()
 		if e.hasWork() {
 			e.step()
 		}
@@ -491,6 +497,20 @@ func (e *Engine) runIdle() bool {
 	return progressed
 }
 
+// dropAbandoned answers the control call in progress at once if its caller gave up and its
+// wait is only for the caller (idleTask.abandon), and starts the calls behind it. So a client
+// that timed out on /pause?mode=wait does not hold a later /pause?mode=abort back until the
+// requests it left running finish.
+func (e *Engine) dropAbandoned() {
+	if len(e.idle) == 0 || e.idle[0].abandon == nil || e.ctlHead == nil || e.ctlHead.ctx.Err() == nil {
+		return
+	}
+	t := e.idle[0]
+	e.idle = e.idle[1:]
+	t.abandon()
+	e.runControl()
+}
+
 // runControl starts queued control calls, in order, while none is in progress. A call that
 // completes at once is followed by the next in the same turn; one that waits for the engine to
 // drain (a pause with wait, a sleep) holds the rest back until runIdle completes it. A call its
@@ -503,8 +523,8 @@ func (e *Engine) runControl() {
 		if !cm.state.CompareAndSwap(callQueued, callStarted) {
 			continue
 		}
-		e.ctlBusy = true
-		e.run(cm, func() { e.ctlBusy = false })
+		e.ctlBusy, e.ctlHead = true, cm
+		e.run(cm, func() { e.ctlBusy, e.ctlHead = false, nil })
 	}
 }
 

@@ -64,7 +64,9 @@ func fromDetail(ok bool, d sched.ResetDetail) ResetResult {
 //
 // Pause takes effect when it starts (it is a control call: see Resume): from then on the engine
 // reports paused, while a wait pause drains; the control calls received after it start only
-// once it returned.
+// once it returned. If the caller of a wait pause without clearCache gives up while it drains,
+// the calls behind it start at once (the pause has taken effect; the drain goes on, but no
+// longer holds anything back).
 func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (ResetResult, error) {
 	if _, err := ParsePauseMode(string(mode)); err != nil {
 		return ResetResult{}, err
@@ -93,7 +95,14 @@ func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (Re
 			done(r, nil)
 			return true
 		}
-		e.whenIdle(complete, func(err error) { done(ResetResult{}, err) })
+		var abandon func()
+		if !clearCache {
+			// The pause took effect when it started; its drain only delays the answer.
+			// Its caller may still read the answer (it gave up as the answer came): the error
+			// must say the call took effect, as ErrStillRunning does, not only ctx.Err().
+			abandon = func() { done(ResetResult{}, fmt.Errorf("%w: %w", ErrStillRunning, ctx.Err())) }
+		}
+		e.whenIdle(complete, func(err error) { done(ResetResult{}, err) }, abandon)
 	})
 }
 
@@ -110,12 +119,13 @@ func (e *Engine) pause(mode PauseMode) {
 	}
 }
 
-// whenIdle runs task now when the engine has no work, otherwise once it drains.
-func (e *Engine) whenIdle(task func() bool, fail func(error)) {
+// whenIdle runs task now when the engine has no work, otherwise once it drains; abandon (may
+// be nil) is idleTask.abandon.
+func (e *Engine) whenIdle(task func() bool, fail func(error), abandon func()) {
 	if !e.hasWork() && len(e.idle) == 0 && task() {
 		return
 	}
-	e.idle = append(e.idle, idleTask{run: task, fail: fail})
+	e.idle = append(e.idle, idleTask{run: task, fail: fail, abandon: abandon})
 }
 
 // resetCaches is vLLM's _reset_caches: preempt running requests, reset the prefix cache and
@@ -253,7 +263,8 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 			done(struct{}{}, e.transition(pauseEv, ctlEvent{kind: evSleep, level: level}))
 			return true
 		}
-		e.whenIdle(task, func(err error) { done(struct{}{}, err) })
+		// No abandon: the sleep takes effect at its end, and its pause already acted.
+		e.whenIdle(task, func(err error) { done(struct{}{}, err) }, nil)
 	})
 	return err
 }
