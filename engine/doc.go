@@ -10,10 +10,15 @@
 //
 // Utility calls (Pause, Resume, Sleep, WakeUp, ResetPrefixCache, StageWeights, CommitWeights,
 // UpdateWeights, Stats, …) are queued and answered when done; Pause and Sleep complete once the
-// engine has drained what they wait for, and a call queued behind a pending one takes effect
-// after it: a Resume sent while a Pause(wait) drains lets the drain finish (the running
-// requests end normally, the Pause returns) and resumes right after. UpdateWeights stages and
-// commits in one call, so concurrent updates never interleave; CommitWeights names the version.
+// engine has drained what they wait for. The control calls among them (Pause, Resume, Sleep,
+// WakeUp, StageWeights, CommitWeights, UpdateWeights, PrepareSpare) are linearizable: the loop
+// starts them one at a time, in the order it received them, each once the one before it
+// returned, and each changes the control state at one point (see Resume). So a Resume sent
+// while a Pause(wait) drains lets the drain finish (the running requests end normally, the
+// Pause returns) and resumes right after, and no later call overtakes it. A control call whose
+// caller gives up before it started never runs; once started it completes (ErrStillRunning).
+// UpdateWeights stages and commits in one call, so concurrent updates never interleave;
+// CommitWeights names the version.
 //
 // A step that fails (a forward error) aborts the requests it scheduled, rolled back so that
 // nothing the step was to compute is cached or offloaded; the connector fails the step's

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -58,10 +59,11 @@ type Config struct {
 	BlockSize int
 	// NumBlocks is the size of the KV pool including the null block; 0 derives it from
 	// KVBytes, or, with both 0, sizes the pool for MaxNumSeqs full contexts (capped at 1 GiB).
+	// A pool of more than 2^31-1 blocks, or larger than the machine's memory, is refused.
 	NumBlocks int
 	KVBytes   int64
-	// MaxNumSeqs bounds the running batch (default DefaultMaxNumSeqs); MaxBatchedTokens the
-	// tokens per step (default DefaultMaxBatchedTokens).
+	// MaxNumSeqs bounds the running batch (default DefaultMaxNumSeqs, at most 2^20);
+	// MaxBatchedTokens the tokens per step (default DefaultMaxBatchedTokens).
 	MaxNumSeqs       int
 	MaxBatchedTokens int
 	// MaxQueued bounds the requests waiting to be scheduled, in every state (default
@@ -102,8 +104,19 @@ type Hooks struct {
 	BeforeForward func(step uint64) error
 }
 
-// maxBlockSize bounds Config.BlockSize.
-const maxBlockSize = 1024
+// Bounds of the Config fields that size memory.
+const (
+	// maxBlockSize bounds Config.BlockSize.
+	maxBlockSize = 1024
+	// maxNumSeqs bounds Config.MaxNumSeqs: far above any real batch, and low enough that the
+	// derived pool size (MaxNumSeqs full contexts) cannot overflow.
+	maxNumSeqs = 1 << 20
+	// maxNumBlocks bounds the KV pool in blocks: block ids reach the model as int32.
+	maxNumBlocks = math.MaxInt32
+	// maxKVBytes bounds the KV pool in bytes where the machine's memory is unknown: the
+	// user address space of x86-64 and arm64.
+	maxKVBytes = 1 << 47
+)
 
 // invalidField is a Config error in the style every config of the module uses: the sentinel,
 // the field, why.
@@ -113,7 +126,8 @@ func invalidField(field, format string, args ...any) error {
 
 // Validate reports the first field New would refuse, as "engine: invalid argument: Field:
 // reason" (errors.Is ErrInvalidArgument). Zero values stand for their defaults and are valid;
-// a KV pool derived from KVBytes too small to hold a block is found by New only.
+// a KV pool derived from KVBytes too small to hold a block, and one larger than the machine's
+// memory, are found by New only.
 func (c Config) Validate() error {
 	if c.Weights == nil {
 		return invalidField("Weights", "required")
@@ -129,8 +143,17 @@ func (c Config) Validate() error {
 			return invalidField(f.name, "%d is negative", f.v)
 		}
 	}
+	if c.MaxNumSeqs > maxNumSeqs {
+		return invalidField("MaxNumSeqs", "%d is more than %d", c.MaxNumSeqs, maxNumSeqs)
+	}
 	if c.NumBlocks < 0 || c.NumBlocks == 1 {
 		return invalidField("NumBlocks", "%d blocks (the null block included) hold nothing", c.NumBlocks)
+	}
+	if c.NumBlocks > maxNumBlocks {
+		return invalidField("NumBlocks", "%d blocks is more than %d (block ids are 32-bit)", c.NumBlocks, maxNumBlocks)
+	}
+	if c.KVBytes < 0 {
+		return invalidField("KVBytes", "%d is negative", c.KVBytes)
 	}
 	return nil
 }
@@ -162,10 +185,19 @@ func (c *Config) defaults() error {
 	}
 	mc := c.Weights.Config
 	blockBytes := mc.KVBlockBytes(c.BlockSize)
+	field := "NumBlocks"
 	if c.NumBlocks == 0 {
 		if c.KVBytes > 0 {
-			c.NumBlocks = int(c.KVBytes / blockBytes)
+			field = "KVBytes"
+			n := c.KVBytes / blockBytes
+			if n > maxNumBlocks {
+				return invalidField("KVBytes", "%d bytes make a KV pool of %d blocks (%d bytes each), more than %d", c.KVBytes, n, blockBytes, maxNumBlocks)
+			}
+			c.NumBlocks = int(n)
 		} else {
+			// Validate bounds MaxNumSeqs, and MaxPositionEmbeddings is bounded by the model's
+			// limits, so the product cannot overflow.
+			field = "MaxNumSeqs"
 			perSeq := (mc.MaxPositionEmbeddings + c.BlockSize - 1) / c.BlockSize
 			c.NumBlocks = min(c.MaxNumSeqs*perSeq, int((1<<30)/blockBytes)) + 1
 		}
@@ -173,6 +205,15 @@ func (c *Config) defaults() error {
 	minBlocks := (mc.MaxPositionEmbeddings+c.BlockSize-1)/c.BlockSize + 1
 	if c.NumBlocks < 2 {
 		return invalidField("KVBytes", "%d bytes make a KV pool of %d blocks (%d bytes each), which holds nothing", c.KVBytes, c.NumBlocks, blockBytes)
+	}
+	// The pool is one allocation: one larger than the machine's memory would end the process
+	// (the runtime's out-of-memory error is fatal, and one beyond the address space panics).
+	limit, where := physicalMemory(), "this machine's memory"
+	if limit <= 0 {
+		limit, where = maxKVBytes, "the address space"
+	}
+	if int64(c.NumBlocks) > limit/blockBytes {
+		return invalidField(field, "a KV pool of %d blocks of %d bytes is larger than %s (%d bytes)", c.NumBlocks, blockBytes, where, limit)
 	}
 	if c.NumBlocks < minBlocks {
 		c.Logger.Warn("KV pool smaller than one full context: long requests will be cut at the pool size",
@@ -217,7 +258,20 @@ type callMsg struct {
 	name  string
 	fn    func(ctx context.Context, done func(any, error))
 	reply chan result
+	// control marks a control call (pause, resume, sleep, wake-up, weight stage, commit and
+	// update, spare): the loop queues it in Engine.ctlq instead of running it at once.
+	control bool
+	// state is callQueued until the loop starts the call or its caller withdraws it: whichever
+	// swaps it first decides whether the call takes effect.
+	state atomic.Int32
 }
+
+// States of a callMsg.
+const (
+	callQueued    int32 = iota // accepted, not started: its caller may still withdraw it
+	callStarted                // started by the loop: it completes, caller or not
+	callWithdrawn              // its caller gave up first: the loop drops it unrun
+)
 
 // idleTask completes a deferred utility call once the engine has no work. run reports whether
 // it finished (it may instead create work, e.g. a flush to deliver, and run again later);
@@ -225,6 +279,10 @@ type callMsg struct {
 type idleTask struct {
 	run  func() bool
 	fail func(error)
+	// abandon, if set, answers the call at once when its caller gave up, for a call whose
+	// effect is complete and whose wait serves only the caller (a Pause(wait) without
+	// clear_cache): the control calls behind it need not wait for the drain then.
+	abandon func()
 }
 
 // Engine is EngineCore. Create it with New, run it with Run, release it with Close (also one
@@ -260,7 +318,20 @@ type Engine struct {
 	// weight-sized set: an RL run updates weights every step. Sleep drops it.
 	spare atomic.Pointer[model.Model]
 	reqs  map[string]*reqState
-	idle  []idleTask
+	// idle holds the deferred completion of the control call in progress (a pause or sleep
+	// waiting for the engine to drain); only that call can be in progress, so at most one.
+	idle []idleTask
+	// ctlq is the FIFO of accepted control calls not yet started, and ctlBusy says one is in
+	// progress (started, its caller not yet answered). The next starts only once it is
+	// answered, so control calls take effect one at a time in the order the loop received
+	// them (docs/architecture.md, "Control calls").
+	ctlq    []*callMsg
+	ctlBusy bool
+	ctlHead *callMsg // the control call in progress, while ctlBusy
+	// copies are the copies by Weights in progress (VersionsInUse reports their versions);
+	// beforeCopy, set by tests only, runs before each copy.
+	copies     copyCount
+	beforeCopy func()
 	// ctl is the pause and sleep state; only transition changes it (control.go).
 	ctl         controlState
 	logits      []float32
@@ -364,6 +435,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		if ctx.Err() != nil || e.stopping() {
 			return nil
 		}
+		e.dropAbandoned()
 		if e.hasWork() {
 			e.step()
 		}
@@ -413,13 +485,47 @@ func (e *Engine) runIdle() bool {
 				e.log.Error("engine: idle task made no progress; dropping it")
 				e.idle[0].fail(fmt.Errorf("engine: internal error: deferred call made no progress"))
 				e.idle = e.idle[1:]
+				e.runControl()
 			}
 			return true
 		}
 		e.idle = e.idle[1:]
 		progressed = true
+		// The task answered the control call in progress: start the ones queued behind it.
+		e.runControl()
 	}
 	return progressed
+}
+
+// dropAbandoned answers the control call in progress at once if its caller gave up and its
+// wait is only for the caller (idleTask.abandon), and starts the calls behind it. So a client
+// that timed out on /pause?mode=wait does not hold a later /pause?mode=abort back until the
+// requests it left running finish.
+func (e *Engine) dropAbandoned() {
+	if len(e.idle) == 0 || e.idle[0].abandon == nil || e.ctlHead == nil || e.ctlHead.ctx.Err() == nil {
+		return
+	}
+	t := e.idle[0]
+	e.idle = e.idle[1:]
+	t.abandon()
+	e.runControl()
+}
+
+// runControl starts queued control calls, in order, while none is in progress. A call that
+// completes at once is followed by the next in the same turn; one that waits for the engine to
+// drain (a pause with wait, a sleep) holds the rest back until runIdle completes it. A call its
+// caller withdrew before it started is dropped here without running.
+func (e *Engine) runControl() {
+	for !e.ctlBusy && len(e.ctlq) > 0 {
+		cm := e.ctlq[0]
+		e.ctlq[0] = nil
+		e.ctlq = e.ctlq[1:]
+		if !cm.state.CompareAndSwap(callQueued, callStarted) {
+			continue
+		}
+		e.ctlBusy, e.ctlHead = true, cm
+		e.run(cm, func() { e.ctlBusy, e.ctlHead = false, nil })
+	}
 }
 
 func (e *Engine) handle(m message) {
@@ -446,6 +552,10 @@ func (e *Engine) shutdown() {
 			t.fail(ErrClosed)
 		}
 		e.idle = nil
+		for _, cm := range e.ctlq {
+			cm.reply <- result{nil, ErrClosed}
+		}
+		e.ctlq = nil
 		// Answer whatever is still queued.
 		for {
 			select {
@@ -731,11 +841,29 @@ type result struct {
 	err error
 }
 
+// ErrStillRunning is returned, wrapped with the context's error, by a call whose caller gave
+// up after the engine had started it: the call completes anyway and takes effect (a control
+// call at its one linearization point, never in part). A call whose caller gave up before it
+// started returns the context's error alone and has no effect.
+var ErrStillRunning = errors.New("engine: the call had started and completes without its caller")
+
 // call runs fn on the engine goroutine and waits for it to call done (at once, or later from
-// an idle task). A cancelled ctx stops the wait, not the operation.
+// an idle task). A cancelled ctx withdraws the call if the loop has not started it yet (it then
+// never runs: ctx.Err()); once started, the call runs to completion and the caller gets its
+// result if it is already there, else ErrStillRunning wrapped with ctx.Err().
 func call[T any](ctx context.Context, e *Engine, name string, fn func(ctx context.Context, done func(T, error))) (T, error) {
+	return callAs(ctx, e, name, false, fn)
+}
+
+// controlCall is call for a control call: the loop queues it behind the control calls it
+// received before and starts it once they all completed (runControl).
+func controlCall[T any](ctx context.Context, e *Engine, name string, fn func(ctx context.Context, done func(T, error))) (T, error) {
+	return callAs(ctx, e, name, true, fn)
+}
+
+func callAs[T any](ctx context.Context, e *Engine, name string, control bool, fn func(ctx context.Context, done func(T, error))) (T, error) {
 	var zero T
-	cm := &callMsg{ctx: ctx, name: name, reply: make(chan result, 1)}
+	cm := &callMsg{ctx: ctx, name: name, reply: make(chan result, 1), control: control}
 	cm.fn = func(ctx context.Context, done func(any, error)) {
 		fn(ctx, func(v T, err error) { done(v, err) })
 	}
@@ -746,7 +874,14 @@ func call[T any](ctx context.Context, e *Engine, name string, fn func(ctx contex
 	select {
 	case r = <-cm.reply:
 	case <-ctx.Done():
-		return zero, ctx.Err()
+		if cm.state.CompareAndSwap(callQueued, callWithdrawn) {
+			return zero, ctx.Err()
+		}
+		select {
+		case r = <-cm.reply:
+		default:
+			return zero, fmt.Errorf("%w: %w", ErrStillRunning, ctx.Err())
+		}
 	case <-e.done:
 		select {
 		case r = <-cm.reply:
@@ -761,11 +896,29 @@ func call[T any](ctx context.Context, e *Engine, name string, fn func(ctx contex
 	return v, nil
 }
 
+// dispatch starts a call the loop received: a control call joins the FIFO of control calls,
+// any other runs now unless its caller withdrew it.
 func (e *Engine) dispatch(cm *callMsg) {
+	if cm.control {
+		e.ctlq = append(e.ctlq, cm)
+		e.runControl()
+		return
+	}
+	if cm.state.CompareAndSwap(callQueued, callStarted) {
+		e.run(cm, nil)
+	}
+}
+
+// run runs a started call; after, if set, runs when the call is answered, before its caller
+// hears back.
+func (e *Engine) run(cm *callMsg, after func()) {
 	ctx, span := e.cfg.Tracer.Start(cm.ctx, "engine."+cm.name)
 	var once sync.Once
 	cm.fn(ctx, func(v any, err error) {
 		once.Do(func() {
+			if after != nil {
+				after()
+			}
 			if err != nil {
 				span.RecordError(err)
 			}

@@ -175,16 +175,20 @@ func (e *Engine) StagedVersion() int64 { return e.metrics.stagedVersion.Load() }
 // (weights.Options.Reuse). The model packed from it may still be the engine's retired spare,
 // which shares its embedding and norms but is never run (it is only packed into). The staged
 // version is read first: a commit moves a version from staged to serving, so reading in
-// this order cannot miss a set on its way between the two.
+// this order cannot miss a set on its way between the two. The versions Weights is copying
+// count too, read last: Weights registers its copy on the engine goroutine while the set still
+// serves, so a commit that retires it comes after, and a reader that misses the registration
+// read the serving version before that commit.
 func (e *Engine) VersionsInUse() []int64 {
 	staged := e.StagedVersion()
 	serving := e.Version()
+	vs := []int64{staged, serving}
 	if staged == 0 && serving >= 0 {
 		// 0 means none: a staged version is newer than the serving one, so a real 0 was
 		// staged below 0 and, if committed since, is the serving version now.
-		return []int64{serving}
+		vs = vs[1:]
 	}
-	return []int64{staged, serving}
+	return e.copies.versions(vs)
 }
 
 // usedBlocks counts blocks owned by requests (free blocks that only hold cached KV are free).

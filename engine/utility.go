@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -60,11 +61,17 @@ func fromDetail(ok bool, d sched.ResetDetail) ResetResult {
 // so normally nothing is left in use and it reports success; otherwise Success is false and
 // Reason says what is still held. It returns once the pause is complete: at once for keep and
 // abort, after the running requests finished for wait.
+//
+// Pause takes effect when it starts (it is a control call: see Resume): from then on the engine
+// reports paused, while a wait pause drains; the control calls received after it start only
+// once it returned. If the caller of a wait pause without clearCache gives up while it drains,
+// the calls behind it start at once (the pause has taken effect; the drain goes on, but no
+// longer holds anything back).
 func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (ResetResult, error) {
 	if _, err := ParsePauseMode(string(mode)); err != nil {
 		return ResetResult{}, err
 	}
-	return call(ctx, e, "pause", func(ctx context.Context, done func(ResetResult, error)) {
+	return controlCall(ctx, e, "pause", func(ctx context.Context, done func(ResetResult, error)) {
 		e.pause(mode)
 		if err := e.transition(ctlEvent{kind: evPause, mode: mode}); err != nil {
 			done(ResetResult{}, err)
@@ -88,7 +95,14 @@ func (e *Engine) Pause(ctx context.Context, mode PauseMode, clearCache bool) (Re
 			done(r, nil)
 			return true
 		}
-		e.whenIdle(complete, func(err error) { done(ResetResult{}, err) })
+		var abandon func()
+		if !clearCache {
+			// The pause took effect when it started; its drain only delays the answer.
+			// Its caller may still read the answer (it gave up as the answer came): the error
+			// must say the call took effect, as ErrStillRunning does, not only ctx.Err().
+			abandon = func() { done(ResetResult{}, fmt.Errorf("%w: %w", ErrStillRunning, ctx.Err())) }
+		}
+		e.whenIdle(complete, func(err error) { done(ResetResult{}, err) }, abandon)
 	})
 }
 
@@ -105,25 +119,13 @@ func (e *Engine) pause(mode PauseMode) {
 	}
 }
 
-// whenIdle runs task now when the engine has no work, otherwise once it drains.
-func (e *Engine) whenIdle(task func() bool, fail func(error)) {
+// whenIdle runs task now when the engine has no work, otherwise once it drains; abandon (may
+// be nil) is idleTask.abandon.
+func (e *Engine) whenIdle(task func() bool, fail func(error), abandon func()) {
 	if !e.hasWork() && len(e.idle) == 0 && task() {
 		return
 	}
-	e.idle = append(e.idle, idleTask{run: task, fail: fail})
-}
-
-// afterPending runs task now or, while a Pause or Sleep handled earlier has not completed,
-// right after it does: a call queued behind them takes effect after them, as if each had been
-// handled alone. Otherwise a WakeUp or Resume handled before a pending sleep released the pool
-// would leave the engine running without KV, and a pending level-2 sleep would drop weights
-// committed after it.
-func (e *Engine) afterPending(task func(), fail func(error)) {
-	if len(e.idle) == 0 {
-		task()
-		return
-	}
-	e.idle = append(e.idle, idleTask{run: func() bool { task(); return true }, fail: fail})
+	e.idle = append(e.idle, idleTask{run: task, fail: fail, abandon: abandon})
 }
 
 // resetCaches is vLLM's _reset_caches: preempt running requests, reset the prefix cache and
@@ -133,36 +135,45 @@ func (e *Engine) resetCaches(ctx context.Context) ResetResult {
 	return fromDetail(ok, d)
 }
 
-// Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep. A Resume
-// that arrives while a Pause(wait) (or a Sleep) is still draining does not cut the drain short:
-// it takes effect right after that call completes, as if sent after it returned, so the pause
-// returns first (its running requests finished normally) and only then do queued requests
-// start.
+// Resume lets scheduling continue. It fails with ErrAsleep while any part is asleep.
+//
+// Resume, like Pause, Sleep, WakeUp, StageWeights, CommitWeights, UpdateWeights and
+// PrepareSpare, is a control call: the engine loop queues control calls in the order it
+// receives them and starts each only once the one before it returned, so each takes effect at
+// one point on the engine goroutine and any set of concurrent control calls leaves the state
+// some sequential order of them would, each returning what it would in that order. A Resume
+// that arrives while a Pause(wait) or a Sleep is still draining therefore does not cut the drain
+// short: it starts once that call returned, and only then do queued requests start. A control
+// call whose caller gives up (ctx) before it started never takes effect and returns ctx.Err();
+// once started it completes whole (ErrStillRunning tells its caller so).
 func (e *Engine) Resume(ctx context.Context) error {
-	_, err := call(ctx, e, "resume", func(_ context.Context, done func(struct{}, error)) {
-		e.afterPending(func() {
-			if err := e.transition(ctlEvent{kind: evResume}); err != nil {
-				done(struct{}{}, err)
-				return
-			}
-			e.sched.SetPauseState(sched.Unpaused)
-			done(struct{}{}, nil)
-		}, func(err error) { done(struct{}{}, err) })
+	_, err := controlCall(ctx, e, "resume", func(_ context.Context, done func(struct{}, error)) {
+		if err := e.transition(ctlEvent{kind: evResume}); err != nil {
+			done(struct{}{}, err)
+			return
+		}
+		e.sched.SetPauseState(sched.Unpaused)
+		done(struct{}{}, nil)
 	})
 	return err
 }
 
-// transition moves the control state by ev (control.go's table). An event the table refuses
-// leaves the state as it is and returns the refusal; an illegal one is also counted as an
-// invariant violation, since the engine must never produce it.
-func (e *Engine) transition(ev ctlEvent) error {
-	next, err := e.ctl.next(ev)
-	if errors.Is(err, errIllegalTransition) {
-		e.metrics.violations.Add(1)
-		e.log.Error("engine: invariant violation", "err", err)
-	}
-	if err != nil {
-		return err
+// transition moves the control state by evs in one change (control.go's table), or not at
+// all: an event the table refuses leaves the state as it is and returns the refusal; an
+// illegal one is also counted as an invariant violation, since the engine must never produce
+// it.
+func (e *Engine) transition(evs ...ctlEvent) error {
+	next := e.ctl
+	for _, ev := range evs {
+		var err error
+		next, err = next.next(ev)
+		if errors.Is(err, errIllegalTransition) {
+			e.metrics.violations.Add(1)
+			e.log.Error("engine: invariant violation", "err", err)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	e.ctl = next
 	return nil
@@ -188,6 +199,12 @@ func (e *Engine) asleep() bool { return e.ctl.Phase == ctlAsleep }
 // meanwhile) into one that recomputes after the wake-up, and only then releases the pool.
 // Level 2 also releases every weight set the engine serves or retired (a staged one stays): a
 // wake-up then needs new weights (CommitWeights while asleep). Level 0 only pauses.
+//
+// Sleep is a control call (see Resume) that takes effect when it completes: while it drains,
+// the engine schedules nothing new but IsPaused, IsSleeping and Stats still report the state
+// before it, and the pause and the sleep then take effect together, as one change, in the same
+// turn as the release. Should waiting for the KV transfers fail, it takes effect as the pause
+// alone and returns the error.
 func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 	if level < 0 || level > 2 {
 		return fmt.Errorf("%w: sleep level %d: want 0, 1 or 2", ErrInvalidArgument, level)
@@ -198,17 +215,16 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 	if _, err := ParsePauseMode(string(mode)); err != nil {
 		return err
 	}
-	_, err := call(ctx, e, "sleep", func(ctx context.Context, done func(struct{}, error)) {
+	_, err := controlCall(ctx, e, "sleep", func(ctx context.Context, done func(struct{}, error)) {
+		// The scheduler pauses now, so that the engine drains; the control state changes once,
+		// at the end. No other control call runs in between, so the phase is the same then.
 		if e.ctl.Phase == ctlRunning {
 			e.pause(mode)
 		}
-		if err := e.transition(ctlEvent{kind: evSleepPause, mode: mode}); err != nil {
-			done(struct{}{}, err)
-			return
-		}
+		pauseEv := ctlEvent{kind: evSleepPause, mode: mode}
 		trace.SpanFromContext(ctx).SetAttributes(attribute.Int("engine.sleep_level", level))
 		if level == 0 {
-			done(struct{}{}, e.transition(ctlEvent{kind: evSleep, level: 0}))
+			done(struct{}{}, e.transition(pauseEv, ctlEvent{kind: evSleep, level: 0}))
 			return
 		}
 		phase := 0
@@ -224,6 +240,9 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 			}
 			// Every flush is delivered; wait for every transfer that touches the pool.
 			if err := e.worker.WaitIdle(context.Background()); err != nil {
+				if terr := e.transition(pauseEv); terr != nil {
+					err = errors.Join(err, terr)
+				}
 				done(struct{}{}, fmt.Errorf("engine: sleep: waiting for KV transfers: %w", err))
 				return true
 			}
@@ -241,10 +260,11 @@ func (e *Engine) Sleep(ctx context.Context, level int, mode PauseMode) error {
 				e.model, e.weights = nil, nil
 				e.spare.Store(nil)
 			}
-			done(struct{}{}, e.transition(ctlEvent{kind: evSleep, level: level}))
+			done(struct{}{}, e.transition(pauseEv, ctlEvent{kind: evSleep, level: level}))
 			return true
 		}
-		e.whenIdle(task, func(err error) { done(struct{}{}, err) })
+		// No abandon: the sleep takes effect at its end, and its pause already acted.
+		e.whenIdle(task, func(err error) { done(struct{}{}, err) }, nil)
 	})
 	return err
 }
@@ -282,8 +302,8 @@ func (e *Engine) WakeUp(ctx context.Context, tags []string) error {
 	if len(tags) == 0 {
 		tags = []string{TagWeights, TagKVCache}
 	}
-	_, err := call(ctx, e, "wake_up", func(_ context.Context, done func(struct{}, error)) {
-		e.afterPending(func() { e.wakeUp(tags, done) }, func(err error) { done(struct{}{}, err) })
+	_, err := controlCall(ctx, e, "wake_up", func(_ context.Context, done func(struct{}, error)) {
+		e.wakeUp(tags, done)
 	})
 	return err
 }
@@ -350,8 +370,8 @@ func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int
 	if err != nil {
 		return err
 	}
-	_, err = call(ctx, e, "update_weights.stage", func(_ context.Context, done func(struct{}, error)) {
-		e.afterPending(func() { done(struct{}{}, e.stage(m, w, version)) }, func(err error) { done(struct{}{}, err) })
+	_, err = controlCall(ctx, e, "update_weights.stage", func(_ context.Context, done func(struct{}, error)) {
+		done(struct{}{}, e.stage(m, w, version))
 	})
 	return err
 }
@@ -386,7 +406,7 @@ func (e *Engine) PrepareSpare(ctx context.Context, w *model.Weights) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
-	_, err = call(ctx, e, "prepare_spare", func(_ context.Context, done func(struct{}, error)) {
+	_, err = controlCall(ctx, e, "prepare_spare", func(_ context.Context, done func(struct{}, error)) {
 		if !e.asleep() {
 			e.spare.CompareAndSwap(nil, m)
 		}
@@ -421,8 +441,8 @@ func (e *Engine) stage(m *model.Model, w *model.Weights, version int64) error {
 // later tokens carry the new version, and the new version enters the prefix hashes, so no new
 // request reuses old KV.
 func (e *Engine) CommitWeights(ctx context.Context, version int64) (int64, error) {
-	return call(ctx, e, "update_weights.commit", func(_ context.Context, done func(int64, error)) {
-		e.afterPending(func() { done(e.commit(version)) }, func(err error) { done(0, err) })
+	return controlCall(ctx, e, "update_weights.commit", func(_ context.Context, done func(int64, error)) {
+		done(e.commit(version))
 	})
 }
 
@@ -454,33 +474,87 @@ func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version in
 	if err != nil {
 		return 0, err
 	}
-	return call(ctx, e, "update_weights", func(_ context.Context, done func(int64, error)) {
-		e.afterPending(func() {
-			if err := e.stage(m, w, version); err != nil {
-				done(0, err)
-				return
-			}
-			if stageOnly {
-				done(e.version, nil)
-				return
-			}
-			done(e.commit(version))
-		}, func(err error) { done(0, err) })
+	return controlCall(ctx, e, "update_weights", func(_ context.Context, done func(int64, error)) {
+		if err := e.stage(m, w, version); err != nil {
+			done(0, err)
+			return
+		}
+		if stageOnly {
+			done(e.version, nil)
+			return
+		}
+		done(e.commit(version))
 	})
 }
 
 // Weights returns a copy of the serving weight set (nil after a level-2 sleep), e.g. for a
 // trainer that starts from the served policy. It is a copy because the serving model shares
 // memory with the set: writes to it would change what is served without a version bump and
-// race the forward pass.
+// race the forward pass. While the copy runs, VersionsInUse reports the set's version, so that
+// a caller recycling retired sets (weights.Recycler) does not load into it mid-copy even if a
+// commit retires it meanwhile. Its context bounds the copy's start only: once the engine
+// handed the set over, the copy completes.
 func (e *Engine) Weights(ctx context.Context) (*model.Weights, error) {
-	w, err := call(ctx, e, "weights", func(_ context.Context, done func(*model.Weights, error)) { done(e.weights, nil) })
-	if err != nil || w == nil {
+	type got struct {
+		w       *model.Weights
+		version int64
+	}
+	// Not withdrawable once sent: the loop registers the copy before it answers, and a caller
+	// that stopped waiting could not unregister it.
+	g, err := call(context.WithoutCancel(ctx), e, "weights", func(_ context.Context, done func(got, error)) {
+		if e.weights != nil {
+			e.copies.start(e.version)
+		}
+		done(got{e.weights, e.version}, nil)
+	})
+	if err != nil || g.w == nil {
 		return nil, err
+	}
+	defer e.copies.end(g.version)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if e.beforeCopy != nil {
+		e.beforeCopy()
 	}
 	// The set is immutable once staged (only the caller that passed it in could write to it),
 	// so it is copied on the caller's goroutine, not the engine's.
-	return w.Clone(), nil
+	return g.w.Clone(), nil
+}
+
+// copyCount counts the copies by Weights in progress, by version.
+type copyCount struct {
+	mu sync.Mutex
+	n  map[int64]int
+}
+
+func (c *copyCount) start(v int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[int64]int{}
+	}
+	c.n[v]++
+}
+
+func (c *copyCount) end(v int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[v]--; c.n[v] <= 0 {
+		delete(c.n, v)
+	}
+}
+
+// versions appends the versions being copied to vs.
+func (c *copyCount) versions(vs []int64) []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for v := range c.n {
+		if !slices.Contains(vs, v) {
+			vs = append(vs, v)
+		}
+	}
+	return vs
 }
 
 func sameShape(a, b model.Config) bool {

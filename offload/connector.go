@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -20,13 +21,18 @@ import (
 // ErrInvalidConfig is returned for a configuration that cannot work.
 var ErrInvalidConfig = errors.New("offload: invalid config")
 
+// maxBlocksPerChunk bounds Config.BlocksPerChunk: an engine's KV pool has at most 2^31-1
+// blocks (block ids are 32-bit), so a larger chunk could never be filled.
+const maxBlocksPerChunk = math.MaxInt32
+
 // Config configures a Connector.
 type Config struct {
 	// CPUBytes sizes the CPU tier; it must hold at least one chunk.
 	CPUBytes int64
 	// BlockSize is the pool's block size in tokens; the bound pool must match it.
 	BlockSize int
-	// BlocksPerChunk is the number of pool blocks per offloaded chunk (default 1).
+	// BlocksPerChunk is the number of pool blocks per offloaded chunk (default 1, at most
+	// 2^31-1; a chunk's size in tokens and in bytes must not overflow).
 	BlocksPerChunk int
 	// Policy is the CPU eviction policy, "lru" (default) or "arc".
 	Policy string
@@ -192,6 +198,11 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("%w: BlockSize: %d tokens, need > 0", ErrInvalidConfig, cfg.BlockSize)
 	case bpc < 0:
 		return fmt.Errorf("%w: BlocksPerChunk: %d, need > 0", ErrInvalidConfig, cfg.BlocksPerChunk)
+	case bpc > maxBlocksPerChunk:
+		return fmt.Errorf("%w: BlocksPerChunk: %d is more blocks than a KV pool holds (at most %d)", ErrInvalidConfig, cfg.BlocksPerChunk, maxBlocksPerChunk)
+	case bpc > math.MaxInt/cfg.BlockSize:
+		// Tokens per chunk must be an int: wrapped around to 0, it divided by zero.
+		return fmt.Errorf("%w: BlocksPerChunk: %d blocks of %d tokens overflow", ErrInvalidConfig, cfg.BlocksPerChunk, cfg.BlockSize)
 	case cfg.CPUBytes <= 0:
 		return fmt.Errorf("%w: CPUBytes: %d, the CPU tier needs room for at least one chunk", ErrInvalidConfig, cfg.CPUBytes)
 	case cfg.Policy != "" && cfg.Policy != cpu.PolicyLRU && cfg.Policy != cpu.PolicyARC:
@@ -206,6 +217,9 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("%w: CopyThreads: %d is negative", ErrInvalidConfig, cfg.CopyThreads)
 	case cfg.SplitBytes < 0:
 		return fmt.Errorf("%w: SplitBytes: %d is negative", ErrInvalidConfig, cfg.SplitBytes)
+	}
+	if cfg.BlockBytes > 0 && int64(bpc) > math.MaxInt64/cfg.BlockBytes {
+		return fmt.Errorf("%w: BlocksPerChunk: %d blocks of %d bytes overflow", ErrInvalidConfig, bpc, cfg.BlockBytes)
 	}
 	if chunk := cfg.BlockBytes * int64(bpc); cfg.BlockBytes > 0 && cfg.CPUBytes < chunk {
 		return fmt.Errorf("%w: CPUBytes: %d is smaller than one chunk (%d bytes: %d blocks of %d)", ErrInvalidConfig, cfg.CPUBytes, chunk, bpc, cfg.BlockBytes)
@@ -327,6 +341,11 @@ func (c *Connector) bindStorage(blockFloats int) (slots int, err error) {
 	}
 	if c.pool == nil {
 		return 0, fmt.Errorf("%w: storage bound before the block pool", ErrInvalidConfig)
+	}
+	if blockFloats <= 0 || int64(c.cfg.BlocksPerChunk) > math.MaxInt64/(int64(blockFloats)*4) {
+		// A chunk size that wraps around could be 0 (a division by zero below) or negative.
+		c.bindErr = fmt.Errorf("%w: BlocksPerChunk: %d blocks of %d bytes overflow", ErrInvalidConfig, c.cfg.BlocksPerChunk, int64(blockFloats)*4)
+		return 0, c.bindErr
 	}
 	chunk := int64(blockFloats) * 4 * int64(c.cfg.BlocksPerChunk)
 	if c.cfg.CPUBytes < chunk {

@@ -54,6 +54,11 @@ type workerSide struct {
 	completed   map[int64]bool
 	recv        []string
 	failedRecv  []string // loads that completed without valid KV (subset of recv)
+	// failedTaken are the failed loads among those the last GetFinished reported, for
+	// TakeFailedRecving: taken with recv under one lock, so a load that fails between the two
+	// calls is reported, failed, in the next step with its completion, not failed in this
+	// step and then completed in the next.
+	failedTaken []string
 
 	// Current step (engine goroutine only).
 	meta    kvconnector.TypedMetadata[*Payload]
@@ -209,12 +214,13 @@ func (w *workerSide) FailStep() {
 	}
 }
 
-// TakeFailedRecving implements kvconnector.LoadErrorReporter.
+// TakeFailedRecving implements kvconnector.LoadErrorReporter: the failed loads among those
+// GetFinished reported.
 func (w *workerSide) TakeFailedRecving() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	f := w.failedRecv
-	w.failedRecv = nil
+	f := w.failedTaken
+	w.failedTaken = nil
 	return f
 }
 
@@ -251,6 +257,8 @@ func (w *workerSide) GetFinished([]string) (finishedSending, finishedRecving []s
 	w.mu.Lock()
 	recv := w.recv
 	w.recv = nil
+	w.failedTaken = append(w.failedTaken, w.failedRecv...)
+	w.failedRecv = nil
 	w.mu.Unlock()
 	return slices.Clone(w.payload.Release), recv
 }
@@ -348,6 +356,15 @@ func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) 
 		ok = w.transfer(x.t, storage, buf, pool)
 	}
 	w.mu.Lock()
+	w.doneLocked(x, ok)
+	w.mu.Unlock()
+	w.copies.release()
+	close(x.done)
+}
+
+// doneLocked records a finished transfer: a load is reported by the next GetFinished (and, if
+// it failed, by the TakeFailedRecving after it).
+func (w *workerSide) doneLocked(x *xfer, ok bool) {
 	x.ok = ok
 	w.completed[x.t.ID] = ok
 	if !x.t.Store {
@@ -361,9 +378,6 @@ func (w *workerSide) run(x *xfer, storage kvconnector.KVStorage, buf []float32) 
 	if w.last[boolDir(x.t.Store)] == x {
 		w.last[boolDir(x.t.Store)] = nil
 	}
-	w.mu.Unlock()
-	w.copies.release()
-	close(x.done)
 }
 
 func boolDir(store bool) int {

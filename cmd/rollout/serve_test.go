@@ -91,6 +91,21 @@ func TestServeAndGenerateRefuseBadFlags(t *testing.T) {
 	assert.Contains(t, errb.String(), "--kv-bytes")
 }
 
+// TestServeRefusesPoolSizesThatDoNotFit is issue 25's flags: an overflowing --max-num-seqs
+// used to derive a 129-block pool without a word, and a huge --kv-blocks panicked in the
+// pool's allocation. Each now fails to start with one line naming the engine setting.
+func TestServeRefusesPoolSizesThatDoNotFit(t *testing.T) {
+	for _, tc := range []struct{ flag, value, want string }{
+		{"--max-num-seqs", "576460752303423489", "invalid argument: MaxNumSeqs: "},
+		{"--kv-blocks", "1125899906842624", "invalid argument: NumBlocks: "},
+		{"--kv-blocks", "2147483647", "invalid argument: NumBlocks: "},
+	} {
+		var out, errb bytes.Buffer
+		assert.Equal(t, 1, run(t.Context(), []string{"serve", "--addr", "127.0.0.1:0", "--log-level", "error", tc.flag, tc.value}, &out, &errb), tc.flag)
+		assert.Contains(t, errb.String(), tc.want, "%s %s", tc.flag, tc.value)
+	}
+}
+
 // TestServeHidesTestKnobs: --offload-delay, a test knob, is not in `serve --help` but is still
 // a flag: it is parsed and checked (it needs --offload-cpu-bytes).
 func TestServeHidesTestKnobs(t *testing.T) {

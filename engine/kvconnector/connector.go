@@ -237,7 +237,10 @@ type StepFailer interface {
 // LoadErrorReporter is implemented by worker sides that detect failed loads; RunStep puts what
 // it returns into Output.FailedRecving.
 type LoadErrorReporter interface {
-	// TakeFailedRecving returns the requests whose load failed since the previous call.
+	// TakeFailedRecving returns the requests whose load failed among those GetFinished
+	// reported since the previous call (RunStep calls it right after GetFinished). A load
+	// that completes between the two belongs to the next step: reported failed now, its
+	// completion would reach the scheduler a step later, as a finished load.
 	TakeFailedRecving() []string
 }
 

@@ -15,9 +15,9 @@ import (
 // one); versions only grow, so it stays free. A set kept with KeepFree (a spare made by
 // Prefault, or one whose stage failed) is free at once.
 //
-// The caller must own every set it keeps: nothing else may read it once it is free (in
-// particular no copy by engine.Engine.Weights may be in progress on it), and only the caller
-// may stage it. Take is meant to be called by one update at a time (a server serialises its
+// The caller must own every set it keeps: nothing else may read it once it is free, and only
+// the caller may stage it. A copy by engine.Engine.Weights in progress keeps its version in
+// VersionsInUse, so a set being copied is not free. Take is meant to be called by one update at a time (a server serialises its
 // updates); the methods are safe for concurrent use anyway. At most one free set is held at
 // rest: Take drops the other free ones, so memory stays at the engine's sets plus one.
 type Recycler struct {
