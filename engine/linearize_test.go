@@ -167,8 +167,8 @@ func (o *linOp) apply(s linState) (linState, bool) {
 		next.Ctl, res = c, classify(err)
 	case linUpdate:
 		switch {
-		case o.version <= s.Version || (s.Staged != 0 && o.version <= s.Staged):
-			res = errStale
+		case o.version <= s.Version || (s.Staged != 0 && o.version < s.Staged):
+			res = errStale // the staged version itself may be staged again (another checkpoint of it)
 		case o.stageOnly:
 			next.Staged, val = o.version, s.Version
 		default:

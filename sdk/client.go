@@ -107,6 +107,8 @@ type Client struct {
 	// verifiedHB: a server's heartbeat verified with the client's secret, so the secret is
 	// right and a desired state that does not verify is forged or garbage.
 	verifiedHB atomic.Bool
+	// heldEpoch is the highest desired-state epoch a verified heartbeat reported.
+	heldEpoch atomic.Int64
 
 	mu        sync.Mutex
 	closed    bool
@@ -439,6 +441,9 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 		if err := change(&next); err != nil {
 			return nil, err
 		}
+		if raw != nil && cur != nil && sameState(cur, &next) && c.keyHolds(raw, cur) {
+			return cur, nil // nothing to change: no write, no new epoch
+		}
 		next.Epoch++
 		next.UpdatedAt = time.Now().UnixMilli()
 		next.Trace = nil
@@ -470,18 +475,36 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 	return nil, fmt.Errorf("%w: gave up after 16 attempts (another writer, or a desired-state key older than the servers' that they have not written back)", ErrConflict)
 }
 
-// serversEpoch is the highest desired-state epoch a live server says it accepted.
-func (c *Client) serversEpoch(ctx context.Context) (int64, error) {
-	hbs, err := c.readHeartbeats(ctx, false)
-	if err != nil {
-		return 0, err
+// storeMax raises v to x when x is larger.
+func storeMax(v *atomic.Int64, x int64) {
+	for {
+		cur := v.Load()
+		if x <= cur || v.CompareAndSwap(cur, x) {
+			return
+		}
 	}
-	var e int64
-	for _, hb := range hbs {
-		e = max(e, hb.DesiredEpoch)
-	}
-	return e, nil
 }
+
+// sameState reports whether two desired states ask the same of the fleet (weights, plan,
+// run state), whatever their epochs, times and signatures.
+func sameState(a, b *protocol.DesiredState) bool {
+	return eqPtr(a.Weights, b.Weights) && eqPtr(a.Plan, b.Plan) && a.Paused == b.Paused && a.PauseMode == b.PauseMode &&
+		a.Sleep == b.Sleep && a.Signed == b.Signed
+}
+
+func eqPtr[T comparable](a, b *T) bool { return a == nil && b == nil || a != nil && b != nil && *a == *b }
+
+// keyHolds reports whether raw, the key's value, is the record d (and not garbage or an
+// older record readDesired replaced with its cached one).
+func (c *Client) keyHolds(raw []byte, d *protocol.DesiredState) bool {
+	k, err := protocol.DecodeDesiredState(raw)
+	return err == nil && k.Epoch == d.Epoch && k.Sig == d.Sig
+}
+
+// serversEpoch is the highest desired-state epoch a server said it accepted, in any
+// heartbeat this client verified (they are read at every refresh): no I/O of its own, so a
+// write of the desired state costs what it did before servers reported their epoch.
+func (c *Client) serversEpoch(context.Context) (int64, error) { return c.heldEpoch.Load(), nil }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -526,6 +549,7 @@ func (c *Client) readHeartbeats(ctx context.Context, strict bool) (map[string]pr
 			continue
 		}
 		out[id] = *hb
+		storeMax(&c.heldEpoch, hb.DesiredEpoch)
 	}
 	return out, nil
 }
