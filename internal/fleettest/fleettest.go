@@ -94,6 +94,9 @@ type Options struct {
 	// Secret is the fleet secret, passed through --fleet-secret-file (default: a fixed
 	// 32-byte test secret; "-" starts an unsigned fleet).
 	Secret string
+	// IssuedKeys gives each server its own issued key (--fleet-key-file, issued under
+	// Secret) instead of the fleet secret: the separated-authority setup.
+	IssuedKeys bool
 	// Redis is the redis-server to use (default: a new one).
 	Redis *redistest.Server
 	// Args are extra `rollout serve` flags for every server (a model, --offload-cpu-bytes).
@@ -178,8 +181,12 @@ func Start(t testing.TB, o Options) *Fleet {
 			url = o.RedisURL(i)
 		}
 		p := &Proc{t: t, bin: bin, ID: fmt.Sprintf("s%d", i+1), Addr: freeAddr(t), logs: &lockedBuffer{}}
+		args := secretArgs
+		if o.IssuedKeys && f.Secret != "" {
+			args = []string{"--fleet-key-file", f.issueKey(p.ID)}
+		}
 		p.args = append([]string{"serve", "--addr", p.Addr, "--advertise-url", p.URL(), "--server-id", p.ID,
-			"--redis", url, "--fleet", o.Fleet, "--shutdown-grace", "1s", "--log-level", "info"}, secretArgs...)
+			"--redis", url, "--fleet", o.Fleet, "--shutdown-grace", "1s", "--log-level", "info"}, args...)
 		p.args = append(p.args, o.Args...)
 		if o.ServerArgs != nil {
 			p.args = append(p.args, o.ServerArgs(i)...)
@@ -294,6 +301,33 @@ func (f *Fleet) Heartbeat(id string) *protocol.Heartbeat {
 		f.t.Fatalf("fleettest: heartbeat of %s: %v", id, err)
 	}
 	return hb
+}
+
+// issueKey writes server id's issued key file and returns its path.
+func (f *Fleet) issueKey(id string) string {
+	a, err := protocol.NewAuth([]byte(f.Secret))
+	if err != nil {
+		f.t.Fatalf("fleettest: %v", err)
+	}
+	b, err := a.IssueServerKey(f.Name, id)
+	if err != nil {
+		f.t.Fatalf("fleettest: %v", err)
+	}
+	path := filepath.Join(f.t.TempDir(), id+".key")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		f.t.Fatalf("fleettest: %v", err)
+	}
+	return path
+}
+
+// KeyFile is the issued key file server id was started with ("" without IssuedKeys).
+func (p *Proc) KeyFile() string {
+	for i, a := range p.args {
+		if a == "--fleet-key-file" && i+1 < len(p.args) {
+			return p.args[i+1]
+		}
+	}
+	return ""
 }
 
 // SetKey writes a raw value under key in the fleet's Redis (a test acting as another
