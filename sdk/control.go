@@ -344,6 +344,9 @@ func (c *Client) roundTrip(ctx context.Context, targets []string, cmd any, timeo
 	return c.collect(ctx, s, nil)
 }
 
+// noSubscriberWait bounds how long publish retries a command nobody is subscribed to.
+const noSubscriberWait = 2 * time.Second
+
 // sent is a published command awaiting acks.
 type sent struct {
 	env      *protocol.Envelope
@@ -387,6 +390,17 @@ func (c *Client) publish(ctx context.Context, targets []string, cmd any, timeout
 	span.SetAttributes(attribute.String("rollout.command_id", env.ID), attribute.String("rollout.kind", string(env.Kind)),
 		attribute.Int("rollout.targets", len(targets)))
 	n, err := c.bus.Publish(ctx, c.names.Control(), b)
+	// Nobody subscribed: servers resubscribing after a Redis restart (their heartbeat keys
+	// may already be back). Publish again, the same envelope (its id dedupes), for a short
+	// while within the command's lifetime before reporting ErrNoServers.
+	for retry := time.Now().Add(min(timeout/2, noSubscriberWait)); err == nil && n == 0 && time.Now().Before(retry); {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		n, err = c.bus.Publish(ctx, c.names.Control(), b)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sdk: publish %s: %w", env.Kind, err)
 	}

@@ -26,25 +26,12 @@ func runGenerateFleet(ctx context.Context, cmd *cobra.Command, o generateOpts, p
 		return err
 	}
 	defer c.Close()
-	st, err := c.Status(ctx)
-	if err != nil {
-		return fmt.Errorf("fleet %q: %w", o.conn.fleet, err)
-	}
-	base := ""
-	for _, s := range st {
-		if s.InRotation && s.AdvertiseURL != "" {
-			base = s.AdvertiseURL
-			break
-		}
-	}
-	if base == "" {
-		return fmt.Errorf("fleet %q: %w: no server in rotation to tokenize the prompt", o.conn.fleet, sdk.ErrNoServers)
-	}
 	var tok struct {
 		Tokens []int `json:"tokens"`
 	}
-	if err := postJSON(ctx, base+"/tokenize", o.apiKey, map[string]any{"prompt": prompt}, &tok); err != nil {
-		return fmt.Errorf("tokenizing the prompt: %w", err)
+	base, err := tokenizeOnFleet(ctx, c, o.apiKey, prompt, &tok)
+	if err != nil {
+		return fmt.Errorf("fleet %q: %w", o.conn.fleet, err)
 	}
 	seed := o.seed
 	start := time.Now()
@@ -83,6 +70,43 @@ func runGenerateFleet(ctx context.Context, cmd *cobra.Command, o generateOpts, p
 	fmt.Fprintf(w, "%s%s\n\n[%d tokens, %.1f tokens/s, on %s, weight version %s, finish: %s]\n", prompt, res.Text,
 		len(res.TokenIDs), res.TokensPerSec, strings.Join(out.Servers, ", "), versionSpan(res.WeightVersions), res.FinishReason)
 	return nil
+}
+
+// tokenizeWait bounds how long generate waits for a server to tokenize on (every server
+// mid-cut, or just restarted).
+const tokenizeWait = 30 * time.Second
+
+// tokenizeOnFleet tokenizes prompt on a server in rotation, trying each in turn and, when
+// none is in rotation or every one fails, looking again until tokenizeWait, and returns the
+// server's URL.
+func tokenizeOnFleet(ctx context.Context, c *sdk.Client, apiKey, prompt string, out any) (string, error) {
+	deadline := time.Now().Add(tokenizeWait)
+	var last error
+	for {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return "", err
+		}
+		for _, s := range st {
+			if !s.InRotation || s.AdvertiseURL == "" {
+				continue
+			}
+			if last = postJSON(ctx, s.AdvertiseURL+"/tokenize", apiKey, map[string]any{"prompt": prompt}, out); last == nil {
+				return s.AdvertiseURL, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			if last != nil {
+				return "", fmt.Errorf("tokenizing the prompt: %w", last)
+			}
+			return "", fmt.Errorf("%w: no server in rotation to tokenize the prompt within %s", sdk.ErrNoServers, tokenizeWait)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // textTokens drops the final stop token from the ids to detokenize, as the text of

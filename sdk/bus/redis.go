@@ -177,7 +177,7 @@ func DialRedisConfig(ctx context.Context, conf redisconf.Config, o RedisOptions)
 		}
 		hint := ""
 		if opt.TLSConfig == nil && dropped(err) {
-			hint = " (a TLS port closes plain-text connections like this: use rediss://)"
+			hint = " (the connection was closed: either the server went away, or the port speaks TLS and wants rediss://)"
 		}
 		return nil, fmt.Errorf("%w: redis at %s does not answer: %w%s", ErrUnavailable, res.Addrs(), err, hint)
 	}
