@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 )
 
 // Signature schemes, the prefix of a Sig.
@@ -48,6 +49,7 @@ type Auth struct {
 	trusted  map[string]ed25519.PublicKey // key id -> trainer public key
 	order    []string                     // trusted key ids, the signing one first
 	server   *serverKey                   // an issued key (keyed servers)
+	derived  sync.Map                     // fleet, id, key id -> derived server key ([]byte)
 }
 
 type serverKey struct {
@@ -289,11 +291,19 @@ func (a *Auth) macKey(fleet, id, kid string) ([]byte, bool) {
 	}
 	for i, k := range a.order {
 		if k == kid && i < len(a.secrets) {
-			return serverMACKey(a.secrets[i], fleet, id), true
+			ck := derivedKey{fleet, id, kid}
+			if v, ok := a.derived.Load(ck); ok {
+				return v.([]byte), true
+			}
+			key := serverMACKey(a.secrets[i], fleet, id)
+			a.derived.Store(ck, key) // one per server and key id: bounded by the fleet
+			return key, true
 		}
 	}
 	return nil, false
 }
+
+type derivedKey struct{ fleet, id, kid string }
 
 // signServer signs canonical bytes as server id of fleet ("" when a cannot).
 func (a *Auth) signServer(fleet, id string, canonical []byte) string {
@@ -308,6 +318,61 @@ func (a *Auth) signServer(fleet, id string, canonical []byte) string {
 	h := hmac.New(sha256.New, key)
 	h.Write(canonical)
 	return schemeServer + ":" + kid + ":" + hex.EncodeToString(h.Sum(nil))
+}
+
+// macBytes is the length of a command MAC: 96 bits, forgeable only online, one guess per
+// message, within the command's lifetime.
+const macBytes = 12
+
+// commandMACs authenticates a command to each target: the HMAC of canonical under the
+// target's key (domain-separated from its own messages), truncated to macBytes, under every
+// secret a holds, so during a rotation a server issued under either key can check it.
+func (a *Auth) commandMACs(fleet string, targets []string, canonical []byte) string {
+	buf := make([]byte, 0, len(targets)*len(a.secrets)*macBytes)
+	for _, id := range targets {
+		for _, kid := range a.order[:len(a.secrets)] {
+			key, _ := a.macKey(fleet, id, kid)
+			buf = append(buf, cmdMAC(key, canonical)...)
+		}
+	}
+	return strings.Join(a.order[:len(a.secrets)], ",") + ":" + base64.RawURLEncoding.EncodeToString(buf)
+}
+
+func cmdMAC(key, canonical []byte) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte("rollout.command-mac"))
+	h.Write(canonical)
+	return h.Sum(nil)[:macBytes]
+}
+
+// verifyCommandMAC checks the MACs of target i (of n) for server id: every key id listed
+// that a can derive (its own issued key, or a secret) must match, and at least one must.
+func (a *Auth) verifyCommandMAC(fleet, id string, i, n int, canonical []byte, macs string) error {
+	kids, b64, ok := strings.Cut(macs, ":")
+	if !ok {
+		return fmt.Errorf("%w: malformed command MACs", ErrBadSignature)
+	}
+	ids := strings.Split(kids, ",")
+	raw, err := base64.RawURLEncoding.DecodeString(b64)
+	if err != nil || len(raw) != n*len(ids)*macBytes {
+		return fmt.Errorf("%w: malformed command MACs", ErrBadSignature)
+	}
+	checked := 0
+	for j, kid := range ids {
+		key, ok := a.macKey(fleet, id, kid)
+		if !ok {
+			continue
+		}
+		off := (i*len(ids) + j) * macBytes
+		if !hmac.Equal(raw[off:off+macBytes], cmdMAC(key, canonical)) {
+			return ErrBadSignature
+		}
+		checked++
+	}
+	if checked == 0 {
+		return fmt.Errorf("%w: no command MAC under a key this server holds", ErrBadSignature)
+	}
+	return nil
 }
 
 // errOtherServer is why a server with an issued key cannot check another server's message.

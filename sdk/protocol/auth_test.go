@@ -1,6 +1,7 @@
 package protocol_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -34,13 +35,16 @@ func TestSeparateAuthorities(t *testing.T) {
 	assert.Equal(t, "s1", s1.ServerID())
 
 	e := envelope(t, protocol.Pause{Mode: protocol.ModeAbort})
+	e.Targets = nil // every server: the trainer key's signature
 	e.SignWith(trainer)
-	require.NoError(t, e.VerifyWith(s1, "f", t0))
+	require.NotEmpty(t, e.Sig)
+	require.NoError(t, e.VerifyFor(s1, "f", "s1", t0))
 	forged := envelope(t, protocol.Pause{Mode: protocol.ModeAbort})
+	forged.Targets = nil
 	forged.SignWith(s1)
 	assert.Empty(t, forged.Sig, "a server key cannot sign a command")
 	forged.Sig = e.Sig
-	require.ErrorIs(t, forged.VerifyWith(s1, "f", t0), protocol.ErrBadSignature)
+	require.ErrorIs(t, forged.VerifyFor(s1, "f", "s1", t0), protocol.ErrBadSignature)
 
 	d := desired()
 	d.SignWith(trainer)
@@ -70,6 +74,40 @@ func TestSeparateAuthorities(t *testing.T) {
 	assert.Empty(t, s1.PeerGrant("f", 3, digest), "a server cannot grant peer access")
 }
 
+// TestCommandMACs: a command to named servers carries a MAC per target, which each checks
+// with its own key; a server's key can make a MAC only for itself, so a compromised server
+// can command nobody but itself.
+func TestCommandMACs(t *testing.T) {
+	trainer, err := protocol.NewAuth(secret)
+	require.NoError(t, err)
+	s1, s2 := issued(t, trainer, "s1"), issued(t, trainer, "s2")
+	e := envelope(t, protocol.Pause{Mode: protocol.ModeAbort}) // targets s2, s1
+	e.SignWith(trainer)
+	require.Empty(t, e.Sig)
+	require.NotEmpty(t, e.MACs)
+	require.NoError(t, e.VerifyFor(s1, "f", "s1", t0))
+	require.NoError(t, e.VerifyFor(s2, "f", "s2", t0))
+	require.NoError(t, e.VerifyWith(trainer, "f", t0), "the secret checks every MAC")
+	requireOnly(t, e.VerifyFor(s1, "f", "s3", t0), protocol.ErrBadSignature)
+
+	e.Targets = []string{"s2", "s3"} // s1's MAC position now names s2 (and the targets no longer match)
+	requireOnly(t, e.VerifyFor(s2, "f", "s2", t0), protocol.ErrBadSignature)
+	body := envelope(t, protocol.Pause{Mode: protocol.ModeAbort})
+	body.SignWith(trainer)
+	body.Body = []byte(`{"mode":"keep","clear_cache":false}`)
+	requireOnly(t, body.VerifyFor(s1, "f", "s1", t0), protocol.ErrBadSignature)
+
+	many := make([]string, protocol.MaxMACTargets+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("s%d", i)
+	}
+	big, err := protocol.NewEnvelope("f", many, protocol.Resume{}, t0, time.Minute)
+	require.NoError(t, err)
+	big.SignWith(trainer)
+	assert.Empty(t, big.MACs, "above MaxMACTargets one signature instead")
+	require.NoError(t, big.VerifyFor(s1, "f", "s1", t0))
+}
+
 // TestKeyRotation: the trainer moves to a new secret without downtime. Servers first trust
 // both trainer keys (re-issued under the old secret, listing both), the trainer signs with
 // the new one while still checking heartbeats under the old one; then servers get keys
@@ -85,9 +123,12 @@ func TestKeyRotation(t *testing.T) {
 	next, err := protocol.NewAuth(secret2, secret) // the new one signs, the old still verifies
 	require.NoError(t, err)
 	assert.NotEqual(t, old.KeyID(), next.KeyID())
-	e := envelope(t, protocol.Resume{})
+	e := envelope(t, protocol.Resume{}) // to s1 and s2: MACs under both secrets
 	e.SignWith(next)
-	require.NoError(t, e.VerifyWith(s1, "f", t0), "a server trusting both takes the new key's commands")
+	require.NoError(t, e.VerifyFor(s1, "f", "s1", t0), "a server issued under the old key takes the new trainer's commands")
+	e.Targets = nil
+	e.SignWith(next)
+	require.NoError(t, e.VerifyFor(s1, "f", "s1", t0), "and its signed ones, trusting both keys")
 	hb := heartbeat()
 	hb.ServerID = "s1"
 	hb.SignWith(s1) // still under the old key
@@ -103,7 +144,7 @@ func TestKeyRotation(t *testing.T) {
 	onlyNew, err := protocol.TrustKeys(nextOnly.TrustedKeys()...)
 	require.NoError(t, err)
 	e.SignWith(old)
-	require.ErrorIs(t, e.VerifyWith(onlyNew, "f", t0), protocol.ErrBadSignature)
+	require.ErrorIs(t, e.VerifyFor(onlyNew, "f", "s1", t0), protocol.ErrBadSignature)
 }
 
 // TestServerKeyFileChecks: a key file that is not one, or whose key id it does not trust,
@@ -129,5 +170,4 @@ func TestServerKeyFileChecks(t *testing.T) {
 	require.ErrorIs(t, err, protocol.ErrInvalid)
 	_, err = (&protocol.Auth{}).IssueServerKey("f", "s1")
 	require.ErrorIs(t, err, protocol.ErrInvalid)
-	_ = time.Second
 }

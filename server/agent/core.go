@@ -417,7 +417,7 @@ func (c *Core) Envelope(raw []byte, now time.Time) {
 	}
 	// The deadline is the sender's clock: allow the same skew as for issued_at, so a
 	// trainer whose clock runs behind is not refused outright.
-	if err := e.VerifyWith(c.cfg.Auth, c.cfg.Fleet, now.Add(-c.cfg.ClockSkew)); err != nil {
+	if err := e.VerifyFor(c.cfg.Auth, c.cfg.Fleet, c.cfg.ServerID, now.Add(-c.cfg.ClockSkew)); err != nil {
 		c.reject(e, reasonOf(err), err, now)
 		return
 	}
