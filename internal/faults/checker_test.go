@@ -235,4 +235,14 @@ func TestServingDigest(t *testing.T) {
 	d.Restarted("s1")
 	dg, _ = d.ServingDigest("s1", hb(1))
 	assert.Equal(t, digestB, dg, "a restarted server loads what it converges to")
+
+	// s3 staged trainer-a's version 1 (its update aborted) and then converged to the desired
+	// state naming trainer-b's: it committed what it had staged.
+	d.Staged("s3", "trainer-a", 1, digestA)
+	dg, why = d.ServingDigest("s3", &protocol.Heartbeat{ServerID: "s3", WeightVersion: 1})
+	assert.Equal(t, digestA, dg)
+	assert.Contains(t, why, "staged trainer-a's")
+	d.Restarted("s3")
+	dg, _ = d.ServingDigest("s3", &protocol.Heartbeat{ServerID: "s3", WeightVersion: 1})
+	assert.Equal(t, digestB, dg, "a restart drops what was staged")
 }

@@ -17,6 +17,7 @@ type Digests struct {
 	mu        sync.Mutex
 	published map[string]map[int64]string // trainer → version → digest
 	acked     map[string]ack              // server → its last commit ack since it started
+	staged    map[string]ack              // server → its last stage ack since it started
 	desired   map[int64]string            // version → digest of the last desired state naming it
 }
 
@@ -27,7 +28,8 @@ type ack struct {
 
 // NewDigests returns an empty log.
 func NewDigests() *Digests {
-	return &Digests{published: map[string]map[int64]string{}, acked: map[string]ack{}, desired: map[int64]string{}}
+	return &Digests{published: map[string]map[int64]string{}, acked: map[string]ack{}, staged: map[string]ack{},
+		desired: map[int64]string{}}
 }
 
 // Published records that trainer published version under digest.
@@ -48,11 +50,21 @@ func (d *Digests) CommitAcked(server, trainer string, version int64, digest stri
 	d.acked[server] = ack{version: version, digest: digest, trainer: trainer}
 }
 
+// Staged records that server acked trainer's stage of version: it holds that checkpoint
+// staged, and commits it when it converges to a desired state naming the version (the agent
+// does not stage a version again that it has staged).
+func (d *Digests) Staged(server, trainer string, version int64, digest string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.staged[server] = ack{version: version, digest: digest, trainer: trainer}
+}
+
 // Restarted forgets what server acked: a restarted server loads what it converges to.
 func (d *Digests) Restarted(server string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.acked, server)
+	delete(d.staged, server)
 }
 
 // Desired records a desired state read from Redis.
@@ -72,6 +84,8 @@ func (d *Digests) Desired(ds *protocol.DesiredState) {
 //   - version 0 is InitialDigest;
 //   - the server acked a trainer's commit of this version since it started: that trainer's
 //     checkpoint;
+//   - the server acked a trainer's stage of this version since it started: it committed
+//     that staged checkpoint when it converged (whatever digest the desired state named);
 //   - a desired state named this version: the server converged to it by itself;
 //   - exactly one trainer published this version: that checkpoint.
 //
@@ -86,6 +100,9 @@ func (d *Digests) ServingDigest(server string, hb *protocol.Heartbeat) (digest, 
 	defer d.mu.Unlock()
 	if a, ok := d.acked[server]; ok && a.version == v {
 		return a.digest, "acked " + a.trainer + "'s commit"
+	}
+	if a, ok := d.staged[server]; ok && a.version == v {
+		return a.digest, "staged " + a.trainer + "'s checkpoint"
 	}
 	if dg, ok := d.desired[v]; ok {
 		return dg, "converged to the desired state"

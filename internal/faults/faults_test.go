@@ -51,6 +51,11 @@ const (
 // exists, and a pool small enough for the tiny model.
 var serverArgs = []string{"--offload-cpu-bytes", "64MiB", "--kv-blocks", "512"}
 
+// sendFloor sends each request's floor as its MinVersion (ROLLOUT_FAULTS_MIN_VERSION=1). By
+// default requests carry none, as a trainer's rollout workers' would: the harness checks the
+// fleet's own guarantee that a request sent after a commit gets no older token.
+var sendFloor = os.Getenv("ROLLOUT_FAULTS_MIN_VERSION") == "1"
+
 // TestFaults runs the fault harness (see the package doc): ROLLOUT_FAULTS=n injects n faults,
 // ROLLOUT_FAULTS_SEED=s replays seed s, ROLLOUT_FAULTS_HISTORY=path keeps the history.
 func TestFaults(t *testing.T) {
@@ -66,6 +71,13 @@ func TestFaults(t *testing.T) {
 	}
 	say(t, "faults: seed %d, %d faults (replay: ROLLOUT_FAULTS=%d ROLLOUT_FAULTS_SEED=%d)", seed, n, n, seed)
 	began := time.Now()
+	var summary string
+	// Registered first, so it runs last: after the servers' output a failure writes.
+	t.Cleanup(func() {
+		if summary != "" && t.Failed() {
+			fmt.Println(summary)
+		}
+	})
 	h := newHarness(t, NewSchedule(seed, n, servers))
 	h.run()
 	hist := h.rec.History()
@@ -77,7 +89,8 @@ func TestFaults(t *testing.T) {
 	if err := writeHistory(path, &hist); err != nil {
 		t.Errorf("%v", err)
 	}
-	say(t, "%sduration: %s; history: %s", rep, time.Since(began).Round(time.Second), path)
+	summary = fmt.Sprintf("%sduration: %s; history: %s", rep, time.Since(began).Round(time.Second), path)
+	say(t, "%s", summary)
 	if !rep.OK() {
 		t.Errorf("%d violations; replay with ROLLOUT_FAULTS=%d ROLLOUT_FAULTS_SEED=%d", len(rep.Violations), n, seed)
 	}
@@ -203,7 +216,9 @@ func newHarness(t *testing.T, s Schedule) *harness {
 		h.trainers[name] = h.newTrainer(name, uint64(1000*(i+1)))
 	}
 	h.operator = newProcess("operator")
-	h.load = h.dial()
+	// The rollout workers share trainer-a's client, as a trainer's would: the floor of a
+	// request is what that client knew committed.
+	h.load = h.trainers[Trainers[0]].client
 	return h
 }
 
@@ -409,12 +424,27 @@ func (h *harness) dispatch(e Event) {
 		fault("")
 		h.redis.RestartWithData()
 	case FaultTwoTrainers:
+		// Both trainers at once, beside whatever their processes are doing: each publishes
+		// its own checkpoint as version v, then both calls start together.
 		v := h.nextVersion()
-		fault(fmt.Sprintf("both trainers update version %d, each with its own checkpoint", v))
+		fault(fmt.Sprintf("both trainers update version %d at once, each with its own checkpoint", v))
+		var ready sync.WaitGroup
+		gate := make(chan struct{})
+		ready.Add(len(Trainers))
 		for _, name := range Trainers {
 			tr := h.trainers[name]
-			tr.enqueue(func() { h.update(tr, e.Update, v, FaultTwoTrainers, nil) })
+			h.bg.Add(1)
+			go func() {
+				defer h.bg.Done()
+				h.update(tr, e.Update, v, FaultTwoTrainers, &dual{ready: &ready, gate: gate})
+			}()
 		}
+		h.bg.Add(1)
+		go func() {
+			defer h.bg.Done()
+			ready.Wait()
+			close(gate)
+		}()
 	case FaultCancelUpdate:
 		fault(fmt.Sprintf("%s cancels its next update after %s", e.Trainer, e.Update.CancelAfter))
 		tr := h.trainers[e.Trainer]
@@ -474,7 +504,7 @@ func (h *harness) killMid(e Event, fault func(string)) {
 	h.mu.Lock()
 	h.killed[e.Of] = done
 	h.mu.Unlock()
-	tr.enqueue(func() { h.update(tr, e.Update, 0, e.Kind, started) })
+	tr.enqueue(func() { h.update(tr, e.Update, 0, e.Kind, &dual{started: started}) })
 	h.bg.Add(1)
 	go func() {
 		defer h.bg.Done()
@@ -518,9 +548,22 @@ func (h *harness) killMid(e Event, fault func(string)) {
 	}()
 }
 
-// update runs one UpdateWeights of trainer tr: version fixed, or the next one. started, when
-// set, is closed just before the call, once the origin's earlier downloads are forgotten.
-func (h *harness) update(tr *trainer, spec *UpdateSpec, fixed int64, why string, started chan struct{}) {
+// dual synchronises an update with a fault: started, when set, is closed just before the call
+// (once the origin's earlier downloads are forgotten); ready, when set, is marked done once
+// the checkpoint is published, and the call waits for gate.
+type dual struct {
+	started chan struct{}
+	ready   *sync.WaitGroup
+	gate    chan struct{}
+}
+
+// update runs one UpdateWeights of trainer tr: version fixed, or the next one. The load
+// shares trainer-a's client, so trainer-a's committed updates raise the requests' floor.
+func (h *harness) update(tr *trainer, spec *UpdateSpec, fixed int64, why string, d *dual) {
+	if d == nil {
+		d = &dual{}
+	}
+	started := d.started
 	v := fixed
 	if v == 0 {
 		v = h.nextVersion()
@@ -532,9 +575,17 @@ func (h *harness) update(tr *trainer, spec *UpdateSpec, fixed int64, why string,
 	if why != "" {
 		args += " (" + why + ")"
 	}
+	process := tr.name
+	if d.ready != nil {
+		process += "/dual"
+	}
 	ref, err := h.publish(tr, v)
+	if d.ready != nil {
+		d.ready.Done()
+		<-d.gate
+	}
 	u := &UpdateOp{Trainer: tr.name, Version: v, Digest: ref.SHA256, Policy: spec.Policy, Cancelled: spec.CancelAfter > 0}
-	id := h.rec.Invoke(tr.name, OpUpdate, args, u)
+	id := h.rec.Invoke(process, OpUpdate, args, u)
 	if err != nil {
 		h.rec.Complete(id, err, nil)
 		if started != nil {
@@ -563,6 +614,13 @@ func (h *harness) update(tr *trainer, spec *UpdateSpec, fixed int64, why string,
 	}
 	res, err := tr.client.UpdateWeights(ctx, ref, plan)
 	var committed []string
+	if res != nil {
+		for _, s := range res.Servers {
+			if s.Staged && !s.Committed {
+				h.digests.Staged(s.ServerID, tr.name, v, ref.SHA256)
+			}
+		}
+	}
 	h.rec.Complete(id, err, func(u *UpdateOp) {
 		if res == nil {
 			return
@@ -574,7 +632,7 @@ func (h *harness) update(tr *trainer, spec *UpdateSpec, fixed int64, why string,
 			}
 		}
 		committed = u.Committed
-		if u.CommitPointPassed() {
+		if u.CommitPointPassed() && tr.client == h.load {
 			h.raiseFloor(v)
 		}
 	})
@@ -648,8 +706,12 @@ func (h *harness) generate(process, phase string, prompt []int) error {
 	id := h.rec.Request(process, phase, floor)
 	ctx, cancel := context.WithTimeout(context.Background(), requestBound)
 	defer cancel()
-	res, err := h.load.Generate(ctx, sdk.GenerateRequest{PromptTokenIDs: prompt, N: 2, MinVersion: floor,
-		Sampling: sdk.SamplingParams{MaxTokens: 24, Temperature: 1, IgnoreEOS: true}})
+	req := sdk.GenerateRequest{PromptTokenIDs: prompt, N: 2,
+		Sampling: sdk.SamplingParams{MaxTokens: 24, Temperature: 1, IgnoreEOS: true}}
+	if sendFloor {
+		req.MinVersion = floor
+	}
+	res, err := h.load.Generate(ctx, req)
 	var samples []Sample
 	if err == nil {
 		for _, s := range res.Samples {
@@ -712,7 +774,6 @@ func (h *harness) readDesired() *DesiredObs {
 		o.Version, o.Digest = d.Weights.Version, d.Weights.SHA256
 		h.digests.Desired(d)
 		h.noteVersion(o.Version)
-		h.raiseFloor(o.Version)
 	}
 	return o
 }
