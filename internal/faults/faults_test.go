@@ -144,6 +144,9 @@ type harness struct {
 	faultIdx   map[int]int           // schedule fault → recorder fault
 	killed     map[int]chan struct{} // kill-mid-* fault → closed once it killed
 	bg         sync.WaitGroup        // kill-mid-* goroutines
+	// held are the servers a targeted pause or sleep left paused: the operator's own doing,
+	// which the final heal undoes (a fleet-wide pause is undone through the desired state).
+	held map[string]bool
 	// deferred are restarts due before their kill-mid-* fault killed (its update started
 	// late): each runs once its kill is done.
 	deferred []Event
@@ -156,9 +159,10 @@ type harness struct {
 
 // process runs one Jepsen process's ops one at a time, in the order they were scheduled.
 type process struct {
-	name  string
-	queue chan func()
-	done  chan struct{}
+	name    string
+	queue   chan func()
+	done    chan struct{}
+	closing atomic.Bool
 }
 
 func newProcess(name string) *process {
@@ -166,7 +170,9 @@ func newProcess(name string) *process {
 	go func() {
 		defer close(p.done)
 		for op := range p.queue {
-			op()
+			if !p.closing.Load() {
+				op()
+			}
 		}
 	}()
 	return p
@@ -174,7 +180,11 @@ func newProcess(name string) *process {
 
 func (p *process) enqueue(op func()) { p.queue <- op }
 
+// finish waits for the op in progress and drops the ops still queued: once the schedule is
+// over, nothing it did not time may change the fleet (a late update's cut would resume a
+// server that missed a resume, hiding it).
 func (p *process) finish() {
+	p.closing.Store(true)
 	close(p.queue)
 	<-p.done
 }
@@ -195,7 +205,7 @@ type trainer struct {
 
 func newHarness(t *testing.T, s Schedule) *harness {
 	h := &harness{t: t, sched: s, rec: NewRecorder(s.Seed), digests: NewDigests(), start: time.Now(),
-		faultIdx: map[int]int{}, killed: map[int]chan struct{}{}, stopLoad: make(chan struct{}), stopMonitor: make(chan struct{}),
+		faultIdx: map[int]int{}, held: map[string]bool{}, killed: map[int]chan struct{}{}, stopLoad: make(chan struct{}), stopMonitor: make(chan struct{}),
 		scrape: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
 	h.redis = redistest.Start(t)
 	for range servers {
@@ -662,6 +672,14 @@ func (h *harness) control(e Event, id, why string) error {
 		args = strings.TrimSpace(args + " (" + why + ")")
 	}
 	op := h.rec.Invoke(h.operator.name, e.Kind, args, nil)
+	if id != "" {
+		h.mu.Lock()
+		switch e.Kind {
+		case OpPauseServer, OpSleep:
+			h.held[id] = true
+		}
+		h.mu.Unlock()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	var err error
@@ -676,6 +694,11 @@ func (h *harness) control(e Event, id, why string) error {
 		err = c.WakeUp(ctx, sdk.WakeOptions{}, opts...)
 	}
 	h.rec.Complete(op, err, nil)
+	if err == nil && e.Kind == OpResumeServer {
+		h.mu.Lock()
+		delete(h.held, id)
+		h.mu.Unlock()
+	}
 	return err
 }
 
@@ -816,16 +839,48 @@ func (h *harness) healAll() {
 		h.trainers[name].finish()
 	}
 	h.operator.finish()
-	// Wake before resume: an asleep engine refuses to resume.
-	for range 10 {
-		werr := h.control(Event{Kind: OpWake, Server: -1}, "", "final heal")
-		rerr := h.control(Event{Kind: OpResume, Server: -1}, "", "final heal")
-		if werr == nil && rerr == nil {
-			break
+	// Undo what the operator did on purpose, and nothing more: wake every server (an
+	// asleep engine refuses to resume), resume the servers a targeted pause or sleep
+	// held, and resume the fleet only when the desired state says paused. A server that
+	// missed a fleet resume must come back by converging; a fleet resume here would hide it.
+	wakeErr := h.retry(func() error { return h.control(Event{Kind: OpWake, Server: -1}, "", "final heal") })
+	h.mu.Lock()
+	var held []int
+	for i, p := range h.fleet.Procs {
+		if h.held[p.ID] {
+			held = append(held, i)
 		}
-		time.Sleep(time.Second) // let restarted servers join before the next attempt
+	}
+	h.mu.Unlock()
+	for _, i := range held {
+		_ = h.retry(func() error {
+			return h.control(Event{Kind: OpResumeServer, Server: i}, h.proc(i).ID, "final heal: undo a targeted pause or sleep")
+		})
+	}
+	if d := h.readDesired(); d != nil && d.Paused {
+		_ = h.retry(func() error {
+			return h.control(Event{Kind: OpResume, Server: -1}, "", "final heal: the fleet is paused")
+		})
+	}
+	// A level-2 sleep released the weights: only new weights bring such a server back.
+	if wakeErr != nil && strings.Contains(wakeErr.Error(), "no weights loaded") {
+		spec := &UpdateSpec{Policy: "quorum:1", Mode: "abort", Sleep: 0}
+		h.update(h.trainers[Trainers[0]], spec, 0, "final heal: new weights for servers a level-2 sleep emptied", nil)
 	}
 	h.rec.Heal()
+}
+
+// retry runs call until it succeeds, at most 5 times a second apart (restarted servers join
+// the fleet meanwhile), and returns its last error.
+func (h *harness) retry(call func() error) error {
+	var err error
+	for range 5 {
+		if err = call(); err == nil {
+			return nil
+		}
+		time.Sleep(time.Second)
+	}
+	return err
 }
 
 // converge polls the heartbeats until every server is in rotation, running, on the final
