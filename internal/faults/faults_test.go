@@ -441,12 +441,15 @@ func (h *harness) dispatch(e Event) {
 		var ready sync.WaitGroup
 		gate := make(chan struct{})
 		ready.Add(len(Trainers))
-		for _, name := range Trainers {
-			tr := h.trainers[name]
+		for i, name := range Trainers {
+			tr, spec := h.trainers[name], e.Update
+			if i > 0 {
+				spec = e.Other
+			}
 			h.bg.Add(1)
 			go func() {
 				defer h.bg.Done()
-				h.update(tr, e.Update, v, FaultTwoTrainers, &dual{ready: &ready, gate: gate})
+				h.update(tr, spec, v, FaultTwoTrainers, &dual{ready: &ready, gate: gate})
 			}()
 		}
 		h.bg.Add(1)
@@ -637,6 +640,9 @@ func (h *harness) update(tr *trainer, spec *UpdateSpec, fixed int64, why string,
 		}
 		u.Outcome, u.Epoch = string(res.Outcome), res.Epoch
 		for _, s := range res.Servers {
+			if s.Staged {
+				u.Staged = append(u.Staged, s.ServerID)
+			}
 			if s.Committed {
 				u.Committed = append(u.Committed, s.ServerID)
 			}

@@ -63,7 +63,9 @@ type UpdateOp struct {
 	// Epoch is the desired-state epoch the update wrote (0: it never reached its commit
 	// point).
 	Epoch int64 `json:"epoch,omitempty"`
-	// Committed are the servers whose commit ack the update counted.
+	// Staged are the servers whose stage ack the update counted; Committed those whose
+	// commit ack it counted.
+	Staged    []string `json:"staged,omitempty"`
 	Committed []string `json:"committed,omitempty"`
 	// Cancelled: the harness cancelled the call's context on purpose.
 	Cancelled bool `json:"cancelled,omitempty"`
@@ -286,7 +288,7 @@ func (r *Recorder) History() History {
 	for i := range h.Ops {
 		if u := h.Ops[i].Update; u != nil {
 			c := *u
-			c.Committed = slices.Clone(u.Committed)
+			c.Staged, c.Committed = slices.Clone(u.Staged), slices.Clone(u.Committed)
 			h.Ops[i].Update = &c
 		}
 	}

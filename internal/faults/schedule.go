@@ -56,8 +56,8 @@ type Event struct {
 	// Trainer runs an update (and the update of a kill-mid-* fault).
 	Trainer string
 	// Update is the update's plan (OpUpdate, FaultCancelUpdate, FaultKillMid*,
-	// FaultTwoTrainers).
-	Update *UpdateSpec
+	// FaultTwoTrainers: trainer-a's); Other is trainer-b's plan in FaultTwoTrainers.
+	Update, Other *UpdateSpec
 	// Mode is a pause or sleep mode; Level a sleep level.
 	Mode  string
 	Level int
@@ -183,7 +183,14 @@ func NewSchedule(seed uint64, n, servers int) Schedule {
 			case FaultCut:
 				e.Server = fr.IntN(servers)
 			case FaultTwoTrainers:
-				e.Update = drawUpdate(fr, servers)
+				// Each trainer its own plan; quorum:1 half the time, where both can pass
+				// their commit point with the servers split between them.
+				e.Update, e.Other = drawUpdate(fr, servers), drawUpdate(fr, servers)
+				for _, u := range []*UpdateSpec{e.Update, e.Other} {
+					if fr.IntN(2) == 0 {
+						u.Policy = "quorum:1"
+					}
+				}
 			case FaultCancelUpdate:
 				e.Trainer = Trainers[fr.IntN(len(Trainers))]
 				e.Update = drawUpdate(fr, servers)
