@@ -186,7 +186,29 @@ func (p *process) enqueue(op func()) { p.queue <- op }
 func (p *process) finish() {
 	p.closing.Store(true)
 	close(p.queue)
-	<-p.done
+	select {
+	case <-p.done:
+	case <-time.After(hangBound):
+		// An op that outlives every timeout it was given stays without a completion in
+		// the history: the checker reports it.
+	}
+}
+
+// hangBound is how long the harness waits for an op or a request past its own timeout
+// before it leaves it unanswered in the history and goes on.
+const hangBound = opTimeout + 15*time.Second
+
+// waitBounded waits for wg at most hangBound.
+func waitBounded(wg *sync.WaitGroup) {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(hangBound):
+	}
 }
 
 // trainer is a trainer process: its own client and its own weight server (the origin).
@@ -346,7 +368,7 @@ func (h *harness) run() {
 	h.healAll()
 	h.converge()
 	close(h.stopLoad)
-	h.loadWG.Wait()
+	waitBounded(&h.loadWG)
 	h.finalProbe()
 	h.scrapeAll()
 	close(h.stopMonitor)
@@ -826,7 +848,7 @@ func (h *harness) heartbeat(id string) *protocol.Heartbeat {
 // healed; then the trainers' and the operator's queued ops run out, and the fleet is resumed
 // and woken (each retried until it succeeds, within a bound).
 func (h *harness) healAll() {
-	h.bg.Wait()
+	waitBounded(&h.bg)
 	h.runDeferred(true)
 	for i, p := range h.fleet.Procs {
 		p.Resume()
