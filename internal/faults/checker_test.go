@@ -75,7 +75,7 @@ func TestCheckCleanHistory(t *testing.T) {
 func TestCheckFindsEachViolationKind(t *testing.T) {
 	cases := []struct {
 		kind   string
-		break_ func(h *History)
+		mutate func(h *History)
 		detail string
 	}{
 		{KindTwoDigests, func(h *History) {
@@ -124,7 +124,7 @@ func TestCheckFindsEachViolationKind(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.kind, func(t *testing.T) {
 			h := clean()
-			c.break_(&h)
+			c.mutate(&h)
 			r := Check(&h)
 			require.False(t, r.OK(), "the checker missed a %s", c.kind)
 			require.Len(t, r.Violations, 1, "%s", r)

@@ -147,6 +147,8 @@ type harness struct {
 	// held are the servers a targeted pause or sleep left paused: the operator's own doing,
 	// which the final heal undoes (a fleet-wide pause is undone through the desired state).
 	held map[string]bool
+	// lastDesired is the last desired state read.
+	lastDesired *DesiredObs
 	// deferred are restarts due before their kill-mid-* fault killed (its update started
 	// late): each runs once its kill is done.
 	deferred []Event
@@ -826,6 +828,9 @@ func (h *harness) readDesired() *DesiredObs {
 		h.digests.Desired(d)
 		h.noteVersion(o.Version)
 	}
+	h.mu.Lock()
+	h.lastDesired = o
+	h.mu.Unlock()
 	return o
 }
 
@@ -922,9 +927,17 @@ func (h *harness) converge() {
 	}
 	last := map[string]string{}
 	for len(pending) > 0 {
+		desired := h.readDesired()
+		if desired == nil {
+			// The key is gone (Redis restarted empty and nobody wrote since): the final
+			// desired state is the last one read.
+			h.mu.Lock()
+			desired = h.lastDesired
+			h.mu.Unlock()
+		}
 		want := int64(0)
-		if d := h.readDesired(); d != nil {
-			want = d.Version
+		if desired != nil {
+			want = desired.Version
 		}
 		for _, p := range h.fleet.Procs {
 			if !pending[p.ID] {
@@ -937,7 +950,7 @@ func (h *harness) converge() {
 			}
 			last[p.ID] = fmt.Sprintf("state=%s in_rotation=%t weight_version=%d staged=%d epoch=%d error=%q",
 				hb.State, hb.InRotation, hb.WeightVersion, hb.StagedVersion, hb.Epoch, hb.Error)
-			if hb.InRotation && hb.State == protocol.StateRunning && hb.WeightVersion == want {
+			if converged(hb, desired) {
 				h.rec.Converge(ConvergeObs{Server: p.ID, Want: want, Converged: true, After: time.Since(healed), Last: last[p.ID]})
 				delete(pending, p.ID)
 			}
@@ -952,6 +965,17 @@ func (h *harness) converge() {
 		}
 		time.Sleep(100 * time.Millisecond) // polling heartbeats, which change once a second
 	}
+}
+
+// converged is the convergence predicate: the heartbeat says in rotation, running, on the
+// desired version (version 0 when the desired state names none). When heartbeats carry the
+// serving digest, this is where it is compared with desired.Digest.
+func converged(hb *protocol.Heartbeat, desired *DesiredObs) bool {
+	want := int64(0)
+	if desired != nil {
+		want = desired.Version
+	}
+	return hb.InRotation && hb.State == protocol.StateRunning && hb.WeightVersion == want
 }
 
 // finalProbe sends a few requests once the fleet converged: each must be answered. It first
