@@ -93,11 +93,11 @@ type Schedule struct {
 const (
 	// maxImpaired bounds the servers impaired at once (down, stopped, or behind a bad link),
 	// so the fleet can still commit under a quorum.
-	maxImpaired = 2
-	faultGapMin = 300 * time.Millisecond
-	faultGapMax = 1600 * time.Millisecond
-	opGapMin    = 400 * time.Millisecond
-	opGapMax    = 2000 * time.Millisecond
+	maxImpaired  = 2
+	faultGapLow  = 300 * time.Millisecond
+	faultGapHigh = 1600 * time.Millisecond
+	opGapLow     = 400 * time.Millisecond
+	opGapHigh    = 2000 * time.Millisecond
 	// StopHold is how long a SIGSTOPped server stays stopped at least: past the heartbeat
 	// TTL (5 s), so its key expires and the fleet moves on without it.
 	StopHold = 5500 * time.Millisecond
@@ -127,7 +127,7 @@ func NewSchedule(seed uint64, n, servers int) Schedule {
 	impairedUntil := make([]time.Duration, servers)
 	at := time.Second
 	for i := range n {
-		at += between(fr, faultGapMin, faultGapMax)
+		at += between(fr, faultGapLow, faultGapHigh)
 		var free []int
 		for sv, until := range impairedUntil {
 			if until <= at {
@@ -209,7 +209,7 @@ func NewSchedule(seed uint64, n, servers int) Schedule {
 	// usually undone soon after, so the fleet spends most of the run serving.
 	var paused, slept bool
 	for at := 500 * time.Millisecond; ; {
-		at += between(or, opGapMin, opGapMax)
+		at += between(or, opGapLow, opGapHigh)
 		if at >= end {
 			break
 		}
