@@ -899,6 +899,11 @@ func (h *harness) healAll() {
 	if wakeErr != nil && strings.Contains(wakeErr.Error(), "no weights loaded") {
 		spec := &UpdateSpec{Policy: "quorum:1", Mode: "abort", Sleep: 0}
 		h.update(h.trainers[Trainers[0]], spec, 0, "final heal: new weights for servers a level-2 sleep emptied", nil)
+		// A server that gets them by converging stays asleep (the operator put it there):
+		// wake it now that it has weights again.
+		_ = h.retry(func() error {
+			return h.control(Event{Kind: OpWake, Server: -1}, "", "final heal: after the new weights")
+		})
 	}
 	h.rec.Heal()
 }
