@@ -23,7 +23,7 @@ TESTFLAGS ?=
 FUZZTIME ?= 100000x
 DEMO_STEPS ?= 40
 
-.PHONY: help build bench-kernels test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e fuzz clean
+.PHONY: help build bench-kernels test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e faults faults-ci fuzz clean
 
 help: ## List the targets
 	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); GOEXPERIMENT=simd selects the archsimd kernels)"
@@ -79,6 +79,19 @@ e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --o
 	GOEXPERIMENT= $(GO) -C tools build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
 	ROLLOUT_BIN=$(abspath $(BIN)) JAEGER_BIN=$(abspath $(JAEGER)) E2E_TRACE_OUT=$(abspath bin/e2e-trace.txt) \
 		$(GO) -C tools test -tags e2e -count=1 -v -timeout 10m ./e2e/
+
+# The fault harness (internal/faults, issue 25). FAULTS_SEED=n replays a run's schedule; the
+# history is kept in bin/ for reading after a failure.
+FAULTS_SEED ?=
+FAULTS_ENV = $(if $(FAULTS_SEED),ROLLOUT_FAULTS_SEED=$(FAULTS_SEED)) ROLLOUT_FAULTS_HISTORY=$(abspath bin/faults-history.json)
+
+faults: ## Fault harness soak: 1000 faults on 3 rollout serve + redis-server, checked (FAULTS_SEED=n replays)
+	@mkdir -p bin
+	ROLLOUT_FAULTS=1000 $(FAULTS_ENV) $(GO) test -count=1 -v -run '^TestFaults$$' -timeout 60m ./internal/faults/
+
+faults-ci: ## Fault harness, CI length: 200 faults in about 5 minutes (FAULTS_SEED=n replays)
+	@mkdir -p bin
+	ROLLOUT_FAULTS=200 $(FAULTS_ENV) $(GO) test -count=1 -v -run '^TestFaults$$' -timeout 15m ./internal/faults/
 
 bench: build ## Run the engine benchmark (bin/rollout bench engine)
 	$(BIN) bench engine

@@ -134,6 +134,8 @@ type Proc struct {
 	done chan struct{}
 	logs *lockedBuffer
 	runs int
+	// stopped: SIGSTOPped (Suspend) and not yet continued.
+	stopped bool
 }
 
 // URL is the server's base URL.
@@ -239,7 +241,36 @@ func (p *Proc) Start() {
 		fmt.Fprintf(p.logs, "--- exited: %v\n", err)
 		close(done)
 	}()
-	p.cmd, p.done = cmd, done
+	p.cmd, p.done, p.stopped = cmd, done, false
+}
+
+// Suspend SIGSTOPs the process: it keeps its sockets and its state but does nothing (no
+// heartbeat, no answer) until Resume, as a process stuck in a long GC pause or a frozen VM.
+// A no-op when it is not running.
+func (p *Proc) Suspend() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil && !p.stopped {
+		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+		p.stopped = true
+	}
+}
+
+// Resume SIGCONTs a process Suspend stopped.
+func (p *Proc) Resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil && p.stopped {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		p.stopped = false
+	}
+}
+
+// Suspended reports whether the process is stopped by Suspend.
+func (p *Proc) Suspended() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd != nil && p.stopped
 }
 
 // Kill SIGKILLs the process and waits until it is gone: no shutdown, its heartbeat key
@@ -251,13 +282,16 @@ func (p *Proc) Stop() { p.signal(syscall.SIGTERM, 15*time.Second) }
 
 func (p *Proc) signal(sig syscall.Signal, grace time.Duration) {
 	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.cmd = nil
+	cmd, done, stopped := p.cmd, p.done, p.stopped
+	p.cmd, p.stopped = nil, false
 	p.mu.Unlock()
 	if cmd == nil {
 		return
 	}
 	_ = cmd.Process.Signal(sig)
+	if stopped {
+		_ = cmd.Process.Signal(syscall.SIGCONT) // a stopped process acts on SIGTERM only once continued
+	}
 	if grace > 0 {
 		select {
 		case <-done:

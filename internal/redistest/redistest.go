@@ -6,8 +6,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
+	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -239,6 +243,30 @@ func (s *Server) kill() {
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.kill()
+	// A snapshot RestartWithData left behind would be loaded at start.
+	if err := os.Remove(filepath.Join(s.dir, dumpFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.t.Fatalf("redistest: %v", err)
+	}
+	s.restart()
+}
+
+// dumpFile is redis-server's default snapshot name in its --dir.
+const dumpFile = "dump.rdb"
+
+// RestartWithData snapshots the data set (SAVE), SIGKILLs the server and starts it again on
+// the same port from the snapshot: a crash of a server that persisted every write, so the
+// restarted server holds what the killed one held at the SAVE. Not for TLS servers.
+func (s *Server) RestartWithData() {
+	s.t.Helper()
+	if line, err := Command(s.Addr(), s.ping, "SAVE"); err != nil || line != "+OK" {
+		s.t.Fatalf("redistest: SAVE before restart: %q %v", line, err)
+	}
+	s.kill()
+	s.restart()
+}
+
+func (s *Server) restart() {
+	s.t.Helper()
 	deadline := time.Now().Add(startTimeout)
 	for {
 		err := s.start()
@@ -257,7 +285,9 @@ func (s *Server) stop() {
 	s.kill()
 }
 
-// Proxy forwards TCP connections to a target address until the test partitions it.
+// Proxy forwards TCP connections to a target address until the test partitions it. Besides
+// partitions and freezes it can cut the open connections (Cut), delay what crosses it
+// (SetDelay) and drop connections at random (SetDropRate).
 type Proxy struct {
 	t      testing.TB
 	target string
@@ -271,6 +301,9 @@ type Proxy struct {
 	closed      bool
 	conns       map[net.Conn]struct{} // every open connection, either side
 	held        map[net.Conn]struct{} // accepted during a partition, not forwarded
+	delay       time.Duration         // added before every chunk is forwarded
+	dropRate    float64               // chance a new connection or a chunk drops its connection
+	rng         *rand.Rand            // draws the drops; seeded by SetDropRate
 }
 
 // NewProxy listens on a free 127.0.0.1 port and forwards every connection to target (host:port)
@@ -319,11 +352,49 @@ func (p *Proxy) Freeze() {
 	p.mu.Unlock()
 }
 
-// Heal ends a partition or a freeze: connections held during it are closed (their clients
-// redial), frozen ones carry on, and new ones are forwarded again.
+// Cut resets the network once: every connection through the proxy is closed, as a reset
+// would, and new ones are forwarded as before (clients redial at once).
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = map[net.Conn]struct{}{}
+	p.mu.Unlock()
+	for c := range conns {
+		_ = c.Close()
+	}
+}
+
+// SetDelay makes every chunk of bytes wait d before the proxy forwards it, either way (0
+// ends the delay): a slow link. Order is kept.
+func (p *Proxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	p.delay = max(d, 0)
+	p.mu.Unlock()
+}
+
+// SetDropRate makes the link lossy: each new connection is closed at once, and each chunk
+// of bytes closes its connection instead of crossing, with probability rate (0 ends it). A
+// lost TCP segment cannot vanish from a stream, so a loss the transport gives up on is a
+// dropped connection. seed makes the draws repeatable.
+func (p *Proxy) SetDropRate(rate float64, seed uint64) {
+	p.mu.Lock()
+	p.dropRate = min(max(rate, 0), 1)
+	p.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	p.mu.Unlock()
+}
+
+// dropNow draws whether a connection is dropped now; p.mu is held.
+func (p *Proxy) dropNow() bool {
+	return p.dropRate > 0 && p.rng != nil && p.rng.Float64() < p.dropRate
+}
+
+// Heal ends a partition, a freeze, a delay and a drop rate: connections held during a
+// partition are closed (their clients redial), frozen ones carry on, and new ones are
+// forwarded again.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	p.partitioned = false
+	p.delay, p.dropRate = 0, 0
 	if p.frozen {
 		p.frozen = false
 		close(p.thaw)
@@ -388,6 +459,10 @@ func (p *Proxy) accept() {
 			p.held[c] = struct{}{}
 			p.mu.Unlock()
 			continue
+		case p.dropNow():
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
 		}
 		p.conns[c] = struct{}{}
 		p.mu.Unlock()
@@ -422,6 +497,9 @@ func (p *Proxy) forward(c net.Conn) {
 			n, err := src.Read(buf)
 			if n > 0 {
 				p.waitThaw()
+				if !p.pace() {
+					break
+				}
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					break
 				}
@@ -437,6 +515,21 @@ func (p *Proxy) forward(c net.Conn) {
 	go pipe(up, c)
 	go pipe(c, up)
 	wg.Wait()
+}
+
+// pace waits out the link's delay and reports whether a chunk may cross (false: the drop
+// rate dropped its connection).
+func (p *Proxy) pace() bool {
+	p.mu.Lock()
+	delay, drop := p.delay, p.dropNow()
+	p.mu.Unlock()
+	if drop {
+		return false
+	}
+	if delay > 0 {
+		time.Sleep(delay) // the link's latency, by definition a wait
+	}
+	return true
 }
 
 // waitThaw returns once the proxy is not frozen.

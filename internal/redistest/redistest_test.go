@@ -199,3 +199,59 @@ func TestTLSServer(t *testing.T) {
 	_, err = redistest.Command(s.Addr(), other.ClientConfig(t), "PING")
 	require(err != nil, "a client trusting another CA got through")
 }
+
+func TestServerRestartWithData(t *testing.T) {
+	s := redistest.Start(t)
+	mustReply(t, s.Addr(), "SET k v", "+OK")
+	s.RestartWithData()
+	mustReply(t, s.Addr(), "GET k", "$1") // the snapshot came back
+	s.Restart()
+	mustReply(t, s.Addr(), "GET k", "$-1") // an empty restart does not load the old snapshot
+}
+
+func TestProxyCutDelayDrop(t *testing.T) {
+	s := redistest.Start(t)
+	p := redistest.NewProxy(t, s.Addr())
+
+	// Cut closes an open connection; a new one is forwarded at once.
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := r.ReadString('\n'); err != nil || line != "+PONG\r\n" {
+		t.Fatalf("before cut: %q, %v", line, err)
+	}
+	p.Cut()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = c.Write([]byte("PING\r\n"))
+	if line, err := r.ReadString('\n'); err == nil {
+		t.Fatalf("connection survived the cut: read %q", line)
+	} else if isTimeout(err) {
+		t.Fatal("connection left open by the cut")
+	}
+	mustReply(t, p.Addr(), "PING", "+PONG")
+
+	// A delay holds each chunk back, both ways.
+	p.SetDelay(100 * time.Millisecond)
+	began := time.Now()
+	mustReply(t, p.Addr(), "PING", "+PONG")
+	if took := time.Since(began); took < 200*time.Millisecond {
+		t.Fatalf("a round trip through a 100ms link took %s", took)
+	}
+	p.SetDelay(0)
+
+	// A drop rate of 1 drops every new connection; Heal ends it.
+	p.SetDropRate(1, 7)
+	if _, err := roundTrip(t, p.Addr(), "PING"); err == nil {
+		t.Fatal("a connection crossed a link that drops everything")
+	} else if isTimeout(err) {
+		t.Fatal("a dropped connection was held open, not closed")
+	}
+	p.Heal()
+	mustReply(t, p.Addr(), "PING", "+PONG")
+}
