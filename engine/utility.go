@@ -376,6 +376,24 @@ func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int
 	return err
 }
 
+// DropStaged discards the staged set when it is version (it becomes the spare the next
+// stage packs into) and reports whether it did. A fleet whose desired version is below a
+// staged one (staged by an update that then aborted) drops it before staging what it wants:
+// StageWeights refuses to go below a staged version.
+func (e *Engine) DropStaged(ctx context.Context, version int64) (bool, error) {
+	return controlCall(ctx, e, "update_weights.drop", func(_ context.Context, done func(bool, error)) {
+		s := e.staged
+		if s == nil || s.version != version {
+			done(false, nil)
+			return
+		}
+		e.staged = nil
+		e.spare.Store(s.model)
+		e.metrics.stagedVersion.Store(0)
+		done(true, nil)
+	})
+}
+
 // pack validates w and packs it for the kernels, into the retired set when there is one.
 func (e *Engine) pack(w *model.Weights) (*model.Model, error) {
 	if w == nil {

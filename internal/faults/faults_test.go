@@ -980,7 +980,8 @@ func converged(hb *protocol.Heartbeat, desired *DesiredObs) bool {
 	if desired != nil {
 		want = desired.Version
 	}
-	return hb.InRotation && hb.State == protocol.StateRunning && hb.WeightVersion == want
+	return hb.InRotation && hb.State == protocol.StateRunning && hb.WeightVersion == want &&
+		(want == 0 || desired.Digest == "" || hb.WeightSHA256 == desired.Digest)
 }
 
 // finalProbe sends a few requests once the fleet converged: each must be answered. It first

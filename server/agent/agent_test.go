@@ -607,3 +607,26 @@ func TestAckSurvivesABusOutage(t *testing.T) {
 	assert.Equal(t, protocol.ResultOK, ack.Result)
 	assert.False(t, ack.Duplicate)
 }
+
+// TestConvergenceDropsANewerStagedVersion: a server whose staged set is newer than the
+// fleet's desired version (staged by an update that aborted after another trainer's commit
+// point) drops it and converges to the desired version; the engine stages only upwards, so
+// it used to stay out of rotation until a still newer version came (found by the fault
+// harness, seed 8).
+func TestConvergenceDropsANewerStagedVersion(t *testing.T) {
+	mem := newMem(t)
+	f := newFleet(t, mem)
+	n := startNode(t, mem, nil)
+	n.joined(f)
+	newer := checkpoint(t, 3, 3)
+	require.Equal(t, protocol.ResultOK, f.do(protocol.Stage{Weights: newer}).Result)
+	require.EqualValues(t, 3, n.stats().StagedVersion)
+	want := checkpoint(t, 2, 2)
+	f.setDesired(protocol.DesiredState{Epoch: 1, Weights: &want, Signed: true}, true)
+	mem.Resubscribed(f.names.Control())
+	f.barrier()
+	st := n.stats()
+	assert.EqualValues(t, 2, st.WeightVersion)
+	ok, body := n.ready()
+	assert.True(t, ok, body)
+}

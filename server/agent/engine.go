@@ -22,6 +22,8 @@ type Engine interface {
 	// Commit swaps in the staged weights, which must be version, and returns the serving
 	// version.
 	Commit(ctx context.Context, version int64) (int64, error)
+	// DropStaged discards the staged set when it is version (reporting whether it did).
+	DropStaged(ctx context.Context, version int64) (bool, error)
 	// Abort aborts the named requests (empty: all) and returns how many it aborted.
 	Abort(ids []string) int
 	// State is a snapshot that does not wait for the engine loop (its request counts may lag
@@ -119,6 +121,11 @@ func (a *EngineAdapter) Reset(ctx context.Context, resetRunning, resetExternal b
 // one staged, so a stage that raced in between is never swapped in unasked.
 func (a *EngineAdapter) Commit(ctx context.Context, version int64) (int64, error) {
 	return a.Engine.CommitWeights(ctx, version)
+}
+
+// DropStaged implements Engine.
+func (a *EngineAdapter) DropStaged(ctx context.Context, version int64) (bool, error) {
+	return a.Engine.DropStaged(ctx, version)
 }
 
 // Abort implements Engine.

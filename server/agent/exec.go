@@ -185,7 +185,7 @@ func (a *Agent) command(ctx context.Context, w *Work) Result {
 			return nil
 		})
 	case protocol.Stage:
-		return a.stage(ctx, c.Weights, c.Sources[a.cfg.ServerID], c.Grant)
+		return a.stage(ctx, c.Weights, c.Sources[a.cfg.ServerID], c.Grant, false)
 	case protocol.Commit:
 		return a.commit(ctx, c, w.StayPaused)
 	default:
@@ -209,7 +209,7 @@ func (a *Agent) converge(ctx context.Context, w *Work) Result {
 	switch {
 	case w.Stage != nil:
 		a.log.Info("agent: converging: staging the fleet's desired version", "version", w.Stage.Version, "epoch", w.Epoch)
-		return a.stage(ctx, *w.Stage, "", "")
+		return a.stage(ctx, *w.Stage, "", "", true)
 	case w.Commit != nil:
 		a.log.Info("agent: converging: committing the fleet's desired version", "version", w.Commit.Version, "epoch", w.Epoch)
 		return a.commit(ctx, *w.Commit, w.StayPaused)
@@ -233,7 +233,9 @@ func (a *Agent) converge(ctx context.Context, w *Work) Result {
 
 // stage fetches, verifies and stages ref while the engine keeps serving, from peer (a
 // server id the stage command assigned; "" for the origin only) first.
-func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer, grant string) Result {
+// With desired (a convergence to the desired state) a newer staged set is dropped first;
+// a stage command leaves it (another trainer's update may be about to commit it).
+func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer, grant string, desired bool) Result {
 	st := a.engineState()
 	p := a.begin("stage")
 	p.detail("version", ref.Version)
@@ -251,6 +253,15 @@ func (a *Agent) stage(ctx context.Context, ref protocol.WeightsRef, peer, grant 
 	}
 	if st.StagedVersion == ref.Version {
 		p.detail("replaced", 1)
+	}
+	if desired && st.StagedVersion > ref.Version {
+		// A newer version is staged, by an update that did not reach its commit point: the
+		// fleet wants this one, and the engine stages only upwards.
+		if dropped, err := a.cfg.Engine.DropStaged(ctx, st.StagedVersion); err != nil {
+			return Result{Phases: []protocol.Phase{p.end(err)}, Err: err}
+		} else if dropped {
+			p.detail("dropped_staged", st.StagedVersion)
+		}
 	}
 	var err error
 	if a.cfg.StagePeers != nil {

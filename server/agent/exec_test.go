@@ -54,6 +54,8 @@ func (e *stuckEngine) State() EngineState {
 	return EngineState{State: e.state, WeightVersion: 1, StagedVersion: 2}
 }
 
+func (e *stuckEngine) DropStaged(context.Context, int64) (bool, error) { return false, nil }
+
 // TestCommitUndoesAPauseCutShort: a commit whose pause outlives the deadline fails and
 // resumes the server instead of leaving it paused.
 func TestCommitUndoesAPauseCutShort(t *testing.T) {
