@@ -84,6 +84,8 @@ func classify(err error) *Error {
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "digest_mismatch", Param: "sha256", Message: err.Error()}
 	case errors.Is(err, weights.ErrInvalidRef), errors.Is(err, weights.ErrUnsupportedSource):
 		return badRequest("invalid_source", "source", "%s", err.Error())
+	case errors.Is(err, weights.ErrTooSlow):
+		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "source_too_slow", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrAddressRefused):
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "source_refused", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrFetch) && errors.Is(err, fs.ErrNotExist):
