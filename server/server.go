@@ -53,7 +53,8 @@ type Config struct {
 	Model, Tokenizer, ModelName string
 	// WeightVersion is the version of the initial weights (default 0).
 	WeightVersion int64
-	// Addr is the listen address (default DefaultAddr); Listener, when set, is used instead.
+	// Addr is the listen address (default DefaultAddr); Listener, when set, is used instead
+	// (the server closes it, as New does when it fails).
 	Addr     string
 	Listener net.Listener
 	// Engine sizing: KV pool in blocks (or bytes), block size, batch bounds; zero takes the
@@ -187,6 +188,12 @@ type part interface {
 // is never run must be closed with Close.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
+		// Listeners handed in are the server's: close them as a failed start would.
+		for _, l := range []net.Listener{cfg.Listener, cfg.AdminListener} {
+			if l != nil {
+				_ = l.Close()
+			}
+		}
 		return nil, err
 	}
 	ln := cfg.Listener

@@ -82,26 +82,21 @@ func newServeCmd() *cobra.Command {
 			}
 			warnSecretFlags(cmd, cfg.Logger)
 			// No tokenless admin over TCP: without a token the server generates one and
-			// writes it where `rollout admin` (and scripts) find it.
-			if cfg.AdminToken == "" && !noTokenFile {
+			// writes it where `rollout admin` (and scripts) find it: admin-token-PORT, the
+			// port of the listener serving the admin routes.
+			if cfg.AdminToken == "" && !noTokenFile && !strings.HasPrefix(cfg.AdminAddr, "unix:") {
 				if stateDir == "" {
 					stateDir = server.DefaultStateDir()
 				}
-				_, port, err := net.SplitHostPort(cfg.Addr)
+				addr, ln := cfg.Addr, &cfg.Listener
+				if cfg.AdminAddr != "" {
+					addr, ln = cfg.AdminAddr, &cfg.AdminListener
+				}
+				port, err := listenerPort(addr, ln)
 				if err != nil {
-					return fmt.Errorf("--addr %s: %w", cfg.Addr, err)
+					return err
 				}
-				if port == "0" {
-					port = "" // known once listening: see below
-				}
-				if port != "" {
-					cfg.AdminTokenPath = server.AdminTokenFile(stateDir, port)
-				} else if cfg.Listener, err = net.Listen("tcp", cfg.Addr); err != nil {
-					return fmt.Errorf("listen %s: %w", cfg.Addr, err)
-				} else {
-					_, port, _ = net.SplitHostPort(cfg.Listener.Addr().String())
-					cfg.AdminTokenPath = server.AdminTokenFile(stateDir, port)
-				}
+				cfg.AdminTokenPath = server.AdminTokenFile(stateDir, port)
 			}
 			// File weight sources only under --weights-root ("/" allows any).
 			cfg.NoFileWeights = cfg.WeightsRoot == ""
@@ -184,6 +179,23 @@ func newServeCmd() *cobra.Command {
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", server.DefaultShutdownGrace, "time in-flight requests get to finish on shutdown")
 	f.Int64Var(&cfg.WeightVersion, "weight-version", 0, "version number of the initial weights")
 	return cmd
+}
+
+// listenerPort is the port of addr; for port 0 it listens first (into *ln, which the server
+// then uses), so the port is known before the token file is named.
+func listenerPort(addr string, ln *net.Listener) (string, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("listen address %s: %w", addr, err)
+	}
+	if port != "0" {
+		return port, nil
+	}
+	if *ln, err = net.Listen("tcp", addr); err != nil {
+		return "", fmt.Errorf("listen %s: %w", addr, err)
+	}
+	_, port, _ = net.SplitHostPort((*ln).Addr().String())
+	return port, nil
 }
 
 // warnSecretFlags warns about every secret given as a flag value on the command line: any

@@ -349,3 +349,32 @@ func TestSecretFlagsWarn(t *testing.T) {
 	assert.NotContains(t, errb.String(), "visible to every local user")
 	assert.Contains(t, errb.String(), "need --fleet", "the environment's secret was read")
 }
+
+// TestServeAdminListenerTokenFile: with the admin routes on a TCP listener of their own, the
+// generated token is filed under that listener's port, so `rollout admin --server` pointed at
+// it finds the token.
+func TestServeAdminListenerTokenFile(t *testing.T) {
+	addr, admAddr := freeAddr(t), freeAddr(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var serveErr syncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, []string{"serve", "--addr", addr, "--admin-addr", admAddr, "--kv-blocks", "64", "--no-spare-weights"}, &bytes.Buffer{}, &serveErr)
+	}()
+	adm := "http://" + admAddr
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(adm + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 20*time.Second, 10*time.Millisecond, "server did not come up: %s", serveErr.String())
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, run(t.Context(), []string{"admin", "--server", adm, "GET", "/is_paused"}, &out, &errb), errb.String())
+	assert.JSONEq(t, `{"is_paused":false}`, out.String())
+	cancel()
+	assert.Equal(t, 0, <-exited, serveErr.String())
+	http.DefaultClient.CloseIdleConnections()
+}
