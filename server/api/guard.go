@@ -84,10 +84,7 @@ func (a *API) readBody(c *gin.Context) {
 func (a *API) refuseBody(c *gin.Context, reason string, err error) {
 	a.metrics.bodyRejected.WithLabelValues(reason).Inc()
 	if errors.Is(err, errBodyBudget) {
-		c.Header("Retry-After", "1")
-		// net/http reads up to 256 KiB of an unread body after the handler, waiting for a
-		// client that may never send it: end that read at once.
-		_ = http.NewResponseController(c.Writer).SetReadDeadline(time.Now())
+		c.Header("Retry-After", "1") // and writeError leaves the body unread
 	}
 	c.Header("Connection", "close")
 	writeError(c, err)

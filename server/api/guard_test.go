@@ -3,6 +3,7 @@ package api
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -152,5 +153,28 @@ func TestFleetMemberAdminRoutes(t *testing.T) {
 		if tc.want == 403 {
 			assert.Contains(t, w.Body.String(), `"code":"fleet_managed"`)
 		}
+	}
+}
+
+// TestRefusalLeavesTheBodyUnread: a request refused before its body is read (no admin token
+// here) is answered at once and its connection closed, without the server waiting for the
+// body the client declared: a refusal costs the same whatever the declared size.
+func TestRefusalLeavesTheBodyUnread(t *testing.T) {
+	a := testAPI(t, Config{AdminToken: "adm", NoSpareWeights: true})
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for _, path := range []string{"/update_weights", "/no/such/route"} {
+		c := rawPost(t, addr, path, 200<<10, []byte(`{"version":`)) // under the 256 KiB net/http drains
+		resp, e := readAnswer(t, c)
+		assert.Equal(t, map[string]int{"/update_weights": 401, "/no/such/route": 404}[path], resp.StatusCode)
+		assert.NotEmpty(t, e.Error.Code)
+		assert.True(t, resp.Close, "the connection closes after the refusal")
+		// The server closes without waiting for the rest of the body: the read ends (EOF or
+		// reset) well before the guard deadline.
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(20*time.Second)))
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		assert.False(t, errors.As(err, &ne) && ne.Timeout(), "%s: the server held the connection for the body: %v", path, err)
 	}
 }
