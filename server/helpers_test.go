@@ -50,7 +50,7 @@ func start(t testing.TB, mut func(*server.Config)) *testServer {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}
-	ts := &testServer{Server: s, url: s.URL(), client: &http.Client{Transport: tr, Timeout: 60 * time.Second}}
+	ts := &testServer{Server: s, url: s.URL(), client: &http.Client{Transport: &adminAuth{base: tr, token: s.AdminToken()}, Timeout: 60 * time.Second}}
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-done)
@@ -59,7 +59,25 @@ func start(t testing.TB, mut func(*server.Config)) *testServer {
 	return ts
 }
 
-// do sends a request and returns the status and body.
+// adminAuth sends the server's admin token (generated when the config had none) on every
+// request without an Authorization header, as a trainer given the token would; a request
+// whose Authorization is set to nil (send's token "-") goes without one.
+type adminAuth struct {
+	base  http.RoundTripper
+	token string
+}
+
+// RoundTrip implements http.RoundTripper.
+func (a *adminAuth) RoundTrip(req *http.Request) (*http.Response, error) {
+	if _, set := req.Header["Authorization"]; !set && a.token != "" {
+		req = req.Clone(req.Context())
+		req.Header.Set("Authorization", "Bearer "+a.token)
+	}
+	return a.base.RoundTrip(req)
+}
+
+// do sends a request and returns the status and body. token "" sends the server's admin
+// token, "-" no Authorization at all.
 func (ts *testServer) do(t testing.TB, method, path, token string, body any) (int, []byte) {
 	t.Helper()
 	return ts.send(t, method, path, token, body, nil)
@@ -83,7 +101,11 @@ func (ts *testServer) send(t testing.TB, method, path, token string, body any, h
 	}
 	req, err := http.NewRequest(method, ts.url+path, rd)
 	require.NoError(t, err)
-	if token != "" {
+	switch token {
+	case "":
+	case "-":
+		req.Header["Authorization"] = nil
+	default:
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	req.Header.Set("Content-Type", "application/json")

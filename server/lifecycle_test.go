@@ -127,7 +127,7 @@ func runServer(t *testing.T, grace time.Duration) (*testServer, context.CancelFu
 	go func() { done <- s.Run(ctx) }()
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &testServer{Server: s, url: s.URL(), client: &http.Client{Transport: tr}}, cancel, done
+	return &testServer{Server: s, url: s.URL(), client: &http.Client{Transport: &adminAuth{base: tr, token: s.AdminToken()}}}, cancel, done
 }
 
 func TestGracefulShutdownFinishesInFlight(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,38 +24,64 @@ import (
 	"github.com/rolloutkit/rollout/server"
 )
 
-// TestAdminPostureRefusesOpenListener: a tokenless admin plane on a listener other hosts can
-// reach refuses to start, unless the admin routes get a loopback or unix listener of their
-// own, a token, or an explicit --insecure-admin.
-func TestAdminPostureRefusesOpenListener(t *testing.T) {
-	base := server.Config{Addr: "0.0.0.0:0", KVBlocks: 64, Logger: quietLogger()}
-	_, err := server.New(base)
-	require.ErrorIs(t, err, server.ErrInvalidConfig)
-	assert.Contains(t, err.Error(), "--admin-token")
+// TestNoTokenlessTCPAdmin: a server given no admin token generates one, on any listener, and
+// no TCP client reaches an admin route without it, loopback or not; with AdminTokenPath it
+// writes the token 0600 in a 0700 directory and removes it when it stops. Only an admin unix
+// socket stays tokenless (its file mode decides).
+func TestNoTokenlessTCPAdmin(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	path := server.AdminTokenFile(dir, "x")
+	wide := startWide(t, func(c *server.Config) { c.AdminToken, c.AdminTokenPath = "", path })
+	tok := wide.AdminToken()
+	require.Len(t, tok, 64, "a generated token")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, tok+"\n", string(b))
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	st, err = os.Stat(dir)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), st.Mode().Perm())
+	for _, p := range []string{"/pause", "/update_weights", "/sleep"} {
+		code, out := wide.do(t, http.MethodPost, p, "-", nil)
+		assert.Equal(t, http.StatusUnauthorized, code, "%s", out)
+		assert.Contains(t, string(out), "admin_token_required")
+	}
+	code, out := wide.do(t, http.MethodGet, "/state", tok, nil)
+	assert.Equal(t, http.StatusOK, code, "%s", out)
 
 	sock := filepath.Join(t.TempDir(), "admin.sock")
-	for name, mut := range map[string]func(*server.Config){
-		"token":            func(c *server.Config) { c.AdminToken = "t" },
-		"insecure-admin":   func(c *server.Config) { c.InsecureAdmin = true },
-		"loopback admin":   func(c *server.Config) { c.AdminAddr = "127.0.0.1:0" },
-		"unix admin":       func(c *server.Config) { c.AdminAddr = "unix:" + sock },
-		"loopback listens": func(c *server.Config) { c.Addr = "127.0.0.1:0" },
-	} {
-		cfg := base
-		mut(&cfg)
-		s, err := server.New(cfg)
-		require.NoError(t, err, name)
-		require.NoError(t, s.Close())
-	}
-	cfg := base
-	cfg.AdminAddr = "0.0.0.0:0"
-	_, err = server.New(cfg)
-	require.ErrorIs(t, err, server.ErrInvalidConfig, "a tokenless admin listener on every interface")
-	assert.Contains(t, err.Error(), "--admin-addr")
+	local := start(t, func(c *server.Config) { c.AdminAddr = "unix:" + sock })
+	assert.Empty(t, local.AdminToken(), "the unix socket's permissions are its authentication")
+
+	// A token directory others can write is refused: they could swap the file.
+	loose := filepath.Join(t.TempDir(), "loose")
+	require.NoError(t, os.Mkdir(loose, 0o777))
+	require.NoError(t, os.Chmod(loose, 0o777))
+	_, err = server.New(server.Config{Addr: "127.0.0.1:0", KVBlocks: 64, Logger: quietLogger(), AdminTokenPath: filepath.Join(loose, "t")})
+	require.ErrorIs(t, err, server.ErrUnsafeTokenDir)
+}
+
+// TestAdminTokenFileRemovedAtStop: the generated token's file goes when the server stops.
+func TestAdminTokenFileRemovedAtStop(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state", "admin-token")
+	s, err := server.New(server.Config{Addr: "127.0.0.1:0", KVBlocks: 64, Logger: quietLogger(), AdminTokenPath: path, NoSpareWeights: true})
+	require.NoError(t, err)
+	_, err = os.Stat(path)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	cancel()
+	require.NoError(t, <-done)
+	_, err = os.Stat(path)
+	assert.ErrorIs(t, err, os.ErrNotExist)
 }
 
 // TestAdminBehindReverseProxy: a local reverse proxy makes every remote client a loopback
-// peer; a tokenless admin route must refuse what comes through it, while generation works.
+// peer; an admin route refuses what comes through it without the token, while generation
+// works, and the token works through it as directly.
 func TestAdminBehindReverseProxy(t *testing.T) {
 	ts := start(t, nil)
 	target, err := url.Parse(ts.url)
@@ -63,17 +90,16 @@ func TestAdminBehindReverseProxy(t *testing.T) {
 	defer proxy.Close()
 	viaProxy := &testServer{Server: ts.Server, url: proxy.URL, client: proxy.Client()}
 
-	code, out := viaProxy.do(t, http.MethodPost, "/pause", "", nil)
+	code, out := viaProxy.do(t, http.MethodPost, "/pause", "-", nil)
 	assert.Equal(t, http.StatusUnauthorized, code, "%s", out)
-	assert.Contains(t, string(out), "admin_forwarded")
-	code, out = viaProxy.do(t, http.MethodPost, "/update_weights", "", map[string]any{"version": 2, "source": "file:///x"})
+	assert.Contains(t, string(out), "admin_token_required")
+	code, out = viaProxy.do(t, http.MethodPost, "/update_weights", "-", map[string]any{"version": 2, "source": "file:///x"})
 	assert.Equal(t, http.StatusUnauthorized, code, "%s", out)
-	code, out = viaProxy.do(t, http.MethodPost, "/generate", "", greedyGen([]int{256, 1}, 2))
+	code, out = viaProxy.do(t, http.MethodPost, "/generate", "-", greedyGen([]int{256, 1}, 2))
 	assert.Equal(t, http.StatusOK, code, "%s", out)
-	// Direct, the same route answers.
+	code, out = viaProxy.do(t, http.MethodGet, "/is_paused", ts.AdminToken(), nil)
+	assert.Equal(t, http.StatusOK, code, "%s", out)
 	assert.Equal(t, "running", ts.state(t).State)
-	code, out = ts.send(t, http.MethodGet, "/is_paused", "", nil, map[string]string{"Host": "localhost:" + port(t, ts.url)})
-	assert.Equal(t, http.StatusOK, code, "%s", out)
 }
 
 func port(t *testing.T, u string) string {
@@ -99,7 +125,7 @@ func TestSeparateAdminListener(t *testing.T) {
 
 			tr := &http.Transport{}
 			defer tr.CloseIdleConnections()
-			adm := &testServer{Server: ts.Server, client: &http.Client{Transport: tr}}
+			adm := &testServer{Server: ts.Server, client: &http.Client{Transport: &adminAuth{base: tr, token: ts.AdminToken()}}}
 			if name == "unix" {
 				tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
 					return (&net.Dialer{}).DialContext(ctx, "unix", sock)

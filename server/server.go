@@ -53,7 +53,8 @@ type Config struct {
 	Model, Tokenizer, ModelName string
 	// WeightVersion is the version of the initial weights (default 0).
 	WeightVersion int64
-	// Addr is the listen address (default DefaultAddr); Listener, when set, is used instead.
+	// Addr is the listen address (default DefaultAddr); Listener, when set, is used instead
+	// (the server closes it, as New does when it fails).
 	Addr     string
 	Listener net.Listener
 	// Engine sizing: KV pool in blocks (or bytes), block size, batch bounds; zero takes the
@@ -103,22 +104,37 @@ type Config struct {
 	PeerDir string
 	NoPeers bool
 	// AdminToken guards the admin routes; APIKey the generation routes. Without an admin
-	// token the admin routes answer only direct local clients (loopback, no forwarding
-	// headers, a Host naming the listener, or the admin unix socket), and New refuses a
-	// non-loopback listener for them unless InsecureAdmin is set.
+	// token New generates one (AdminToken reports it, AdminTokenPath receives it): no admin
+	// route answers a TCP client without a token. Only an admin unix socket (AdminAddr
+	// unix:PATH, created 0600) admits tokenless clients, whom its permissions let in.
 	AdminToken, APIKey string
-	// InsecureAdmin lets a server with tokenless admin routes listen on a non-loopback
-	// address; the routes still answer direct loopback clients only.
-	InsecureAdmin bool
+	// AdminTokenPath, when set, is where a generated admin token is written (mode 0600, in a
+	// directory created 0700 that must not be writable by others) for local clients to find,
+	// and removed when the server stops. `rollout serve` sets it to
+	// AdminTokenFile(DefaultStateDir(), port).
+	AdminTokenPath string
+	// FleetAdminRoutes keeps, on a fleet member, the admin routes that change weights and run
+	// state (/pause, /resume, /sleep, /wake_up, /update_weights); without it they answer 403
+	// fleet_managed, since the fleet is their authority (api.Config.FleetManaged).
+	FleetAdminRoutes bool
 	// AdminAddr puts the admin routes on a listener of their own: host:port, or unix:PATH
 	// for a unix socket (created 0600, replacing a stale socket file). AdminListener, when
 	// set, is used instead.
 	AdminAddr     string
 	AdminListener net.Listener
-	// AllowedHosts are extra Host header names tokenless admin requests may carry.
-	AllowedHosts []string
-	// WeightsRoot confines file sources of /update_weights.
-	WeightsRoot string
+	// WeightsRoot confines file sources (paths and file:// URIs) of weight updates, the
+	// admin route's and the fleet's, to a directory (symlinks out of it are refused).
+	// NoFileWeights refuses file sources altogether: `rollout serve` sets it when no
+	// --weights-root is given.
+	WeightsRoot   string
+	NoFileWeights bool
+	// WeightsFetchTimeout bounds a whole weight fetch and load (0: weights.DefaultFetchTimeout);
+	// WeightsMinRate is the least an http(s) download must average over every
+	// WeightsMinRateWindow (0: weights.DefaultMinRate over weights.DefaultMinRateWindow;
+	// negative: none).
+	WeightsFetchTimeout  time.Duration
+	WeightsMinRate       int64
+	WeightsMinRateWindow time.Duration
 	// AllowUnverifiedWeights accepts http(s) weight sources without a sha256.
 	AllowUnverifiedWeights bool
 	// NoSpareWeights skips the spare weight sets prepared at start-up for the first update
@@ -138,6 +154,9 @@ type Config struct {
 	// HTTP limits; zero takes the api package's defaults.
 	MaxConcurrent, MaxQueue int
 	MaxBodyBytes            int64
+	// MaxBodyBytesInFlight is the memory budget of request bodies in flight
+	// (api.Config.MaxBodyBytesInFlight).
+	MaxBodyBytesInFlight int64
 	// ShutdownGrace bounds how long in-flight requests may run after a shutdown signal before
 	// they are aborted (default 30s).
 	ShutdownGrace time.Duration
@@ -183,6 +202,12 @@ type part interface {
 // is never run must be closed with Close.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
+		// Listeners handed in are the server's: close them as a failed start would.
+		for _, l := range []net.Listener{cfg.Listener, cfg.AdminListener} {
+			if l != nil {
+				_ = l.Close()
+			}
+		}
 		return nil, err
 	}
 	ln := cfg.Listener
@@ -203,12 +228,24 @@ func New(cfg Config) (*Server, error) {
 			_ = adm.Close()
 		}
 	}
-	if err := checkAdminPosture(cfg, ln, adm); err != nil {
-		closeAll()
-		return nil, err
+	if cfg.AdminToken == "" && (adm == nil || !isUnix(adm.Addr())) {
+		if cfg.AdminToken, err = newAdminToken(); err != nil {
+			closeAll()
+			return nil, err
+		}
+		if cfg.AdminTokenPath != "" {
+			if err := writeAdminToken(cfg.AdminTokenPath, cfg.AdminToken); err != nil {
+				closeAll()
+				return nil, err
+			}
+			cfg.Logger.Info("server: admin token generated (send it as Authorization: Bearer; `rollout admin` reads it)", "admin_token_file", cfg.AdminTokenPath)
+		}
+	} else {
+		cfg.AdminTokenPath = "" // nothing written, nothing to remove
 	}
 	s, err := newServer(cfg, ln, adm)
 	if err != nil {
+		removeAdminToken(cfg.AdminTokenPath, cfg.AdminToken)
 		closeAll()
 		return nil, err
 	}
@@ -249,22 +286,8 @@ func listenAdmin(cfg Config) (net.Listener, error) {
 	return ln, nil
 }
 
-// checkAdminPosture refuses tokenless admin routes on a listener other hosts can reach.
-func checkAdminPosture(cfg Config, ln, adm net.Listener) error {
-	if cfg.AdminToken != "" || cfg.InsecureAdmin {
-		return nil
-	}
-	where, flag := ln, "--addr"
-	if adm != nil {
-		where, flag = adm, "--admin-addr"
-	}
-	if isLocal(where.Addr()) {
-		return nil
-	}
-	return fmt.Errorf("%w: %s %s is not a loopback address and no --admin-token is set: anyone who reaches it would be an admin "+
-		"(set --admin-token or --admin-token-file, put the admin routes on a loopback or unix --admin-addr, or pass --insecure-admin)",
-		ErrInvalidConfig, flag, where.Addr())
-}
+// isUnix reports whether addr is a unix socket.
+func isUnix(addr net.Addr) bool { return addr.Network() == "unix" || addr.Network() == "unixpacket" }
 
 // isLocal reports whether addr is a unix socket or a loopback TCP address.
 func isLocal(addr net.Addr) bool {
@@ -319,11 +342,13 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 	// The API owns m.Weights from here on: nothing else keeps it, and an update reuses it.
 	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config, Weights: m.Weights,
 		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, BOSToken: m.BOSToken, EOSToken: m.EOSToken, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
-		WeightsRoot: cfg.WeightsRoot, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue, MaxBodyBytes: cfg.MaxBodyBytes,
-		SeparateAdmin: adm != nil, AllowedHosts: cfg.AllowedHosts, AllowUnverifiedWeights: cfg.AllowUnverifiedWeights,
+		WeightsRoot: cfg.WeightsRoot, NoFileWeights: cfg.NoFileWeights, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue,
+		MaxBodyBytes: cfg.MaxBodyBytes, MaxBodyBytesInFlight: cfg.MaxBodyBytesInFlight,
+		SeparateAdmin: adm != nil, FleetManaged: cfg.Fleet != "" && !cfg.FleetAdminRoutes, AllowUnverifiedWeights: cfg.AllowUnverifiedWeights,
 		NoSpareWeights: cfg.NoSpareWeights,
 		// A server bound to loopback is a local setup: its weights may come from this host.
-		WeightsFetch:    weights.FetchPolicy{AllowLoopback: cfg.WeightsAllowPrivate || isLocal(ln.Addr()), AllowPrivate: cfg.WeightsAllowPrivate},
+		WeightsFetch: weights.FetchPolicy{AllowLoopback: cfg.WeightsAllowPrivate || isLocal(ln.Addr()), AllowPrivate: cfg.WeightsAllowPrivate,
+			FetchTimeout: cfg.WeightsFetchTimeout, MinRate: cfg.WeightsMinRate, MinRateWindow: cfg.WeightsMinRateWindow},
 		BodyReadTimeout: cfg.BodyReadTimeout, WriteTimeout: cfg.WriteTimeout,
 		Metrics: metrics, ConnectorStats: connStats, Ready: ready, Version: cfg.Version, Logger: cfg.Logger, TracerProvider: cfg.TracerProvider})
 	if err != nil {
@@ -551,9 +576,14 @@ func (s *Server) Engine() *engine.Engine { return s.eng }
 // API is the server's HTTP API.
 func (s *Server) API() *api.API { return s.api }
 
+// AdminToken is the admin routes' bearer token: Config.AdminToken, or the one New generated
+// ("" when the admin routes are on a unix socket and no token was given).
+func (s *Server) AdminToken() string { return s.cfg.AdminToken }
+
 // Close releases a server that was never run: its listener and its engine's workers.
 func (s *Server) Close() error {
 	s.closeEngine()
+	removeAdminToken(s.cfg.AdminTokenPath, s.cfg.AdminToken)
 	s.removePeerDir()
 	if s.adm != nil {
 		_ = s.adm.Close()
@@ -627,6 +657,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 
 	defer s.removePeerDir()
+	defer removeAdminToken(s.cfg.AdminTokenPath, s.cfg.AdminToken)
 	conns := &connTracker{states: map[net.Conn]http.ConnState{}}
 	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ConnState: conns.track,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
@@ -650,7 +681,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.log.Warn("server: INSECURE: this fleet member runs unsigned (--insecure-unsigned-fleet): anyone who can publish on its Redis can pause it, swap its weights or fake its state")
 	}
 	s.log.Info("server: listening", "addr", s.Addr(), "model", s.cfg.ModelName, "weight_version", s.eng.Version(),
-		"offload", s.conn != nil, "admin_token", s.cfg.AdminToken != "", "api_key", s.cfg.APIKey != "")
+		"offload", s.conn != nil, "admin_token", s.cfg.AdminToken != "", "fleet_admin_routes", s.cfg.Fleet == "" || s.cfg.FleetAdminRoutes, "api_key", s.cfg.APIKey != "")
 
 	var serveErr, partErr error
 	select {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rolloutkit/rollout/server"
+	"github.com/rolloutkit/rollout/server/api"
 )
 
 func TestValidationTable(t *testing.T) {
@@ -26,8 +27,8 @@ func TestValidationTable(t *testing.T) {
 		gen = "key"
 		adm = "adm"
 	)
-	// open is a second server without an admin token: its admin routes answer direct local
-	// clients only.
+	// open is a second server started without an admin token: it generated one, and its admin
+	// routes answer no TCP client without it, whatever its address and headers.
 	open := start(t, func(c *server.Config) { c.MaxBodyBytes = 64 << 10 })
 	type tc struct {
 		name, method, path, token string
@@ -79,6 +80,7 @@ func TestValidationTable(t *testing.T) {
 		{name: "tokenize beyond the context", method: "POST", path: "/tokenize", token: gen, body: `{"prompt":"` + huge + `"}`, status: 400, typ: inv, param: "prompt"},
 		// Weight versions.
 		{name: "update version max int", method: "POST", path: "/update_weights", token: adm, body: map[string]any{"version": int64(math.MaxInt64), "source": uri2}, status: 400, typ: inv, param: "version"},
+		{name: "update version past the step", method: "POST", path: "/update_weights", token: adm, body: map[string]any{"version": 2 + api.MaxVersionStep, "source": uri2}, status: 400, typ: inv, param: "version"},
 		{name: "update version far ahead", method: "POST", path: "/update_weights", token: adm, body: map[string]any{"version": int64(1) << 40, "source": uri2}, status: 400, typ: inv, param: "version"},
 		{name: "update version beyond int64", method: "POST", path: "/update_weights", token: adm, body: `{"version":1e30,"source":"x"}`, status: 400, typ: inv, param: "version"},
 		{name: "update version negative", method: "POST", path: "/update_weights", token: adm, body: map[string]any{"version": -5, "source": uri2}, status: 400, typ: inv, param: "version"},
@@ -88,7 +90,9 @@ func TestValidationTable(t *testing.T) {
 		{name: "abort without content type", method: "POST", path: "/abort_requests", token: adm, body: `{"request_ids":[]}`, status: 415, typ: inv, hdr: map[string]string{"Content-Type": ""}},
 		{name: "pause cross-site", method: "POST", path: "/pause", token: adm, status: 403, typ: auth, hdr: map[string]string{"Sec-Fetch-Site": "cross-site", "Origin": "http://evil.example"}},
 		{name: "update cross-origin", method: "POST", path: "/update_weights", token: adm, body: map[string]any{"version": 2, "source": uri2}, status: 403, typ: auth, hdr: map[string]string{"Origin": "http://evil.example"}},
-		// Tokenless admin: only direct local clients.
+		// No tokenless admin over TCP, not even from loopback with clean headers.
+		{name: "tokenless direct loopback", method: "POST", path: "/pause", status: 401, typ: auth, tokenless: true},
+		{name: "tokenless direct update", method: "POST", path: "/update_weights", body: map[string]any{"version": 2, "source": uri2}, status: 401, typ: auth, tokenless: true},
 		{name: "tokenless X-Forwarded-For", method: "POST", path: "/pause", status: 401, typ: auth, tokenless: true, hdr: map[string]string{"X-Forwarded-For": "203.0.113.9"}},
 		{name: "tokenless Forwarded", method: "GET", path: "/state", status: 401, typ: auth, tokenless: true, hdr: map[string]string{"Forwarded": "for=203.0.113.9"}},
 		{name: "tokenless X-Real-IP", method: "POST", path: "/sleep", status: 401, typ: auth, tokenless: true, hdr: map[string]string{"X-Real-IP": "203.0.113.9"}},
@@ -96,7 +100,7 @@ func TestValidationTable(t *testing.T) {
 		{name: "tokenless rebound Host", method: "POST", path: "/update_weights", body: map[string]any{"version": 2, "source": uri2}, status: 401, typ: auth, tokenless: true, hdr: map[string]string{"Host": "attacker.example"}},
 		{name: "tokenless Host with another port", method: "POST", path: "/pause", status: 401, typ: auth, tokenless: true, hdr: map[string]string{"Host": "127.0.0.1:1"}},
 		{name: "tokenless cross-site", method: "POST", path: "/pause", status: 403, typ: auth, tokenless: true, hdr: map[string]string{"Sec-Fetch-Site": "cross-site"}},
-		{name: "tokenless text/plain", method: "POST", path: "/update_weights", body: map[string]any{"version": 2, "source": uri2}, status: 415, typ: inv, tokenless: true, hdr: map[string]string{"Content-Type": "text/plain"}},
+		{name: "tokenless text/plain", method: "POST", path: "/update_weights", body: map[string]any{"version": 2, "source": uri2}, status: 401, typ: auth, tokenless: true, hdr: map[string]string{"Content-Type": "text/plain"}},
 		// Unknown routes do not echo the path.
 		{name: "unknown route with markup", method: "GET", path: "/%3Cscript%3E", token: gen, status: 404, typ: "not_found_error"},
 		{name: "malformed json", method: "POST", path: "/v1/completions", token: gen, body: `{"prompt":`, status: 400, typ: inv},
@@ -138,7 +142,7 @@ func TestValidationTable(t *testing.T) {
 		{name: "stop_token_ids beyond vocab", method: "POST", path: "/v1/completions", token: gen, body: `{"prompt":"a","stop_token_ids":[100000]}`, status: 400, typ: inv},
 		{name: "min_tokens above max_tokens", method: "POST", path: "/v1/completions", token: gen, body: `{"prompt":"a","max_tokens":2,"min_tokens":5}`, status: 400, typ: inv},
 		{name: "bad param with stream", method: "POST", path: "/v1/completions", token: gen, body: `{"prompt":"a","stream":true,"temperature":-2}`, status: 400, typ: inv},
-		{name: "missing api key", method: "POST", path: "/v1/completions", token: "", body: `{"prompt":"a"}`, status: 401, typ: "authentication_error"},
+		{name: "missing api key", method: "POST", path: "/v1/completions", token: "-", body: `{"prompt":"a"}`, status: 401, typ: "authentication_error"},
 		{name: "wrong api key", method: "POST", path: "/v1/completions", token: "nope", body: `{"prompt":"a"}`, status: 401, typ: "authentication_error"},
 		{name: "chat empty messages", method: "POST", path: "/v1/chat/completions", token: gen, body: `{"messages":[]}`, status: 400, typ: inv},
 		{name: "chat bad role", method: "POST", path: "/v1/chat/completions", token: gen, body: `{"messages":[{"role":"robot","content":"x"}]}`, status: 400, typ: inv},
@@ -159,7 +163,7 @@ func TestValidationTable(t *testing.T) {
 		{name: "sleep bad mode", method: "POST", path: "/sleep?level=1&mode=later", token: adm, body: nil, status: 400, typ: inv},
 		{name: "wake_up bad tag", method: "POST", path: "/wake_up?tags=gpu", token: adm, body: nil, status: 400, typ: inv},
 		{name: "reset bad bool", method: "POST", path: "/reset_prefix_cache?reset_external=yesplease", token: adm, body: nil, status: 400, typ: inv},
-		{name: "admin missing token", method: "POST", path: "/pause", token: "", body: nil, status: 401, typ: "authentication_error"},
+		{name: "admin missing token", method: "POST", path: "/pause", token: "-", body: nil, status: 401, typ: "authentication_error"},
 		{name: "admin with api key", method: "GET", path: "/state", token: gen, body: nil, status: 401, typ: "authentication_error"},
 		{name: "update digest mismatch", method: "POST", path: "/update_weights", token: adm, body: map[string]any{"version": 2, "source": uri2, "sha256": strings.Repeat("ab", 32)}, status: 422, typ: inv},
 		{name: "update missing file", method: "POST", path: "/update_weights", token: adm, body: map[string]any{"version": 2, "source": "file:///does/not/exist"}, status: 404, typ: "not_found_error"},
@@ -179,11 +183,11 @@ func TestValidationTable(t *testing.T) {
 	good := `{"prompt":"ok","max_tokens":2}`
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			srv, admTok := ts, adm
+			srv, admTok, tok := ts, adm, c.token
 			if c.tokenless {
-				srv, admTok = open, ""
+				srv, admTok, tok = open, "", "-"
 			}
-			code, out := srv.send(t, c.method, c.path, c.token, c.body, c.hdr)
+			code, out := srv.send(t, c.method, c.path, tok, c.body, c.hdr)
 			assert.Equal(t, c.status, code, "%s", out)
 			var e struct {
 				Error struct {

@@ -13,5 +13,6 @@ func addCommands(root *cobra.Command) {
 		newServeCmd(),
 		newWeightsCmd(),
 		newFleetCmd(),
+		newAdminCmd(),
 	)
 }

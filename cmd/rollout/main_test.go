@@ -3,12 +3,26 @@ package main
 import (
 	"bytes"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
+
+// TestMain points the state directory (where `serve` writes its generated admin token and
+// `admin` finds it) at a temporary directory of this run.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "rollout-cmd-state-")
+	if err != nil {
+		panic(err)
+	}
+	_ = os.Setenv("XDG_RUNTIME_DIR", dir)
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
 
 func TestRunUnknownCommandIsOneLine(t *testing.T) {
 	var out, errb bytes.Buffer

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -27,6 +29,12 @@ func newServeCmd() *cobra.Command {
 		secretFile, keyFile   string
 		adminTokenFile        string
 		apiKeyFile            string
+		stateDir              string
+		noTokenFile           bool
+		maxBodyInflight       sizeValue
+		minRate               sizeValue
+		insecureAdmin         bool
+		allowedHosts          []string
 		redis                 redisFlags
 	)
 	cmd := &cobra.Command{
@@ -40,6 +48,11 @@ func newServeCmd() *cobra.Command {
 			cfg.KVBytes = int64(kvBytes)
 			cfg.OffloadCPUBytes = int64(offloadBytes)
 			cfg.MaxBodyBytes = int64(maxBody)
+			cfg.MaxBodyBytesInFlight = int64(maxBodyInflight)
+			cfg.WeightsMinRate = int64(minRate)
+			if cfg.WeightsMinRate == 0 {
+				cfg.WeightsMinRate = -1 // --weights-min-rate 0: no minimum
+			}
 			cfg.Version = currentVersion().Version
 			cfg.Logger = loggerFrom(cmd)
 			cfg.RedisConfig = redis.config(cmd)
@@ -74,6 +87,29 @@ func newServeCmd() *cobra.Command {
 				}
 				cfg.FleetKey = b
 			}
+			// An explicit --state-dir also keeps the fleet's desired state there (one file per
+			// directory: give each server on a host its own).
+			cfg.StateDir = stateDir
+			warnSecretFlags(cmd, cfg.Logger)
+			// No tokenless admin over TCP: without a token the server generates one and
+			// writes it where `rollout admin` (and scripts) find it: admin-token-PORT, the
+			// port of the listener serving the admin routes.
+			if cfg.AdminToken == "" && !noTokenFile && !strings.HasPrefix(cfg.AdminAddr, "unix:") {
+				if stateDir == "" {
+					stateDir = server.DefaultStateDir()
+				}
+				addr, ln := cfg.Addr, &cfg.Listener
+				if cfg.AdminAddr != "" {
+					addr, ln = cfg.AdminAddr, &cfg.AdminListener
+				}
+				port, err := listenerPort(addr, ln)
+				if err != nil {
+					return err
+				}
+				cfg.AdminTokenPath = server.AdminTokenFile(stateDir, port)
+			}
+			// File weight sources only under --weights-root ("/" allows any).
+			cfg.NoFileWeights = cfg.WeightsRoot == ""
 			var attrs []attribute.KeyValue
 			if cfg.Fleet != "" {
 				attrs = append(attrs, attribute.String("rollout.fleet", cfg.Fleet))
@@ -120,19 +156,28 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&secretFile, "fleet-secret-file", "", "file holding the fleet secret (trailing newline ignored), so it stays out of ps")
 	f.StringVar(&keyFile, "fleet-key-file", "", "this server's issued key (rollout fleet keys issue): verifies the trainer's commands, signs only this server's messages; instead of --fleet-secret-file")
 	f.BoolVar(&cfg.InsecureUnsignedFleet, "insecure-unsigned-fleet", false, "join a fleet without a secret: the server then obeys anyone who can publish on its Redis (refused without this flag)")
-	f.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token of the admin routes (unset: direct loopback clients only); prefer --admin-token-file, flags show in ps")
+	f.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token of the admin routes (unset: one is generated and written to --state-dir); prefer --admin-token-file, flags show in ps")
 	f.StringVar(&adminTokenFile, "admin-token-file", "", "file holding the admin token (trailing newline ignored), so it stays out of ps")
+	f.StringVar(&stateDir, "state-dir", "", "directory of the generated admin token file admin-token-PORT (default: $XDG_RUNTIME_DIR/rollout, else $XDG_STATE_HOME/rollout, else ~/.local/state/rollout); when given, a fleet server also keeps the newest desired state it accepted there, so it knows the fleet's version and run state after a restart even if Redis lost it")
+	f.BoolVar(&noTokenFile, "no-admin-token-file", false, "do not write the generated admin token anywhere (the admin routes are then usable only through a unix --admin-addr)")
+	f.BoolVar(&cfg.FleetAdminRoutes, "fleet-admin-routes", false, "on a fleet member, keep the admin routes that change weights and run state (/pause, /resume, /sleep, /wake_up, /update_weights); off by default since the fleet is their authority")
 	f.StringVar(&cfg.APIKey, "api-key", "", "bearer token of the generation routes (unset: open); prefer --api-key-file, flags show in ps")
 	f.StringVar(&apiKeyFile, "api-key-file", "", "file holding the API key (trailing newline ignored), so it stays out of ps")
 	f.StringVar(&cfg.AdminAddr, "admin-addr", "", "serve the admin routes on their own listener: ADDR or unix:PATH (unset: on --addr)")
-	f.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "start with a non-loopback listener and no admin token (admin routes still answer direct loopback clients only)")
-	f.StringSliceVar(&cfg.AllowedHosts, "allowed-hosts", nil, "extra Host names tokenless admin requests may use (default: loopback and localhost only)")
-	f.StringVar(&cfg.WeightsRoot, "weights-root", "", "directory file:// weight sources must lie in (unset: anywhere)")
+	// Tokenless admin over TCP is gone: these two no longer change anything.
+	f.BoolVar(&insecureAdmin, "insecure-admin", false, "no effect: admin routes over TCP always need a token")
+	f.StringSliceVar(&allowedHosts, "allowed-hosts", nil, "no effect: admin routes over TCP always need a token")
+	_ = f.MarkDeprecated("insecure-admin", "admin routes over TCP always need a token now (generated when none is given)")
+	_ = f.MarkDeprecated("allowed-hosts", "admin routes over TCP always need a token now (generated when none is given)")
+	f.StringVar(&cfg.WeightsRoot, "weights-root", "", "directory file:// and path weight sources must lie in, symlinks out of it refused (unset: file sources are refused; / allows any)")
+	f.DurationVar(&cfg.WeightsFetchTimeout, "weights-fetch-timeout", 0, "deadline of a whole weight fetch and load (0: 10m)")
+	minRate = 1 << 20
+	f.Var(&minRate, "weights-min-rate", "least bytes/s a weight download must average over every --weights-min-rate-window (default 1MiB; 0: no minimum)")
+	f.DurationVar(&cfg.WeightsMinRateWindow, "weights-min-rate-window", 0, "window of --weights-min-rate (0: 30s)")
 	f.BoolVar(&cfg.AllowUnverifiedWeights, "allow-unverified-weights", false, "accept http(s) weight sources without a sha256")
 	f.BoolVar(&cfg.NoSpareWeights, "no-spare-weights", false, "do not prepare a spare weight set (and its packed copy) at start-up for the first update (saves about twice the checkpoint's float32 size until the second update)")
 	f.BoolVar(&cfg.WeightsAllowPrivate, "weights-allow-private", false,
 		"let http(s) weight fetches reach loopback, private and link-local addresses (loopback is allowed when --addr is loopback)")
-	f.StringVar(&cfg.StateDir, "state-dir", "", "directory where a fleet server keeps the newest desired state it accepted, so it knows the fleet's version and run state after a restart, even if Redis lost it (default: none, Redis and the other servers are the memory)")
 	f.StringVar(&cfg.PeerDir, "peer-dir", "", "directory of the versions this fleet server serves its peers at /weights/ (default: a temporary one)")
 	f.BoolVar(&cfg.NoPeers, "no-peers", false, "no /weights/ peer route: fetch weight updates from the origin only and feed no peer")
 	f.StringVar(&cfg.OTel, "otel", "", "trace exporter: none, stdout or otlp (default: OTEL_TRACES_EXPORTER, else none; OTLP reads the standard OTEL_EXPORTER_OTLP_* variables)")
@@ -140,9 +185,43 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&cfg.MaxQueue, "max-queue", api.DefaultMaxQueue, "generation requests waiting for a slot before 429")
 	maxBody = api.DefaultMaxBodyBytes
 	f.Var(&maxBody, "max-body-bytes", "largest request body (413 beyond)")
+	maxBodyInflight = api.DefaultMaxBodyBytesInFlight
+	f.Var(&maxBodyInflight, "max-body-bytes-inflight", "memory budget of request bodies in flight, admitted before they are read (503 with Retry-After beyond)")
+
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", server.DefaultShutdownGrace, "time in-flight requests get to finish on shutdown")
 	f.Int64Var(&cfg.WeightVersion, "weight-version", 0, "version number of the initial weights")
 	return cmd
+}
+
+// listenerPort is the port of addr; for port 0 it listens first (into *ln, which the server
+// then uses), so the port is known before the token file is named.
+func listenerPort(addr string, ln *net.Listener) (string, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("listen address %s: %w", addr, err)
+	}
+	if port != "0" {
+		return port, nil
+	}
+	if *ln, err = net.Listen("tcp", addr); err != nil {
+		return "", fmt.Errorf("listen %s: %w", addr, err)
+	}
+	_, port, _ = net.SplitHostPort((*ln).Addr().String())
+	return port, nil
+}
+
+// warnSecretFlags warns about every secret given as a flag value on the command line: any
+// local user sees it in ps (or /proc/PID/cmdline). A value from the environment is not
+// warned about.
+func warnSecretFlags(cmd *cobra.Command, log *slog.Logger) {
+	for _, name := range []string{"fleet-secret", "admin-token", "api-key"} {
+		f := cmd.Flags().Lookup(name)
+		if f == nil || !f.Changed || f.Value.String() == "" || os.Getenv(envName(name)) == f.Value.String() {
+			continue
+		}
+		log.Warn("--"+name+" on the command line is visible to every local user (ps, /proc/PID/cmdline): use --"+name+"-file FILE, or the environment variable "+envName(name),
+			"flag", "--"+name, "use", "--"+name+"-file")
+	}
 }
 
 // readSecretFile reads a secret from a file, without the trailing newline editors add.

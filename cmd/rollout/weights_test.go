@@ -93,7 +93,8 @@ func TestWeightsDigestIsWhatUpdateWeightsChecks(t *testing.T) {
 	var serveErr bytes.Buffer
 	exited := make(chan int, 1)
 	go func() {
-		exited <- run(ctx, []string{"serve", "--model", ckpt, "--addr", addr, "--kv-blocks", "64", "--log-level", "error"}, &bytes.Buffer{}, &serveErr)
+		exited <- run(ctx, []string{"serve", "--model", ckpt, "--addr", addr, "--kv-blocks", "64", "--log-level", "error",
+			"--weights-root", filepath.Dir(ckpt)}, &bytes.Buffer{}, &serveErr)
 	}()
 	url := "http://" + addr
 	require.Eventually(t, func() bool {
@@ -105,12 +106,18 @@ func TestWeightsDigestIsWhatUpdateWeightsChecks(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	}, 20*time.Second, 10*time.Millisecond, "server did not come up: %s", serveErr.String())
 
+	// Through `rollout admin`, which finds the token the server generated.
 	update := func(version int, digest string) int {
 		body := fmt.Sprintf(`{"version":%d,"source":%q,"sha256":%q}`, version, ckpt, digest)
-		resp, err := http.Post(url+"/update_weights", "application/json", strings.NewReader(body))
-		require.NoError(t, err)
-		resp.Body.Close()
-		return resp.StatusCode
+		var out, errb bytes.Buffer
+		if run(t.Context(), []string{"admin", "--server", url, "POST", "/update_weights", body}, &out, &errb) == 0 {
+			return http.StatusOK
+		}
+		if strings.Contains(errb.String(), ": 422 ") {
+			return http.StatusUnprocessableEntity
+		}
+		t.Logf("rollout admin: %s", errb.String())
+		return 0
 	}
 	bad := []byte(sum)
 	if bad[0] == '0' {

@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,7 +27,12 @@ const (
 	DefaultDialTimeout   = 10 * time.Second
 	DefaultHeaderTimeout = 30 * time.Second
 	DefaultStallTimeout  = 30 * time.Second
-	DefaultFetchTimeout  = 30 * time.Minute
+	DefaultFetchTimeout  = 10 * time.Minute
+	// DefaultMinRate and DefaultMinRateWindow: a download must average at least 1 MiB/s
+	// over every 30 s, so a source that drips a byte now and then (which StallTimeout alone
+	// lets through) is cut off within a window, not after FetchTimeout.
+	DefaultMinRate       = 1 << 20
+	DefaultMinRateWindow = 30 * time.Second
 )
 
 // FetchPolicy is what NewHTTPClient's client may reach and how long it may take. The zero
@@ -41,7 +48,16 @@ type FetchPolicy struct {
 	// StallTimeout a wait for the next body bytes, FetchTimeout a whole download (zero:
 	// the defaults above). A client's Timeout is FetchTimeout.
 	DialTimeout, HeaderTimeout, StallTimeout, FetchTimeout time.Duration
+	// MinRate is the least a response body must deliver, in bytes per second averaged over
+	// every MinRateWindow (zero: DefaultMinRate over DefaultMinRateWindow; negative: no
+	// minimum). A body below it fails with ErrTooSlow.
+	MinRate       int64
+	MinRateWindow time.Duration
 }
+
+// ErrTooSlow means a download delivered less than FetchPolicy.MinRate over a window. It
+// wraps ErrFetch.
+var ErrTooSlow = fmt.Errorf("%w: the source sent too slowly", ErrFetch)
 
 func (p FetchPolicy) withDefaults() FetchPolicy {
 	def := func(d *time.Duration, v time.Duration) {
@@ -53,6 +69,10 @@ func (p FetchPolicy) withDefaults() FetchPolicy {
 	def(&p.HeaderTimeout, DefaultHeaderTimeout)
 	def(&p.StallTimeout, DefaultStallTimeout)
 	def(&p.FetchTimeout, DefaultFetchTimeout)
+	def(&p.MinRateWindow, DefaultMinRateWindow)
+	if p.MinRate == 0 {
+		p.MinRate = DefaultMinRate
+	}
 	return p
 }
 
@@ -98,7 +118,11 @@ func NewHTTPClient(p FetchPolicy) *http.Client {
 		MaxIdleConnsPerHost:   2,
 		ForceAttemptHTTP2:     true,
 	}
-	return &http.Client{Transport: &stallTransport{base: tr, stall: p.StallTimeout}, Timeout: p.FetchTimeout, CheckRedirect: sameHostRedirect}
+	st := &stallTransport{base: tr, stall: p.StallTimeout, window: p.MinRateWindow}
+	if p.MinRate > 0 {
+		st.minBytes = max(1, int64(float64(p.MinRate)*p.MinRateWindow.Seconds()))
+	}
+	return &http.Client{Transport: st, Timeout: p.FetchTimeout, CheckRedirect: sameHostRedirect}
 }
 
 // sameHostRedirect follows at most 5 redirects, each to the scheme and host of the first
@@ -116,10 +140,13 @@ func sameHostRedirect(req *http.Request, via []*http.Request) error {
 
 var errRedirectOff = errors.New("redirect to another host refused")
 
-// stallTransport fails a response body that delivers no bytes for stall.
+// stallTransport fails a response body that delivers no bytes for stall, or fewer than
+// minBytes in a window (0: no minimum).
 type stallTransport struct {
-	base  http.RoundTripper
-	stall time.Duration
+	base     http.RoundTripper
+	stall    time.Duration
+	window   time.Duration
+	minBytes int64
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -130,35 +157,76 @@ func (t *stallTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cancel(nil)
 		return nil, err
 	}
-	timer := time.AfterFunc(t.stall, func() { cancel(errStalled) })
-	stalled := func() bool { return errors.Is(context.Cause(ctx), errStalled) }
-	resp.Body = &stallBody{ReadCloser: resp.Body, timer: timer, stall: t.stall, cancel: cancel, stalled: stalled}
+	b := &stallBody{ReadCloser: resp.Body, stall: t.stall, cancel: cancel}
+	b.stalled = func() error {
+		if c := context.Cause(ctx); errors.Is(c, errStalled) || errors.Is(c, ErrTooSlow) {
+			return c
+		}
+		return nil
+	}
+	b.timer = time.AfterFunc(t.stall, func() { cancel(errStalled) })
+	if t.minBytes > 0 {
+		b.done = make(chan struct{})
+		go b.watchRate(ctx, t.window, t.minBytes)
+	}
+	resp.Body = b
 	return resp, nil
 }
 
-var errStalled = errors.New("the source stopped sending")
+var errStalled = fmt.Errorf("%w: the source stopped sending", ErrFetch)
 
+// stallBody is a response body under stallTransport's watch: timer fires after stall
+// without bytes; watchRate (when there is a minimum) checks the bytes counted in window.
 type stallBody struct {
 	io.ReadCloser
-	timer   *time.Timer
-	stall   time.Duration
-	cancel  context.CancelCauseFunc
-	stalled func() bool
+	timer     *time.Timer
+	done      chan struct{} // closed by Close; nil without a minimum rate
+	window    atomic.Int64
+	stall     time.Duration
+	cancel    context.CancelCauseFunc
+	stalled   func() error
+	closeOnce sync.Once
 }
 
 func (b *stallBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
 		b.timer.Reset(b.stall)
+		b.window.Add(int64(n))
 	}
-	if err != nil && b.stalled() {
-		err = errStalled
+	if err != nil {
+		if cause := b.stalled(); cause != nil {
+			err = cause
+		}
 	}
 	return n, err
 }
 
+// watchRate cancels the body's request with ErrTooSlow at the end of the first window in
+// which fewer than minBytes arrived.
+func (b *stallBody) watchRate(ctx context.Context, window time.Duration, minBytes int64) {
+	tick := time.NewTicker(window)
+	defer tick.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if b.window.Swap(0) < minBytes {
+				b.cancel(ErrTooSlow)
+				return
+			}
+		}
+	}
+}
+
 func (b *stallBody) Close() error {
 	b.timer.Stop()
+	if b.done != nil {
+		b.closeOnce.Do(func() { close(b.done) })
+	}
 	b.cancel(nil)
 	return b.ReadCloser.Close()
 }
@@ -210,6 +278,8 @@ func publicFetchError(ctx context.Context, uri string, err error) error {
 		return fmt.Errorf("%s: %w", r, ctx.Err())
 	case errors.Is(err, ErrDigestMismatch):
 		return err // digests only: nothing about the source to hide
+	case errors.Is(err, ErrTooSlow):
+		return fmt.Errorf("%w: %s: the download fell below the minimum rate", ErrTooSlow, r)
 	case errors.Is(err, ErrAddressRefused):
 		return fmt.Errorf("%w: %s: the address is not allowed by the fetch policy", ErrAddressRefused, r)
 	case errors.Is(err, ErrFetch):

@@ -160,3 +160,46 @@ func TestFetchGenericErrors(t *testing.T) {
 	assert.NotContains(t, err.Error(), "refused")
 	assert.NotContains(t, err.Error(), "dial")
 }
+
+// TestMinimumRateCutsADrip: a body that keeps sending, a byte at a time, never stalls but
+// averages less than MinRate over a window: its read fails with ErrTooSlow. A body at speed
+// reads through.
+func TestMinimumRateCutsADrip(t *testing.T) {
+	drip := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "1000000")
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if _, err := w.Write([]byte{'x'}); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}))
+	defer drip.Close()
+	fast := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write(make([]byte, 4<<20))
+	}))
+	defer fast.Close()
+	c := NewHTTPClient(FetchPolicy{AllowLoopback: true, MinRate: 64 << 10, MinRateWindow: 100 * time.Millisecond})
+	defer c.CloseIdleConnections()
+
+	resp, err := c.Get(drip.URL)
+	require.NoError(t, err)
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.ErrorIs(t, err, ErrTooSlow)
+	require.ErrorIs(t, err, ErrFetch)
+
+	resp, err = c.Get(fast.URL)
+	require.NoError(t, err)
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.EqualValues(t, 4<<20, n)
+}

@@ -37,7 +37,8 @@ var build struct {
 }
 
 // Binary builds cmd/rollout with `go build` the first time it is called in a test binary and
-// returns its path; later calls reuse it. Main removes it at the end.
+// returns its path; later calls reuse it. Main removes it at the end. $FLEETTEST_BIN, when
+// set, is used instead of a build.
 func Binary(t testing.TB) string {
 	t.Helper()
 	build.once.Do(func() {
@@ -52,6 +53,11 @@ func Binary(t testing.TB) string {
 			return
 		}
 		build.path = filepath.Join(build.dir, "rollout")
+		if bin := os.Getenv("FLEETTEST_BIN"); bin != "" {
+			// A binary built elsewhere (e.g. from an older commit, to see a test fail on it).
+			build.path = bin
+			return
+		}
 		cmd := exec.Command("go", "build", "-o", build.path, "./cmd/rollout")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -105,6 +111,9 @@ type Options struct {
 	RedisURL func(i int) string
 	// ServerArgs, when set, adds flags for server i only (e.g. its own --weights-root).
 	ServerArgs func(i int) []string
+	// Env are extra environment variables (KEY=VALUE) of every server, e.g. ROLLOUT_<FLAG>
+	// settings, which a binary without that flag ignores.
+	Env []string
 }
 
 // DefaultSecret is the secret of a fleet started without Options.Secret.
@@ -128,6 +137,10 @@ type Proc struct {
 	ID   string
 	Addr string
 	args []string
+	// StateDir is the process's $XDG_RUNTIME_DIR: it writes its generated admin token in
+	// StateDir/rollout.
+	StateDir string
+	env      []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -182,13 +195,16 @@ func Start(t testing.TB, o Options) *Fleet {
 		if o.RedisURL != nil {
 			url = o.RedisURL(i)
 		}
-		p := &Proc{t: t, bin: bin, ID: fmt.Sprintf("s%d", i+1), Addr: freeAddr(t), logs: &lockedBuffer{}}
+		p := newProc(t, bin, fmt.Sprintf("s%d", i+1), o.Env)
 		args := secretArgs
 		if o.IssuedKeys && f.Secret != "" {
 			args = []string{"--fleet-key-file", f.issueKey(p.ID)}
 		}
+		// File weight sources anywhere unless Args or ServerArgs give a --weights-root (the
+		// last one given wins).
 		p.args = append([]string{"serve", "--addr", p.Addr, "--advertise-url", p.URL(), "--server-id", p.ID,
-			"--redis", url, "--fleet", o.Fleet, "--shutdown-grace", "1s", "--log-level", "info"}, args...)
+			"--redis", url, "--fleet", o.Fleet, "--shutdown-grace", "1s", "--log-level", "info",
+			"--weights-root", "/"}, args...)
 		p.args = append(p.args, o.Args...)
 		if o.ServerArgs != nil {
 			p.args = append(p.args, o.ServerArgs(i)...)
@@ -206,6 +222,90 @@ func Start(t testing.TB, o Options) *Fleet {
 		f.WaitInRotation(p)
 	}
 	return f
+}
+
+// newProc is a process on a free loopback port with a state directory of its own.
+func newProc(t testing.TB, bin, id string, env []string) *Proc {
+	p := &Proc{t: t, bin: bin, ID: id, Addr: freeAddr(t), logs: &lockedBuffer{}, StateDir: t.TempDir()}
+	p.env = append([]string{"XDG_RUNTIME_DIR=" + p.StateDir}, env...)
+	return p
+}
+
+// Serve starts one `rollout serve` process outside any fleet, on a free loopback port with
+// its own state directory, the extra environment (KEY=VALUE) and args, and waits until it
+// answers /health.
+func Serve(t testing.TB, env []string, args ...string) *Proc {
+	t.Helper()
+	p := newProc(t, Binary(t), "serve", env)
+	p.args = append([]string{"serve", "--addr", p.Addr, "--shutdown-grace", "1s", "--log-level", "info"}, args...)
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("=== output of rollout serve (%s)\n%s", p.Addr, p.Logs())
+		}
+	})
+	p.Start()
+	deadline := time.Now().Add(StartTimeout)
+	for p.Status("/health") != http.StatusOK {
+		if !p.Running() {
+			t.Fatalf("fleettest: rollout serve exited:\n%s", p.Logs())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleettest: rollout serve not up after %s:\n%s", StartTimeout, p.Logs())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return p
+}
+
+// AdminToken is the admin token the process generated, read from the file it wrote in
+// StateDir/rollout (admin-token-PORT); "" when there is none.
+func (p *Proc) AdminToken() string {
+	_, port, _ := net.SplitHostPort(p.Addr)
+	b, err := os.ReadFile(filepath.Join(p.StateDir, "rollout", "admin-token-"+port))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Pid is the process id of the running process (0 when it is not running).
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// Do sends method path with body (JSON, or none when empty) to base (the server's URL when
+// empty), with the bearer token when one is given, and returns the status and the answer.
+func (p *Proc) Do(base, method, path, token, body string) (int, string, error) {
+	if base == "" {
+		base = p.URL()
+	}
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, base+path, rd)
+	if err != nil {
+		return 0, "", err
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
 }
 
 // Proc returns the server with the id.
@@ -231,7 +331,7 @@ func (p *Proc) Start() {
 	fmt.Fprintf(p.logs, "--- start %d: rollout %s\n", p.runs, strings.Join(p.args, " "))
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
-	cmd.Env = append(os.Environ(), "GIN_MODE=release")
+	cmd.Env = append(append(os.Environ(), "GIN_MODE=release"), p.env...)
 	if err := cmd.Start(); err != nil {
 		p.t.Fatalf("fleettest: start server %s: %v", p.ID, err)
 	}

@@ -23,7 +23,10 @@ type serverState struct {
 
 func stateOf(t *testing.T, p *fleettest.Proc) serverState {
 	t.Helper()
-	resp, err := http.Get(p.URL() + "/state")
+	req, err := http.NewRequest(http.MethodGet, p.URL()+"/state", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+p.AdminToken())
+	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)

@@ -184,12 +184,13 @@ func (a *API) handleUpdateWeights(c *gin.Context) {
 	c.PureJSON(http.StatusOK, resp)
 }
 
-// Bounds of a weight version: a version that jumps further than MaxVersionStep past the
-// serving one (or beyond MaxVersion, the largest integer JSON carries exactly) would make
-// every later update stale.
+// Bounds of an admin weight version: a version that jumps further than MaxVersionStep past
+// the serving one (or beyond MaxVersion, the largest integer JSON carries exactly) would
+// make the trainer's next updates stale. A trainer numbers its updates 1, 2, 3...; the
+// step leaves room for skipped ones.
 const (
 	MaxVersion     = 1<<53 - 1
-	MaxVersionStep = 1 << 31
+	MaxVersionStep = 1024
 )
 
 // checkVersion refuses a version that is not positive, not newer than the serving one, or too
@@ -260,7 +261,15 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref, tweak func(*we
 		return weights.Info{}, badRequest("digest_required", "sha256",
 			"an http(s) weight source needs a sha256 (the server was not started with --allow-unverified-weights)")
 	}
-	fctx, span := a.cfg.TracerProvider.Tracer(tracerName).Start(ctx, "weights.fetch", trace.WithAttributes(
+	if a.cfg.NoFileWeights && !weights.IsHTTP(ref.URI) {
+		return weights.Info{}, &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "source_refused", Param: "source",
+			Message: "file weight sources are off on this server (start it with --weights-root DIR to allow those under DIR)"}
+	}
+	// One deadline for the whole fetch and load, whatever the source: with the client's
+	// minimum rate it bounds how long a source can hold the update lock.
+	dctx, cancel := context.WithTimeoutCause(ctx, a.fetchTimeout(), errFetchDeadline)
+	defer cancel()
+	fctx, span := a.cfg.TracerProvider.Tracer(tracerName).Start(dctx, "weights.fetch", trace.WithAttributes(
 		attribute.Int64("rollout.weight_version", ref.Version), attribute.String("rollout.weights_uri", weights.RedactURI(ref.URI))))
 	opts := weights.Options{Root: a.cfg.WeightsRoot, HTTPClient: a.cfg.WeightsHTTPClient, MaxDownloadBytes: weights.DownloadLimit(a.cfg.ModelConfig)}
 	if tweak != nil {
@@ -271,6 +280,10 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref, tweak func(*we
 	opts.Reuse = a.sets.Take(a.eng.VersionsInUse()...)
 	w, info, err := weights.LoadWithInfo(fctx, ref, opts)
 	span.SetAttributes(attribute.Int64("rollout.bytes", info.Bytes))
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(dctx), errFetchDeadline) {
+		err = &Error{Status: http.StatusGatewayTimeout, Type: typeUnavailable, Code: "fetch_timeout", Param: "source",
+			Message: fmt.Sprintf("the weights were not fetched and loaded within %v", a.fetchTimeout())}
+	}
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
@@ -290,6 +303,17 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref, tweak func(*we
 	}
 	a.metrics.ObserveUpdate(ctx, "stage", time.Since(t))
 	return info, nil
+}
+
+// errFetchDeadline is the cause of a fetch that ran out of its overall deadline.
+var errFetchDeadline = errors.New("api: weight fetch deadline")
+
+// fetchTimeout is the overall deadline of one weight fetch and load.
+func (a *API) fetchTimeout() time.Duration {
+	if d := a.cfg.WeightsFetch.FetchTimeout; d > 0 {
+		return d
+	}
+	return weights.DefaultFetchTimeout
 }
 
 // StageWeights fetches, verifies and stages ref (the path of POST /update_weights with

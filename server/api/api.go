@@ -32,7 +32,10 @@ const (
 	DefaultMaxConcurrent = 256
 	DefaultMaxQueue      = 1024
 	DefaultMaxBodyBytes  = 8 << 20
-	DefaultMaxN          = 64
+	// DefaultMaxBodyBytesInFlight is the memory budget of request bodies being read or held
+	// by their requests at once: eight bodies of the default MaxBodyBytes.
+	DefaultMaxBodyBytesInFlight = 64 << 20
+	DefaultMaxN                 = 64
 )
 
 // tracerName is the instrumentation scope of the API's own spans.
@@ -59,16 +62,22 @@ type Config struct {
 	// template's variables of those names.
 	BOSToken, EOSToken string
 	// APIKey, when set, is required as a bearer token on the generation routes. AdminToken,
-	// when set, is required on the admin routes; unset, they answer loopback clients only.
+	// when set, is required on the admin routes; unset, they answer only clients of a unix
+	// socket listener (SeparateAdmin on a unix listener): never a TCP client.
 	APIKey, AdminToken string
 	// SeparateAdmin moves the admin routes off Handler onto AdminHandler, for a listener of
 	// their own.
 	SeparateAdmin bool
-	// AllowedHosts are extra Host header values (name or name:port) tokenless admin requests
-	// may carry, beside a loopback address or localhost with the listener's port.
-	AllowedHosts []string
-	// WeightsRoot confines file sources of /update_weights (weights.Options.Root).
-	WeightsRoot string
+	// FleetManaged marks a fleet member: the admin routes that change its weights or run
+	// state (/pause, /resume, /sleep, /wake_up, /update_weights) answer 403 fleet_managed,
+	// since the fleet's signed commands are their authority. The read-only routes,
+	// /abort_requests and /reset_prefix_cache stay.
+	FleetManaged bool
+	// WeightsRoot confines file sources (paths and file:// URIs) of weight updates
+	// (weights.Options.Root); NoFileWeights refuses them altogether (422 source_refused), the
+	// `rollout serve` default without --weights-root.
+	WeightsRoot   string
+	NoFileWeights bool
 	// WeightsHTTPClient fetches http(s) weight sources (nil: weights.NewHTTPClient with
 	// WeightsFetch).
 	WeightsHTTPClient *http.Client
@@ -100,6 +109,12 @@ type Config struct {
 	MaxQueue      int
 	// MaxBodyBytes bounds a request body (413 beyond).
 	MaxBodyBytes int64
+	// MaxBodyBytesInFlight is the memory budget of request bodies admitted at once (default
+	// DefaultMaxBodyBytesInFlight, at least MaxBodyBytes): a body is admitted before its
+	// first byte is read, for its Content-Length or, chunked, 64 KiB at a time, and holds its
+	// share until its request is answered; one that does not fit gets 503
+	// body_budget_exhausted with Retry-After, unread.
+	MaxBodyBytesInFlight int64
 	// MaxN bounds n (choices per prompt) times the number of prompts (default 64).
 	MaxN int
 	// Metrics exports the Prometheus metrics (nil: a private set, not shared with the engine
@@ -158,8 +173,10 @@ type API struct {
 	spareReady chan struct{}
 	// reading counts requests reading their body (not yet admitted).
 	reading atomic.Int64
-	csrf    *http.CrossOriginProtection
-	adminR  *gin.Engine
+	// budget is the memory budget of request bodies (Config.MaxBodyBytesInFlight).
+	budget *bodyBudget
+	csrf   *http.CrossOriginProtection
+	adminR *gin.Engine
 
 	closing atomic.Bool
 
@@ -200,6 +217,10 @@ func New(cfg Config) (*API, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if cfg.MaxBodyBytesInFlight <= 0 {
+		cfg.MaxBodyBytesInFlight = DefaultMaxBodyBytesInFlight
+	}
+	cfg.MaxBodyBytesInFlight = max(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes)
 	if cfg.MaxN <= 0 {
 		cfg.MaxN = DefaultMaxN
 	}
@@ -232,7 +253,8 @@ func New(cfg Config) (*API, error) {
 		limit: newLimiter(cfg.MaxConcurrent, cfg.MaxQueue), created: time.Now().Unix(),
 		idPrefix: fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff), live: map[string][]string{},
 		maxPromptBytes: promptByteLimit(cfg.Tokenizer, cfg.ModelConfig.MaxPositionEmbeddings),
-		updateMu:       make(updateLock, 1), csrf: http.NewCrossOriginProtection()}
+		updateMu:       make(updateLock, 1), csrf: http.NewCrossOriginProtection(),
+		budget: &bodyBudget{max: cfg.MaxBodyBytesInFlight}}
 	if !chat.builtin {
 		a.log.Info("api: chat uses the checkpoint's template", "chatml", isChatML(cfg.ChatTemplate))
 		// A template can compile and still fail on every conversation (a construct the
@@ -343,8 +365,9 @@ func (a *API) routes(public, admin bool) *gin.Engine {
 		})))
 
 	if public {
-		// Authentication, then the body (bounded in size and time), then a concurrency slot:
-		// a slow or oversized body never holds a slot.
+		// Authentication, then the body (admitted into the memory budget, then read, bounded
+		// in size and time), then a concurrency slot: a slow or oversized body never holds a
+		// slot.
 		gen := r.Group("/", a.requireKey(a.cfg.APIKey, "API key"), a.readBody)
 		gen.GET("/v1/models", a.handleModels)
 		limited := gen.Group("/", a.admit)
@@ -357,14 +380,16 @@ func (a *API) routes(public, admin bool) *gin.Engine {
 
 	if admin {
 		adm := r.Group("/", a.crossOrigin, a.requireAdmin, a.readBody, a.requireJSON)
-		adm.POST("/pause", a.handlePause)
-		adm.POST("/resume", a.handleResume)
+		// Weights and run state: the fleet's on a fleet member.
+		run := adm.Group("/", a.fleetManaged)
+		run.POST("/pause", a.handlePause)
+		run.POST("/resume", a.handleResume)
 		adm.GET("/is_paused", a.handleIsPaused)
-		adm.POST("/sleep", a.handleSleep)
-		adm.POST("/wake_up", a.handleWakeUp)
+		run.POST("/sleep", a.handleSleep)
+		run.POST("/wake_up", a.handleWakeUp)
 		adm.GET("/is_sleeping", a.handleIsSleeping)
 		adm.POST("/reset_prefix_cache", a.handleResetPrefixCache)
-		adm.POST("/update_weights", a.handleUpdateWeights)
+		run.POST("/update_weights", a.handleUpdateWeights)
 		adm.POST("/abort_requests", a.handleAbortRequests)
 		adm.GET("/state", a.handleState)
 	}
@@ -397,11 +422,18 @@ func bearer(r *http.Request) (string, bool) {
 	return strings.TrimSpace(h[len(p):]), true
 }
 
-func unauthorized(msg string) *Error {
-	return &Error{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: "invalid_api_key", Message: msg}
+func unauthorized(code, msg string) *Error {
+	return &Error{Status: http.StatusUnauthorized, Type: typeAuthentication, Code: code, Message: msg}
 }
 
+// requireKey requires key as the bearer token (nothing when key is empty). what names it in
+// messages; the admin token's refusals carry their own codes (admin_token_required,
+// invalid_admin_token), the API key's invalid_api_key.
 func (a *API) requireKey(key, what string) gin.HandlerFunc {
+	missing, wrong := "invalid_api_key", "invalid_api_key"
+	if what == "admin token" {
+		missing, wrong = "admin_token_required", "invalid_admin_token"
+	}
 	return func(c *gin.Context) {
 		if key == "" {
 			c.Next()
@@ -409,11 +441,11 @@ func (a *API) requireKey(key, what string) gin.HandlerFunc {
 		}
 		got, ok := bearer(c.Request)
 		if !ok {
-			writeError(c, unauthorized("missing "+what+": send Authorization: Bearer <key>"))
+			writeError(c, unauthorized(missing, "missing "+what+": send Authorization: Bearer <key>"))
 			return
 		}
 		if !tokenEqual(got, key) {
-			writeError(c, unauthorized("wrong "+what))
+			writeError(c, unauthorized(wrong, "wrong "+what))
 			return
 		}
 		c.Next()

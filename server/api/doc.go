@@ -49,19 +49,23 @@
 //     request_id is echoed and names the request for /abort_requests, but two clients that
 //     choose the same one do not collide.
 //   - /generate with min_version above the serving version answers 409 (code stale_version).
-//   - Admin routes without an admin token answer only direct local clients: a unix-socket
-//     peer, or a loopback peer with no forwarding header and a Host naming the listener
-//     (401 otherwise). Every admin route refuses cross-origin browser requests (403) and
+//   - Admin routes need the admin token over TCP, from any address (401
+//     admin_token_required); without one configured, only a unix-socket peer is admitted.
+//     On a fleet member (FleetManaged) the routes that change weights or run state answer
+//     403 fleet_managed. Every admin route refuses cross-origin browser requests (403) and
 //     bodies not sent as application/json (415).
 //   - /update_weights: file:// and http(s):// sources (file sources confined to the weights
-//     root when one is set), SHA-256 verified while parsing; http(s) sources need a sha256
+//     root when one is set, refused with NoFileWeights), one deadline for the whole fetch and
+//     load (504 fetch_timeout), SHA-256 verified while parsing; http(s) sources need a sha256
 //     unless AllowUnverifiedWeights. A bad ref or scheme is 400, a missing file 404, a
 //     digest mismatch, unreadable or refused source, bad checkpoint or wrong shape 422, a
-//     version not newer than the serving one 409, one too far ahead 400; in every case the
-//     old weights keep serving (and /ready stays 200 until the commit). Fetch errors are
-//     generic and source URLs redacted. An empty source commits weights staged earlier with
-//     stage_only.
-//   - Limits: the body is read first (MaxBodyBytes, 413 beyond; BodyReadTimeout, 408), then
+//     version not newer than the serving one 409, one more than MaxVersionStep ahead 400;
+//     in every case the old weights keep serving (and /ready stays 200 until the commit).
+//     Fetch errors are generic and source URLs redacted. An empty source commits weights
+//     staged earlier with stage_only.
+//   - Limits: the body is admitted into the memory budget of bodies in flight before a byte
+//     is read (MaxBodyBytesInFlight, 503 body_budget_exhausted with Retry-After beyond, left
+//     unread), then read (MaxBodyBytes, 413 beyond; BodyReadTimeout, 408), then
 //     a slot is taken: MaxConcurrent generation and tokenize requests at once, MaxQueue
 //     more waiting, then 429. n and the prompt count are bounded before they multiply, and
 //     prompt text too long for the context is refused before it is encoded. Every response

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -84,6 +85,8 @@ func classify(err error) *Error {
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "digest_mismatch", Param: "sha256", Message: err.Error()}
 	case errors.Is(err, weights.ErrInvalidRef), errors.Is(err, weights.ErrUnsupportedSource):
 		return badRequest("invalid_source", "source", "%s", err.Error())
+	case errors.Is(err, weights.ErrTooSlow):
+		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "source_too_slow", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrAddressRefused):
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "source_refused", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrFetch) && errors.Is(err, fs.ErrNotExist):
@@ -96,8 +99,16 @@ func classify(err error) *Error {
 	return &Error{Status: http.StatusInternalServerError, Type: typeInternal, Code: "internal", Message: "internal error"}
 }
 
-// writeError renders err as the JSON error body and aborts the gin chain.
+// writeError renders err as the JSON error body and aborts the gin chain. A request refused
+// before its body was read (authentication, routing, admission) has it left unread and its
+// connection closed after the answer: net/http would otherwise read up to 256 KiB of it
+// first, for as long as the client takes to send it, so a refusal costs the same whatever
+// the client declared.
 func writeError(c *gin.Context, err error) {
+	if _, read := c.Get(ctxBody); !read && hasBody(c.Request) {
+		c.Header("Connection", "close")
+		_ = http.NewResponseController(c.Writer).SetReadDeadline(time.Now())
+	}
 	e := classify(err)
 	if e.Status == http.StatusInternalServerError {
 		if a, ok := c.Get(ctxAPI); ok {

@@ -28,6 +28,7 @@ type Metrics struct {
 	rejected      *prometheus.CounterVec
 	fetched       *prometheus.CounterVec
 	sourceFails   *prometheus.CounterVec
+	bodyRejected  *prometheus.CounterVec
 }
 
 // Peer distribution label values (rollout_weights_fetched_bytes_total{source},
@@ -92,11 +93,17 @@ func NewMetrics() *Metrics {
 	for _, r := range []string{FailDied, FailBadDigest, FailNotMember} {
 		m.sourceFails.WithLabelValues(r)
 	}
+	m.bodyRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_http_body_rejected_total", Help: "Request bodies refused, by reason: budget (the memory budget of bodies in flight was full; not read), too_large, timeout, bad_body.",
+	}, []string{"reason"})
+	for _, r := range []string{"budget", "too_large", "timeout", "bad_body"} {
+		m.bodyRejected.WithLabelValues(r)
+	}
 	m.resetToFlush = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "rollout_reset_to_flush_seconds", Help: "Time from a cache reset to the moment its flush set reached the offload workers and they waited on it.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 	})
-	m.reg.MustRegister(m.ttft, m.resetToFlush, m.updateWeights, m.commands, m.rejected, m.fetched, m.sourceFails, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.ttft, m.resetToFlush, m.updateWeights, m.commands, m.rejected, m.fetched, m.sourceFails, m.bodyRejected, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -172,6 +179,8 @@ var (
 	descVersion      = prometheus.NewDesc("rollout_weight_version", "Serving weight version.", nil, nil)
 	descState        = prometheus.NewDesc("rollout_engine_state", "1 for the engine's current state.", []string{"state"}, nil)
 	descHTTPInflight = prometheus.NewDesc("rollout_http_requests_inflight", "Generation requests admitted by the HTTP API.", nil, nil)
+	descBodyBytes    = prometheus.NewDesc("rollout_http_body_bytes_inflight", "Bytes of the request body memory budget held by requests (--max-body-bytes-inflight bounds it).", nil, nil)
+	descBodyReading  = prometheus.NewDesc("rollout_http_requests_reading_body", "Requests reading their body.", nil, nil)
 )
 
 // connectorHelp documents the connector counters docs/metrics.md lists; every other key the connector
@@ -228,6 +237,8 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descState, v, st)
 	}
 	gauge(descHTTPInflight, float64(c.a.Inflight()))
+	gauge(descBodyBytes, float64(c.a.budget.used.Load()))
+	gauge(descBodyReading, float64(c.a.reading.Load()))
 	if c.a.cfg.ConnectorStats == nil {
 		return
 	}

@@ -34,7 +34,7 @@ type recycleServer struct {
 func newRecycleServer(t *testing.T, spare bool) *recycleServer {
 	t.Helper()
 	e, w := enginetest.Run(t, engine.Config{})
-	a, err := New(Config{Engine: e, Tokenizer: tokenizer.NewByte(), ModelConfig: w.Config, Weights: w, NoSpareWeights: !spare})
+	a, err := New(Config{Engine: e, Tokenizer: tokenizer.NewByte(), ModelConfig: w.Config, Weights: w, NoSpareWeights: !spare, AdminToken: "adm"})
 	require.NoError(t, err)
 	srv := httptest.NewServer(a.Handler())
 	t.Cleanup(func() {
@@ -53,7 +53,11 @@ func (s *recycleServer) post(t *testing.T, path string, body any) (int, string) 
 		require.NoError(t, err)
 		rd = bytes.NewReader(b)
 	}
-	resp, err := http.Post(s.url+path, "application/json", rd)
+	req, err := http.NewRequest(http.MethodPost, s.url+path, rd)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer adm")
+	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

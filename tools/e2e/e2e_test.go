@@ -346,9 +346,11 @@ func TestFleetUpdateTraceInJaeger(t *testing.T) {
 	for i := range 2 {
 		port := freePort(t)
 		id := "s" + strconv.Itoa(i)
-		p := start(t, "serve-"+id, otelEnv, rollout, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port), "--redis", redisURL,
+		// The generated admin token goes to dir (XDG_RUNTIME_DIR); file weight sources are
+		// confined to dir, where the checkpoint is.
+		p := start(t, "serve-"+id, append(otelEnv, "XDG_RUNTIME_DIR="+dir), rollout, "serve", "--addr", "127.0.0.1:"+strconv.Itoa(port), "--redis", redisURL,
 			"--fleet", fleetName, "--server-id", id, "--fleet-secret-file", secretFile, "--otel", "otlp",
-			"--offload-cpu-bytes", "16MiB", "--offload-delay", "5ms", "--log-level", "warn")
+			"--offload-cpu-bytes", "16MiB", "--offload-delay", "5ms", "--log-level", "warn", "--weights-root", dir)
 		url := "http://127.0.0.1:" + strconv.Itoa(port)
 		waitHTTP(t, p, url+"/ready")
 		servers = append(servers, url)
