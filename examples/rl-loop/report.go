@@ -198,9 +198,11 @@ func plotRun(path string, tk *task, sum *summary) error {
 	recs := sum.Records
 	top := plot.New()
 	top.Title.Text = fmt.Sprintf("GRPO on builtin:tiny, task %s: training reward and held-out accuracy", tk.Name)
-	top.X.Label.Text = "trainer step"
+	top.X.Label.Text = "GRPO step"
 	top.Y.Label.Text = "reward / accuracy"
-	top.Y.Min, top.Y.Max = 0, 1
+	top.Y.Min, top.Y.Max = 0, 1.45 // the legend sits above 1
+	top.Y.Tick.Marker = plot.ConstantTicks{{Value: 0, Label: "0"}, {Value: 0.2, Label: "0.2"}, {Value: 0.4, Label: "0.4"},
+		{Value: 0.6, Label: "0.6"}, {Value: 0.8, Label: "0.8"}, {Value: 1, Label: "1"}}
 	var reward, greedy, passk plotter.XYs
 	x0 := 0.0
 	if sum.Before != nil && len(recs) > 0 {
@@ -260,33 +262,44 @@ func plotRun(path string, tk *task, sum *summary) error {
 			return e
 		}
 	}
-	top.Legend.Top, top.Legend.Left = false, false
+	top.Legend.Top, top.Legend.Left = true, true
+	top.X.Min, top.X.Max = x0, xEnd
 
 	bot := plot.New()
 	bot.Title.Text = "RL health: collapse shows as entropy and distinct answers near 0 with zero-advantage groups near 1"
-	bot.X.Label.Text = "trainer step"
+	bot.X.Label.Text = "GRPO step"
 	bot.Add(plotter.NewGrid())
 	var ent, zero, clip, dist plotter.XYs
+	answers := map[string]bool{}
+	for _, p := range tk.HeldOut {
+		answers[fmt.Sprint(p.Answer)] = true
+	}
+	if sum.Before != nil {
+		dist = append(dist, plotter.XY{X: x0, Y: float64(sum.Before.Distinct) / float64(len(answers))})
+	}
+	yMax := 1.0
 	for _, r := range recs {
+		yMax = max(yMax, r.Entropy)
 		ent = append(ent, plotter.XY{X: float64(r.Step), Y: r.Entropy})
 		zero = append(zero, plotter.XY{X: float64(r.Step), Y: r.ZeroAdvFrac})
 		clip = append(clip, plotter.XY{X: float64(r.Step), Y: r.ClipFrac})
 		if r.EvalGreedy != nil {
-			dist = append(dist, plotter.XY{X: float64(r.Step), Y: float64(r.EvalDistinct) / float64(len(tk.HeldOut))})
+			dist = append(dist, plotter.XY{X: float64(r.Step), Y: float64(r.EvalDistinct) / float64(len(answers))})
 		}
 	}
 	for _, e := range []error{
 		add(bot, "entropy (nats)", ent, blue, 1.5, nil, false),
 		add(bot, "zero-advantage groups", zero, red, 1, nil, false),
 		add(bot, "clip fraction", clip, grey, 1, dash, false),
-		add(bot, "held-out distinct answers / prompts", dist, green, 1.5, nil, true),
+		add(bot, "held-out distinct greedy answers / distinct right answers", dist, green, 1.5, nil, true),
 	} {
 		if e != nil {
 			return e
 		}
 	}
-	bot.Y.Min = 0
-	bot.Legend.Top = true
+	bot.Y.Min, bot.Y.Max = 0, yMax*1.5 // the legend sits above the curves
+	bot.X.Min, bot.X.Max = x0, xEnd
+	bot.Legend.Top, bot.Legend.Left = true, true
 
 	const w, h = 9 * vg.Inch, 8 * vg.Inch
 	img := vgimg.New(w, h)
