@@ -214,6 +214,10 @@ func (n *net[F]) forward(b *batch, a *acts[F]) {
 				}
 				q := a.probs[i*v : (i+1)*v]
 				a.logp[i] = float64(s.Processed(x, b.targetTok[i], q))
+				if !ok {
+					// The float64 check path: the same kept set, the logprob in float64.
+					a.logp[i] = processed64(row, q, b.targetTok[i], n.proc.Temperature)
+				}
 				h := 0.0
 				for _, pj := range q {
 					if pj > 0 {
@@ -362,4 +366,25 @@ func swiglu[F float](a, g, u []F) {
 			a[i] = x * e / (1 + e) * u[i]
 		}
 	}
+}
+
+// processed64 is the logprob of token under temperature t renormalised over the kept set
+// (the tokens of nonzero probability in q), computed in float64 from row.
+func processed64[F float](row []F, q []float32, token int, t float64) float64 {
+	if q[token] == 0 {
+		return math.Inf(-1)
+	}
+	m := math.Inf(-1)
+	for j, x := range row {
+		if q[j] > 0 {
+			m = max(m, float64(x))
+		}
+	}
+	z := 0.0
+	for j, x := range row {
+		if q[j] > 0 {
+			z += math.Exp((float64(x) - m) / t)
+		}
+	}
+	return (float64(row[token])-m)/t - math.Log(z)
 }
