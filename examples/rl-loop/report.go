@@ -269,7 +269,7 @@ func plotRun(path string, tk *task, sum *summary) error {
 	bot.Title.Text = "RL health: collapse shows as entropy and distinct answers near 0 with zero-advantage groups near 1"
 	bot.X.Label.Text = "GRPO step"
 	bot.Add(plotter.NewGrid())
-	var ent, zero, clip, dist plotter.XYs
+	var ent, zero, clip, kl, dist plotter.XYs
 	answers := map[string]bool{}
 	for _, p := range tk.HeldOut {
 		answers[fmt.Sprint(p.Answer)] = true
@@ -283,6 +283,8 @@ func plotRun(path string, tk *task, sum *summary) error {
 		ent = append(ent, plotter.XY{X: float64(r.Step), Y: r.Entropy})
 		zero = append(zero, plotter.XY{X: float64(r.Step), Y: r.ZeroAdvFrac})
 		clip = append(clip, plotter.XY{X: float64(r.Step), Y: r.ClipFrac})
+		kl = append(kl, plotter.XY{X: float64(r.Step), Y: r.KL})
+		yMax = max(yMax, r.KL)
 		if r.EvalGreedy != nil {
 			dist = append(dist, plotter.XY{X: float64(r.Step), Y: float64(r.EvalDistinct) / float64(len(answers))})
 		}
@@ -291,6 +293,7 @@ func plotRun(path string, tk *task, sum *summary) error {
 		add(bot, "entropy (nats)", ent, blue, 1.5, nil, false),
 		add(bot, "zero-advantage groups", zero, red, 1, nil, false),
 		add(bot, "clip fraction", clip, grey, 1, dash, false),
+		add(bot, "KL to the warm-started policy", kl, orange, 1, nil, false),
 		add(bot, "held-out distinct greedy answers / distinct right answers", dist, green, 1.5, nil, true),
 	} {
 		if e != nil {
