@@ -16,6 +16,9 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rolloutkit/rollout/engine/load"
 	engmodel "github.com/rolloutkit/rollout/engine/model"
@@ -68,6 +71,17 @@ type config struct {
 	StoreAddr    string // where the weight store listens
 	StoreURL     string // the store's URL as the servers reach it (default: its listen URL)
 	Logger       *slog.Logger
+	Otel         string // trace exporter (main.go)
+	// TracerProvider makes one trace per step (rl.step, with the SDK's and the embedded
+	// servers' spans under it); nil: no tracing.
+	TracerProvider trace.TracerProvider
+}
+
+func (c *config) tracerProvider() trace.TracerProvider {
+	if c.TracerProvider == nil {
+		return noop.NewTracerProvider()
+	}
+	return c.TracerProvider
 }
 
 func (c *config) validate() error {
@@ -133,18 +147,23 @@ type fleet struct {
 func openFleet(ctx context.Context, cfg config) (*fleet, error) {
 	if cfg.Redis != "" {
 		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, RedisConfig: cfg.RedisConfig, Fleet: cfg.Fleet, Secret: cfg.Secret,
-			APIKey: cfg.APIKey, Logger: cfg.Logger})
+			APIKey: cfg.APIKey, Logger: cfg.Logger, TracerProvider: cfg.tracerProvider()})
 		if err != nil {
 			return nil, err
 		}
 		return &fleet{client: c, close: c.Close}, nil
 	}
 	f, err := embedded.Start(ctx, embedded.Options{Servers: cfg.Servers, Model: cfg.Model, Secret: cfg.Secret, Logger: cfg.Logger,
-		Server: func(_ int, sc *server.Config) { sc.OffloadCPUBytes = cfg.OffloadBytes }})
+		Server: func(_ int, sc *server.Config) {
+			sc.OffloadCPUBytes = cfg.OffloadBytes
+			sc.TracerProvider = cfg.tracerProvider()
+		}})
 	if err != nil {
 		return nil, err
 	}
-	c, err := sdk.Dial(ctx, f.DialOptions())
+	o := f.DialOptions()
+	o.TracerProvider = cfg.tracerProvider()
+	c, err := sdk.Dial(ctx, o)
 	if err != nil {
 		_ = f.Close()
 		return nil, err
@@ -369,8 +388,10 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	defer rep.finish()
 
 	sdkSamp := sdk.SamplingParams{MaxTokens: maxTokens, Temperature: cfg.Temperature, TopP: cfg.TopP}
-	evalAt := func(v int64) (*evalResult, error) { return evaluate(ctx, c, tk, sdkSamp, cfg.PassK, v) }
-	if sum.Before, err = evalAt(tr.Version()); err != nil {
+	evalAt := func(ctx context.Context, v int64) (*evalResult, error) {
+		return evaluate(ctx, c, tk, sdkSamp, cfg.PassK, v)
+	}
+	if sum.Before, err = evalAt(ctx, tr.Version()); err != nil {
 		return sum, err
 	}
 	rep.reference(tk, sum.Before, sum.Constant)
@@ -379,10 +400,21 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	}
 
 	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(tr.Steps())))
+	tracer := cfg.tracerProvider().Tracer("rollout/examples/rl-loop")
 	var pending *update
 	for i := 0; i < cfg.Steps; i++ {
 		stepStart := time.Now()
 		rec := record{Step: tr.Steps() + 1}
+		// One trace per step: its phases are child spans, and the SDK's generate and update
+		// spans (and the embedded servers' spans) nest under them.
+		ctx, stepSpan := tracer.Start(ctx, "rl.step", trace.WithAttributes(attribute.Int("rl.step", rec.Step)))
+		if sc := stepSpan.SpanContext(); sc.IsSampled() {
+			rec.TraceID = sc.TraceID().String()
+		}
+		phase := func(name string) (context.Context, func()) {
+			pctx, sp := tracer.Start(ctx, name)
+			return pctx, func() { sp.End() }
+		}
 
 		// Generate: one group per prompt, each a single request the SDK routes to one server.
 		// A pending update stages and commits meanwhile; tokens carry the version that made them.
@@ -391,19 +423,25 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 			ps[g] = tk.Train[rng.IntN(len(tk.Train))]
 		}
 		t := time.Now()
-		groups, err := generate(ctx, c, ps, cfg.Group, sdkSamp, uint64(cfg.Seed)<<32|uint64(rec.Step))
+		gctx, end := phase("rl.generate")
+		groups, err := generate(gctx, c, ps, cfg.Group, sdkSamp, uint64(cfg.Seed)<<32|uint64(rec.Step))
+		end()
 		if err != nil {
 			return sum, err
 		}
 		rec.GenerateSec = time.Since(t).Seconds()
 		if pending != nil { // the previous step's update; this step starts the next one below
-			if err := land(pending, &rec, sum); err != nil {
+			_, end := phase("rl.update_wait")
+			err := land(pending, &rec, sum)
+			end()
+			if err != nil {
 				return sum, err
 			}
 		}
 
 		// Score.
 		t = time.Now()
+		_, end = phase("rl.score")
 		var samples []trainer.Sample
 		rec.MinVersion, rec.MaxVersion = -1, -1
 		genTokens, nSamples, correct := 0, 0, 0
@@ -443,6 +481,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 			}
 		}
 		samples = dropSmallGroups(samples)
+		end()
 		rec.ScoreSec = time.Since(t).Seconds()
 		rec.GenTokensPerSec = float64(genTokens) / rec.GenerateSec
 		rec.ResponseLen = float64(genTokens) / float64(max(nSamples, 1))
@@ -450,7 +489,9 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 
 		// Train.
 		t = time.Now()
+		_, end = phase("rl.train")
 		st, err := tr.Step(ctx, samples)
+		end()
 		if err != nil {
 			return sum, fmt.Errorf("step %d: %w", rec.Step, err)
 		}
@@ -460,7 +501,9 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 		// Publish the new version and start updating the fleet: it stages while the next
 		// batch generates, then commits.
 		t = time.Now()
+		_, end = phase("rl.publish")
 		ref, err := publish(st.Version)
+		end()
 		if err != nil {
 			return sum, err
 		}
@@ -473,13 +516,18 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 		last := i == cfg.Steps-1
 		evalNow := last || (cfg.EvalEvery > 0 && (i+1)%cfg.EvalEvery == 0)
 		if cfg.Sync || evalNow {
-			if err := land(pending, &rec, sum); err != nil {
+			_, end := phase("rl.update_wait")
+			err := land(pending, &rec, sum)
+			end()
+			if err != nil {
 				return sum, err
 			}
 			pending = nil
 		}
 		if evalNow {
-			ev, err := evalAt(st.Version)
+			ectx, end := phase("rl.eval")
+			ev, err := evalAt(ectx, st.Version)
+			end()
 			if err != nil {
 				return sum, err
 			}
@@ -492,6 +540,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 			return sum, err
 		}
 		rec.StepSec = time.Since(stepStart).Seconds()
+		stepSpan.End()
 		sum.Records = append(sum.Records, rec)
 		if err := rep.step(rec); err != nil {
 			return sum, err

@@ -70,6 +70,11 @@
 //     distinct answers.
 //   - reference/: the KL reference (the warm-started weights), for --resume.
 //
+// With --otel (or OTEL_TRACES_EXPORTER) every step is one trace: an rl.step span with
+// rl.generate, rl.score, rl.train, rl.publish, rl.update_wait and rl.eval under it, the SDK's
+// generate and update spans and the embedded servers' spans below those; log.jsonl gives each
+// step's trace_id.
+//
 // Collapse shows as entropy and distinct answers near 0 with zero-advantage groups near 1
 // while the reward stays low; the step table marks such steps with "⚠ collapse".
 package main
@@ -86,6 +91,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/rolloutkit/rollout/sdk/telemetry"
 )
 
 func main() {
@@ -136,6 +143,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.StoreAddr, "store-addr", "127.0.0.1:0", "listen address of the weight store the servers fetch from")
 	fs.StringVar(&cfg.StoreURL, "store-url", "", "base URL the servers fetch weights from (default: the store's listen URL)")
 	logLevel := fs.String("log-level", "warn", "log level of the servers and the SDK: debug, info, warn, error")
+	fs.StringVar(&cfg.Otel, "otel", "", "trace exporter: none, stdout (to stderr) or otlp (OTEL_EXPORTER_OTLP_*); default OTEL_TRACES_EXPORTER, else none. One trace per step (rl.step), its id in log.jsonl")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -177,6 +185,12 @@ func parseFlags(args []string) (config, error) {
 func runMain(cfg config) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	tp, shutdown, err := telemetry.Setup(ctx, telemetry.Options{Exporter: cfg.Otel, ServiceName: "rl-loop", Stdout: os.Stderr})
+	if err != nil {
+		return fmt.Errorf("--otel: %w", err)
+	}
+	defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
+	cfg.TracerProvider = tp
 	if cfg.Seeds < 1 {
 		return fmt.Errorf("--seeds must be >= 1 (got %d)", cfg.Seeds)
 	}

@@ -76,6 +76,8 @@ type record struct {
 	MaxVersion int64  `json:"max_token_version"`
 	Violations int64  `json:"safety_violations"`
 	Example    string `json:"example"`
+	// TraceID is the step's trace (rl.step) when tracing is on and the trace sampled.
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 func (r *record) fromStats(st trainer.StepStats) {
