@@ -130,7 +130,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.Out, "out", "rl-loop-out", "directory for the log, the plot, the weight store and the checkpoint")
 	fs.BoolVar(&cfg.Resume, "resume", false, "continue from the checkpoint in --out")
 	fs.StringVar(&cfg.FleetStart, "fleet-start", FleetStartFail, "when the fleet already serves a later version (another run's): fail, reset (publish this run's weights as the next version) or adopt (train on from the fleet's checkpoint)")
-	fs.BoolVar(&cfg.Sync, "sync", false, "wait for each weight update before generating the next batch (fully on-policy)")
+	fs.BoolVar(&cfg.Sync, "sync", false, "wait for each weight update before generating the next batch: fully on-policy, and bitwise reproducible (the same seed and GOMAXPROCS give the same checkpoint)")
 	fs.StringVar(&cfg.Policy, "policy", "all", "update policy: all, quorum:K or rolling:K")
 	fs.StringVar(&cfg.Mode, "mode", "keep", "pause mode of the cut: abort, wait or keep")
 	fs.IntVar(&cfg.Servers, "servers", 2, "embedded servers (ignored with --redis)")
