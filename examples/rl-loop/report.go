@@ -286,7 +286,6 @@ func plotRun(path string, tk *task, sum *summary) error {
 		zero = append(zero, plotter.XY{X: float64(r.Step), Y: r.ZeroAdvFrac})
 		clip = append(clip, plotter.XY{X: float64(r.Step), Y: r.ClipFrac})
 		kl = append(kl, plotter.XY{X: float64(r.Step), Y: r.KL})
-		yMax = max(yMax, r.KL)
 		if r.EvalGreedy != nil {
 			dist = append(dist, plotter.XY{X: float64(r.Step), Y: float64(r.EvalDistinct) / float64(len(answers))})
 		}
@@ -295,7 +294,7 @@ func plotRun(path string, tk *task, sum *summary) error {
 		add(bot, "entropy (nats)", ent, blue, 1.5, nil, false),
 		add(bot, "zero-advantage groups", zero, red, 1, nil, false),
 		add(bot, "clip fraction", clip, grey, 1, dash, false),
-		add(bot, "KL to the warm-started policy", kl, orange, 1, nil, false),
+		add(bot, "KL to the warm-started policy (k3; spikes cut at the top)", kl, orange, 1, nil, false),
 		add(bot, "held-out distinct greedy answers / distinct right answers", dist, green, 1.5, nil, true),
 	} {
 		if e != nil {
