@@ -28,7 +28,8 @@ const DefaultMaxTokens = 16
 // DefaultTemperature is the temperature when SamplingParams.Temperature is 0 (vLLM's default).
 const DefaultTemperature = 1.0
 
-// GreedyTemperature: the servers decode temperatures below it greedily (vLLM's _SAMPLING_EPS).
+// GreedyTemperature is the temperature below which the servers decode greedily (vLLM's
+// _SAMPLING_EPS).
 const GreedyTemperature = 1e-5
 
 // LogprobMode selects the distribution reported logprobs refer to.

@@ -424,7 +424,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 		}
 		t := time.Now()
 		gctx, end := phase("rl.generate")
-		groups, err := generate(gctx, c, ps, cfg.Group, sdkSamp, uint64(cfg.Seed)<<32|uint64(rec.Step))
+		groups, err := generate(gctx, c, ps, cfg.Group, sdkSamp, cfg.Seed<<32|uint64(rec.Step))
 		end()
 		if err != nil {
 			return sum, err
