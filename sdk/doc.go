@@ -33,6 +33,17 @@
 // to another server when one fails and continues a sample that a pause aborted, so the caller
 // always gets whole samples.
 //
+// Sampling defaults fit RL: a zero Temperature means 1.0 (vLLM's default), greedy decoding is
+// asked for with SamplingParams.Greedy, and N > 1 greedy samples (N copies of one sample, with
+// zero GRPO advantage) are refused unless AllowIdenticalSamples is set. Token logprobs are
+// processed by default (LogprobProcessed: the distribution sampled from, after temperature
+// and filters), which is what importance ratios divide by at any sampling settings; give the
+// trainer the same settings (trainer.Config.Sampling). LogprobRaw is the model's own
+// distribution at temperature 1 without filters: for scoring or evaluation.
+//
+// The package prints nothing: it logs through the Options.Logger slog.Logger (slog.Default()
+// when nil).
+//
 // The same code runs against an in-process fleet (server/embedded), which hands Dial an open
 // bus in Options.Bus. The package never imports the engine or the server.
 package sdk

@@ -25,6 +25,27 @@ import (
 // default too).
 const DefaultMaxTokens = 16
 
+// DefaultTemperature is the temperature when SamplingParams.Temperature is 0 (vLLM's default).
+const DefaultTemperature = 1.0
+
+// GreedyTemperature is the temperature below which the servers decode greedily (vLLM's
+// _SAMPLING_EPS).
+const GreedyTemperature = 1e-5
+
+// LogprobMode selects the distribution reported logprobs refer to.
+type LogprobMode string
+
+const (
+	// LogprobProcessed is the log-probability under the distribution the token was sampled
+	// from: after temperature and the min-p/top-k/top-p filters, renormalised (-Inf outside the
+	// kept set; 0 for greedy tokens). It is the behaviour policy of RL importance ratios: a
+	// trainer recomputes it with the same settings (trainer.Config.Sampling). The default.
+	LogprobProcessed LogprobMode = "processed"
+	// LogprobRaw is log-softmax of the raw logits at temperature 1, before filters: the model's
+	// own distribution, whatever the sampling settings.
+	LogprobRaw LogprobMode = "raw"
+)
+
 // maxRetries bounds how often one request moves to another server after a failure.
 const maxRetries = 8
 
@@ -35,8 +56,22 @@ const maxResponseBytes = 256 << 20
 type SamplingParams struct {
 	// MaxTokens bounds each sample's generated tokens (0: DefaultMaxTokens).
 	MaxTokens int `json:"max_tokens"`
-	// Temperature scales logits; 0 is greedy decoding.
+	// Temperature scales logits (0: DefaultTemperature, 1.0, as in vLLM). Greedy decoding is
+	// Greedy, not a zero temperature.
 	Temperature float64 `json:"temperature"`
+	// Greedy decodes greedily: the most likely token, ties to the lowest id (Temperature must
+	// be 0). N greedy samples of one prompt are N copies of one sample, whose GRPO advantages
+	// are all 0: Generate refuses N > 1 with Greedy unless AllowIdenticalSamples is set.
+	Greedy bool `json:"-"`
+	// AllowIdenticalSamples lets N > 1 go with greedy decoding (Greedy, or a temperature
+	// below GreedyTemperature, which the servers decode greedily).
+	AllowIdenticalSamples bool `json:"-"`
+	// LogprobMode is the distribution each token's Logprob refers to (empty:
+	// LogprobProcessed, the distribution sampled from, which makes importance ratios right
+	// for any temperature and filters). LogprobRaw is the model's own distribution
+	// (temperature 1, no filters): for scoring and evaluation, or RL sampled at temperature
+	// 1 without filters, where the two are the same.
+	LogprobMode LogprobMode `json:"logprob_mode,omitempty"`
 	// TopP keeps the smallest set of tokens whose mass reaches TopP (0 or 1: off).
 	TopP float64 `json:"top_p"`
 	// TopK keeps the K most likely tokens (0 or -1: off).
@@ -220,6 +255,30 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (res *Genera
 	return res, nil
 }
 
+// samplingDefaults applies the temperature and logprob-mode defaults and refuses a greedy
+// group of identical samples that was not asked for.
+func samplingDefaults(p *SamplingParams, n int) error {
+	switch {
+	case p.Greedy && p.Temperature != 0:
+		return invalid("greedy decoding with temperature %v: set one of them", p.Temperature)
+	case !p.Greedy && p.Temperature == 0:
+		p.Temperature = DefaultTemperature
+	}
+	greedy := p.Greedy || (p.Temperature > 0 && p.Temperature < GreedyTemperature)
+	if greedy && n > 1 && !p.AllowIdenticalSamples {
+		return invalid("n=%d with greedy decoding (temperature %v) gives %d identical samples, whose GRPO advantages are all 0: "+
+			"sample with a temperature (0 means %v), or set AllowIdenticalSamples", n, p.Temperature, n, DefaultTemperature)
+	}
+	switch p.LogprobMode {
+	case "":
+		p.LogprobMode = LogprobProcessed
+	case LogprobProcessed, LogprobRaw:
+	default:
+		return invalid("logprob_mode must be %q or %q (got %q)", LogprobProcessed, LogprobRaw, p.LogprobMode)
+	}
+	return nil
+}
+
 func validateGenerate(req *GenerateRequest) error {
 	if len(req.PromptTokenIDs) == 0 {
 		return invalid("empty prompt")
@@ -237,6 +296,9 @@ func validateGenerate(req *GenerateRequest) error {
 	}
 	if req.Sampling.MaxTokens == 0 {
 		req.Sampling.MaxTokens = DefaultMaxTokens
+	}
+	if err := samplingDefaults(&req.Sampling, req.N); err != nil {
+		return err
 	}
 	p := req.Sampling
 	switch {

@@ -64,13 +64,35 @@ type work[F float] struct {
 // backward adds to g the gradient of Σ_i glogp[i]·logp[i] (the targets' logprobs of the
 // forward that filled a) with respect to every parameter.
 func (n *net[F]) backward(b *batch, a *acts[F], glogp []float64, g *grads[F], w *work[F]) {
-	c := n.cfg
-	N, M := len(b.tokens), len(b.targets)
-	h, f, kvd, v := c.HiddenSize, c.IntermediateSize, c.KVDim(), c.VocabSize
-	qkvW := h + 2*kvd
+	M, v := len(b.targets), n.cfg.VocabSize
 
-	// LM head: d logp / d logit_j = 1[j = target] - softmax_j.
+	// LM head: d logp / d logit_j = 1[j = target] - softmax_j; for the processed distribution
+	// (temperature T, a kept set S held fixed) (1[j = target] - q_j)/T on S and 0 elsewhere.
 	w.dlogits = grow(w.dlogits, M*v)
+	if n.proc != nil {
+		invT := 1 / n.proc.Temperature
+		n.pool.Parallel(M, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				q, d := a.probs[i*v:(i+1)*v], w.dlogits[i*v:(i+1)*v]
+				gi := glogp[i] * invT
+				if gi == 0 || math.IsInf(a.logp[i], -1) {
+					clear(d)
+					continue
+				}
+				for j, pj := range q {
+					d[j] = F(-gi * float64(pj))
+				}
+				d[b.targetTok[i]] += F(gi)
+			}
+		})
+	} else {
+		n.lmHeadRaw(b, a, glogp, w, M, v)
+	}
+	n.backwardBody(b, a, g, w)
+}
+
+// lmHeadRaw fills w.dlogits for raw logprobs.
+func (n *net[F]) lmHeadRaw(b *batch, a *acts[F], glogp []float64, w *work[F], M, v int) {
 	n.pool.Parallel(M, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			row, d := a.logits[i*v:(i+1)*v], w.dlogits[i*v:(i+1)*v]
@@ -88,6 +110,14 @@ func (n *net[F]) backward(b *batch, a *acts[F], glogp []float64, g *grads[F], w 
 			d[b.targetTok[i]] += F(gi)
 		}
 	})
+}
+
+// backwardBody propagates w.dlogits through the LM head and the layers into g.
+func (n *net[F]) backwardBody(b *batch, a *acts[F], g *grads[F], w *work[F]) {
+	c := n.cfg
+	N, M := len(b.tokens), len(b.targets)
+	h, f, kvd := c.HiddenSize, c.IntermediateSize, c.KVDim()
+	qkvW := h + 2*kvd
 	g.add(n.pool, n.cls, g.cls, w.dlogits, a.xnF, M)
 	w.dxnF = grow(w.dxnF, M*h)
 	mulT(n.pool, n.cls, w.dxnF, w.dlogits, M)

@@ -17,6 +17,13 @@
 // accumulated over micro-batches, clipped by global norm, and applied by AdamW with a
 // warmup-then-constant or cosine learning-rate schedule.
 //
+// The logprobs are those of the distribution the rollouts were sampled from: Config.Sampling
+// gives its temperature and filters, and the trainer recomputes the engine's processed logprobs
+// of it bit for bit (the zero value is temperature 1 without filters, where raw and processed
+// logprobs are one distribution). SupervisedStep is a cross-entropy step on the raw
+// distribution, for a warm start (SFT) before GRPO. Every Step reports the policy's entropy
+// alongside the KL, clip and truncation fractions and the gradient norm.
+//
 // Checkpoints are Hugging Face safetensors directories the engine loads directly, with the
 // optimizer state beside them; package weightstore publishes versions over HTTP with the digest
 // the engine verifies.

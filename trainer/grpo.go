@@ -12,8 +12,10 @@ type Sample struct {
 	Prompt []int
 	// Completion is the generated token ids (at least one).
 	Completion []int
-	// Logprobs is the rollout's raw logprob of each completion token (temperature 1, before any
-	// sampling filter: the engine's default logprob mode), one per token.
+	// Logprobs is the rollout's logprob of each completion token, one per token, under the
+	// distribution Config.Sampling describes: the processed logprobs of requests sampled with
+	// those settings (the SDK's default mode), or raw logprobs with the zero Sampling
+	// (temperature 1, no filters).
 	Logprobs []float32
 	// Versions is the weight version that generated each completion token, one per token. A
 	// completion can span a weight update, so versions may differ within one sample.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/sample"
 )
 
 // net is a network of element type F over params p, with the projections grouped as the
@@ -20,6 +21,10 @@ type net[F float] struct {
 	sin    []F
 	layers []netLayer[F]
 	cls    *mat[F]
+	// proc, when set, makes logprobs those of the processed distribution these sampling
+	// parameters sample from (temperature and filters); nil means raw (temperature 1, no
+	// filters).
+	proc *sample.Params
 }
 
 type netLayer[F float] struct {
@@ -127,6 +132,11 @@ type acts[F float] struct {
 	maxL   []F
 	lse    []float64
 	logp   []float64 // log p(target) per target, as the engine's sampler computes it
+	// entropy is the entropy (nats) of each target's next-token distribution (the processed one
+	// when the net has proc).
+	entropy []float64
+	// probs is each target's processed distribution [M][vocab], only with proc.
+	probs []float32
 }
 
 // forward runs b, saving what backward needs in a and the targets' logprobs in a.logp.
@@ -186,12 +196,53 @@ func (n *net[F]) forward(b *batch, a *acts[F]) {
 	a.maxL = grow(a.maxL, M)
 	a.lse = grow(a.lse, M)
 	a.logp = grow(a.logp, M)
+	a.entropy = grow(a.entropy, M)
+	if n.proc != nil {
+		a.probs = grow(a.probs, M*v)
+		n.pool.Parallel(M, func(lo, hi int) {
+			s := sample.New(*n.proc, 0)
+			var r32 []float32
+			for i := lo; i < hi; i++ {
+				row := a.logits[i*v : (i+1)*v]
+				x, ok := any(row).([]float32)
+				if !ok {
+					r32 = grow(r32, v)
+					for j, e := range row {
+						r32[j] = float32(e)
+					}
+					x = r32
+				}
+				q := a.probs[i*v : (i+1)*v]
+				a.logp[i] = float64(s.Processed(x, b.targetTok[i], q))
+				if !ok {
+					// The float64 check path: the same kept set, the logprob in float64.
+					a.logp[i] = processed64(row, q, b.targetTok[i], n.proc.Temperature)
+				}
+				h := 0.0
+				for _, pj := range q {
+					if pj > 0 {
+						h -= float64(pj) * math.Log(float64(pj))
+					}
+				}
+				a.entropy[i] = h
+			}
+		})
+		return
+	}
 	n.pool.Parallel(M, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			row := a.logits[i*v : (i+1)*v]
 			a.maxL[i] = maxOf(row)
 			a.lse[i] = logSumExpShifted(row, a.maxL[i])
 			a.logp[i] = float64(row[b.targetTok[i]]) - float64(a.maxL[i]) - a.lse[i]
+			// H = lse - Σ p_j (x_j - max), p_j = exp(x_j - max - lse).
+			m, lse, h := float64(a.maxL[i]), a.lse[i], 0.0
+			for _, x := range row {
+				if d := float64(x) - m; !math.IsInf(d, -1) {
+					h -= math.Exp(d-lse) * d
+				}
+			}
+			a.entropy[i] = lse + h
 		}
 	})
 }
@@ -315,4 +366,25 @@ func swiglu[F float](a, g, u []F) {
 			a[i] = x * e / (1 + e) * u[i]
 		}
 	}
+}
+
+// processed64 is the logprob of token under temperature t renormalised over the kept set
+// (the tokens of nonzero probability in q), computed in float64 from row.
+func processed64[F float](row []F, q []float32, token int, t float64) float64 {
+	if q[token] == 0 {
+		return math.Inf(-1)
+	}
+	m := math.Inf(-1)
+	for j, x := range row {
+		if q[j] > 0 {
+			m = max(m, float64(x))
+		}
+	}
+	z := 0.0
+	for j, x := range row {
+		if q[j] > 0 {
+			z += math.Exp((float64(x) - m) / t)
+		}
+	}
+	return (float64(row[token])-m)/t - math.Log(z)
 }

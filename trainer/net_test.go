@@ -10,6 +10,7 @@ import (
 	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/kvcache"
 	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/sample"
 )
 
 // tinyConfig is a small Llama with GQA (4 query heads share 2 KV heads).
@@ -148,13 +149,21 @@ func TestForwardMatchesEngine(t *testing.T) {
 func TestGradientFiniteDifference(t *testing.T) {
 	pool := kernels.NewPool(2)
 	defer pool.Close()
-	for _, tied := range []bool{true, false} {
+	// processed: the logprobs of temperature 0.7 and top-p 0.9 (trainer.Config.Sampling),
+	// whose gradient holds the kept set fixed.
+	processed := Sampling{Temperature: 0.7, TopP: 0.9}.params()
+	for _, tc := range []struct {
+		tied bool
+		proc *sample.Params
+	}{{true, nil}, {false, nil}, {true, &processed}, {false, &processed}} {
+		tied := tc.tied
 		c := tinyConfig(tied)
 		w := randomWeights(t, c, 11)
 		r := rand.New(rand.NewPCG(5, 6))
 		pairs := randomPairs(r, c.VocabSize, [2]int{3, 6}, [2]int{1, 5}, [2]int{6, 2})
 		p := paramsFrom[float64](w)
 		n := newNet(p, pool)
+		n.proc = tc.proc
 		b := buildBatch(c, pairs)
 		coef := make([]float64, len(b.targets))
 		for i := range coef {
@@ -165,12 +174,21 @@ func TestGradientFiniteDifference(t *testing.T) {
 			n.forward(b, &a)
 			s := 0.0
 			for i, lp := range a.logp {
-				s += coef[i] * lp
+				if !math.IsInf(lp, -1) { // outside the kept set: no gradient
+					s += coef[i] * lp
+				}
 			}
 			return s
 		}
 		var a acts[float64]
 		n.forward(b, &a)
+		kept := 0
+		for _, lp := range a.logp {
+			if !math.IsInf(lp, -1) {
+				kept++
+			}
+		}
+		require.Positive(t, kept)
 		g := newGrads[float64](c)
 		n.backward(b, &a, coef, g, &work[float64]{})
 		g.flush()
@@ -203,7 +221,7 @@ func TestGradientFiniteDifference(t *testing.T) {
 				require.LessOrEqual(t, rel, 1e-3, "%s[%d]: analytic %g numeric %g", names[ti].Name, i, gt[i], num)
 			}
 		}
-		t.Logf("tied=%v: %d tensors, worst relative error %.3g", tied, len(gts), worst)
+		t.Logf("tied=%v processed=%v: %d tensors, worst relative error %.3g", tied, tc.proc != nil, len(gts), worst)
 	}
 }
 

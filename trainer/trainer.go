@@ -10,6 +10,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/sample"
 )
 
 // Config controls a Trainer. Zero values take the defaults listed per field.
@@ -57,6 +58,37 @@ type Config struct {
 	// Version is the weight version of the weights given to New (default 0). Each Step
 	// increments it.
 	Version int64 `json:"version"`
+	// Sampling is how the rollouts were sampled, so that the trainer's logprobs are those of
+	// the distribution Sample.Logprobs describe and on-policy importance ratios are 1. The zero
+	// value is temperature 1 without filters, where raw and processed logprobs are the same
+	// distribution. With any other sampling, request processed logprobs (the SDK's default,
+	// sdk.LogprobProcessed) and set Sampling to the request's settings.
+	Sampling Sampling `json:"sampling"`
+}
+
+// Sampling is the part of a rollout's sampling parameters that shapes the distribution its
+// tokens were drawn from: temperature, then min-p, top-k and top-p, renormalised (the engine's
+// order and tie-breaking, engine/sample). Zero fields are off (Temperature 0 means 1).
+type Sampling struct {
+	Temperature float64 `json:"temperature"`
+	TopP        float64 `json:"top_p"`
+	TopK        int     `json:"top_k"`
+	MinP        float64 `json:"min_p"`
+}
+
+// raw reports whether s samples from the model's raw distribution (temperature 1, no filter).
+func (s Sampling) raw() bool {
+	return (s.Temperature == 0 || s.Temperature == 1) && (s.TopP == 0 || s.TopP == 1) && s.TopK <= 0 && s.MinP == 0
+}
+
+// params returns s as the engine's sampling parameters in processed-logprob mode.
+func (s Sampling) params() sample.Params {
+	p := sample.Params{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK, MinP: s.MinP, MaxTokens: 1,
+		LogprobMode: sample.LogprobProcessed}
+	if p.Temperature == 0 {
+		p.Temperature = 1
+	}
+	return p.WithDefaults()
 }
 
 func (c Config) withDefaults() Config {
@@ -125,6 +157,11 @@ func (c Config) Validate() error {
 		return bad("micro_batch_tokens", c.MicroBatchTokens, "must be >= 1")
 	case c.Workers < 1:
 		return bad("workers", c.Workers, "must be >= 1")
+	case c.Sampling.Temperature != 0 && !(c.Sampling.Temperature >= sample.GreedyEpsilon && c.Sampling.Temperature <= sample.MaxTemperature):
+		return bad("sampling.temperature", c.Sampling.Temperature, "must be 0 (meaning 1) or in [1e-5, 100]: greedy rollouts have no distribution to train on")
+	}
+	if err := c.Sampling.params().Validate(2); err != nil {
+		return fmt.Errorf("%w: sampling: %w", ErrInvalidConfig, err)
 	}
 	return nil
 }
@@ -169,6 +206,14 @@ type StepStats struct {
 	// TruncatedFraction the fraction of stale tokens whose ratio hit TISCap.
 	ClipFraction      float64 `json:"clip_fraction"`
 	TruncatedFraction float64 `json:"truncated_fraction"`
+	// Entropy is the token-mean entropy (nats) of the trainer's next-token distribution over
+	// the completion tokens (the processed distribution with Config.Sampling): it falls towards
+	// 0 as the policy collapses onto fixed answers.
+	Entropy float64 `json:"entropy"`
+	// OutsideKeptTokens counts tokens that lie outside the trainer's kept set of
+	// Config.Sampling's filters (logprob -Inf): they carry no gradient. On-policy tokens are
+	// never outside it when trainer and rollout match.
+	OutsideKeptTokens int `json:"outside_kept_tokens"`
 	// MismatchMeanAbs and MismatchMax compare the trainer's logprobs with the rollout's on
 	// on-policy tokens: the same weights and tokens, so about 0 when trainer and server share
 	// their arithmetic.
@@ -238,6 +283,13 @@ func New(w *model.Weights, cfg Config) (*Trainer, error) {
 	if refP != nil {
 		t.ref = newNet(refP, t.pool)
 	}
+	if !cfg.Sampling.raw() {
+		p := cfg.Sampling.params()
+		t.net.proc = &p
+		if t.ref != nil {
+			t.ref.proc = &p
+		}
+	}
 	return t, nil
 }
 
@@ -278,8 +330,10 @@ func (t *Trainer) Weights() *model.Weights {
 	return t.p.weights()
 }
 
-// Logprobs returns the trainer's raw logprob of each completion token after prompt, computed
-// as the engine's sampler computes it (log-softmax at temperature 1 of float32 logits).
+// Logprobs returns the trainer's logprob of each completion token after prompt under the
+// distribution Config.Sampling describes, computed as the engine's sampler computes it: raw
+// (log-softmax at temperature 1 of float32 logits) for the zero Sampling, processed
+// (temperature and filters, renormalised; -Inf outside the kept set) otherwise.
 func (t *Trainer) Logprobs(ctx context.Context, prompt, completion []int) ([]float64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -431,6 +485,14 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 				if t.ref != nil {
 					ref = t.ra.logp[k]
 				}
+				st.Entropy += t.a.entropy[k]
+				if math.IsInf(logp, -1) || math.IsInf(ref, -1) {
+					// Outside the trainer's (or the reference's) kept set: no ratio, no
+					// gradient.
+					st.OutsideKeptTokens++
+					k++
+					continue
+				}
 				term := lp.term(logp, roll, ref, adv[si], s.Versions[j])
 				st.Loss += term.loss * norm
 				st.KL += term.kl * norm
@@ -461,6 +523,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 		}
 		lo = hi
 	}
+	st.Entropy /= float64(st.Tokens)
 	if st.OnPolicyTokens > 0 {
 		st.MismatchMeanAbs = mismatch / float64(st.OnPolicyTokens)
 		st.ClipFraction = float64(clipped) / float64(st.OnPolicyTokens)

@@ -72,6 +72,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{LR: -1}, {LR: math.NaN()}, {MinLR: 1, LR: 0.1}, {WarmupSteps: -1}, {Schedule: "linear"},
 		{Schedule: ScheduleCosine}, {Beta1: 1}, {Beta2: -0.5}, {AdamEps: -1}, {WeightDecay: -1},
 		{ClipLow: 1.5}, {ClipHigh: -1}, {TISCap: 0.5}, {KLCoef: -1}, {MicroBatchTokens: -5}, {Workers: -1},
+		{Sampling: Sampling{Temperature: 1e-7}}, {Sampling: Sampling{Temperature: -1}}, {Sampling: Sampling{TopP: 1.5}},
+		{Sampling: Sampling{MinP: 2}}, {Sampling: Sampling{TopK: -3}},
 	} {
 		_, err := New(w, cfg)
 		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)

@@ -36,7 +36,8 @@ func runGenerateFleet(ctx context.Context, cmd *cobra.Command, o generateOpts, p
 	seed := o.seed
 	start := time.Now()
 	out, err := c.Generate(ctx, sdk.GenerateRequest{PromptTokenIDs: tok.Tokens, N: 1, Sampling: sdk.SamplingParams{
-		MaxTokens: o.maxTokens, Temperature: o.temperature, TopP: o.topP, TopK: o.topK, Seed: &seed}})
+		MaxTokens: o.maxTokens, Temperature: o.temperature, Greedy: o.temperature == 0, TopP: o.topP, TopK: o.topK, Seed: &seed,
+		LogprobMode: sdk.LogprobRaw}}) // as the local and HTTP paths report them
 	if err != nil {
 		return fmt.Errorf("generate on fleet %q: %w", o.conn.fleet, err)
 	}

@@ -26,11 +26,13 @@
 //
 // # Logprobs
 //
-// [LogprobRaw] (the default) reports log_softmax of the raw logits at temperature 1, before any
-// filter or exclusion: the behaviour policy an RL trainer recomputes, so importance ratios compare
-// like with like. [LogprobProcessed] reports the log-probability under the distribution actually
-// sampled from (after temperature, filters and renormalisation); tokens outside the kept set get
-// -Inf, and greedy decoding puts all mass (logprob 0) on its token. Callers serialising to JSON must
+// [LogprobRaw] (the engine's default) reports log_softmax of the raw logits at temperature 1,
+// before any filter or exclusion: the model's distribution, which is the distribution sampled
+// from only at temperature 1 without filters. [LogprobProcessed] reports the log-probability
+// under the distribution actually sampled from (after temperature, filters and
+// renormalisation): the behaviour policy whose logprobs RL importance ratios divide by, at any
+// sampling settings; [Sampler.Processed] recomputes it for a trainer, bit for bit. Tokens
+// outside the kept set get -Inf, and greedy decoding puts all mass (logprob 0) on its token. Callers serialising to JSON must
 // map -Inf themselves: encoding/json rejects it.
 //
 // Sums and logprobs are computed in float64 from float32 logits, with an inlined exponential

@@ -42,11 +42,15 @@ func (e *FieldError) Unwrap() error { return ErrInvalidParams }
 type LogprobMode string
 
 const (
-	// LogprobRaw is log_softmax of the raw logits at temperature 1, before filters (the default,
-	// and what RL importance ratios need). The empty string means LogprobRaw.
+	// LogprobRaw is log_softmax of the raw logits at temperature 1, before filters: the
+	// model's own distribution (the engine's default; the empty string means LogprobRaw). It is
+	// the sampling distribution only at temperature 1 without filters, so RL importance ratios
+	// need it only there; with any other sampling they need LogprobProcessed.
 	LogprobRaw LogprobMode = "raw"
 	// LogprobProcessed is the log-probability under the distribution actually sampled from: after
-	// temperature and the min-p/top-k/top-p filters, renormalised over the kept tokens.
+	// temperature and the min-p/top-k/top-p filters, renormalised over the kept tokens. It is the
+	// behaviour policy of an RL rollout, what importance ratios divide by; a trainer recomputes
+	// it with the same settings ([Sampler.Processed]).
 	LogprobProcessed LogprobMode = "processed"
 )
 

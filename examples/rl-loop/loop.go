@@ -16,8 +16,12 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rolloutkit/rollout/engine/load"
+	engmodel "github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
@@ -33,12 +37,22 @@ type config struct {
 	Steps     int     // training steps
 	Prompts   int     // groups (prompts) per step
 	Group     int     // samples per prompt (G)
-	MaxTokens int     // completion budget
+	MaxTokens int     // completion budget (0: the task's, the answer and EOS)
 	LR        float64 // peak learning rate
 	KL        float64 // weight of the KL penalty to the initial policy
 	Seed      uint64
-	Out       string // directory for the checkpoint, weight store, log and plot
-	Resume    bool   // continue from Out's checkpoint
+	Seeds     int    // runs with seeds Seed, Seed+1, ... (main.go; run does one)
+	Task      string // lastdigit or succ (task.go)
+	// Temperature and TopP are the rollouts' sampling; the trainer recomputes the logprobs of
+	// the same (processed) distribution.
+	Temperature float64
+	TopP        float64
+	WarmupSteps int     // supervised steps teaching the answer format before GRPO (0: none)
+	WarmupLR    float64 // their learning rate
+	EvalEvery   int     // held-out evaluation every this many steps (0: only before and after)
+	PassK       int     // samples per held-out prompt for pass@k (0: greedy accuracy only)
+	Out         string  // directory for the checkpoint, weight store, log and plot
+	Resume      bool    // continue from Out's checkpoint
 	// FleetStart says what to do when the fleet already serves a version above this run's
 	// (another run's weights): FleetStartFail, FleetStartReset or FleetStartAdopt.
 	FleetStart string
@@ -57,6 +71,17 @@ type config struct {
 	StoreAddr    string // where the weight store listens
 	StoreURL     string // the store's URL as the servers reach it (default: its listen URL)
 	Logger       *slog.Logger
+	Otel         string // trace exporter (main.go)
+	// TracerProvider makes one trace per step (rl.step, with the SDK's and the embedded
+	// servers' spans under it); nil: no tracing.
+	TracerProvider trace.TracerProvider
+}
+
+func (c *config) tracerProvider() trace.TracerProvider {
+	if c.TracerProvider == nil {
+		return noop.NewTracerProvider()
+	}
+	return c.TracerProvider
 }
 
 func (c *config) validate() error {
@@ -67,8 +92,16 @@ func (c *config) validate() error {
 		return fmt.Errorf("--prompts must be >= 1 (got %d)", c.Prompts)
 	case c.Group < 2:
 		return fmt.Errorf("--group must be >= 2: GRPO compares the rewards within a group (got %d)", c.Group)
-	case c.MaxTokens < 1:
-		return fmt.Errorf("--max-tokens must be >= 1 (got %d)", c.MaxTokens)
+	case c.MaxTokens < 0:
+		return fmt.Errorf("--max-tokens must be >= 0 (got %d)", c.MaxTokens)
+	case !(c.Temperature >= 1e-5 && c.Temperature <= 100):
+		return fmt.Errorf("--temperature must be in [1e-5, 100]: GRPO needs a sampling distribution (got %g)", c.Temperature)
+	case !(c.TopP > 0 && c.TopP <= 1):
+		return fmt.Errorf("--top-p must be in (0, 1] (got %g)", c.TopP)
+	case c.WarmupSteps < 0 || c.EvalEvery < 0 || c.PassK < 0:
+		return errors.New("--warmup-steps, --eval-every and --pass-k must be >= 0")
+	case c.WarmupSteps > 0 && c.WarmupLR <= 0:
+		return fmt.Errorf("--warmup-lr must be > 0 (got %g)", c.WarmupLR)
 	case c.LR <= 0:
 		return fmt.Errorf("--lr must be > 0 (got %g)", c.LR)
 	case c.Out == "":
@@ -93,8 +126,16 @@ type summary struct {
 	LastMean   float64 // mean reward of the last 5 steps
 	Updates    int     // weight updates committed
 	Violations int64   // safety violations reported by the servers
-	PlotPath   string
-	LogPath    string
+	// Held-out greedy accuracy and pass@k before GRPO (the initial policy, after the warm
+	// start) and after the last step, and the best constant policy's accuracy.
+	Before, After *evalResult
+	Constant      float64
+	WarmupLoss    [2]float64 // cross-entropy of the first and last warm-start step
+	WallSec       float64
+	PlotPath      string
+	LogPath       string
+	EvalPath      string
+	Checkpoint    string
 }
 
 // fleet is what the loop drives: the SDK client and, when embedded, the servers.
@@ -106,18 +147,23 @@ type fleet struct {
 func openFleet(ctx context.Context, cfg config) (*fleet, error) {
 	if cfg.Redis != "" {
 		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, RedisConfig: cfg.RedisConfig, Fleet: cfg.Fleet, Secret: cfg.Secret,
-			APIKey: cfg.APIKey, Logger: cfg.Logger})
+			APIKey: cfg.APIKey, Logger: cfg.Logger, TracerProvider: cfg.tracerProvider()})
 		if err != nil {
 			return nil, err
 		}
 		return &fleet{client: c, close: c.Close}, nil
 	}
 	f, err := embedded.Start(ctx, embedded.Options{Servers: cfg.Servers, Model: cfg.Model, Secret: cfg.Secret, Logger: cfg.Logger,
-		Server: func(_ int, sc *server.Config) { sc.OffloadCPUBytes = cfg.OffloadBytes }})
+		Server: func(_ int, sc *server.Config) {
+			sc.OffloadCPUBytes = cfg.OffloadBytes
+			sc.TracerProvider = cfg.tracerProvider()
+		}})
 	if err != nil {
 		return nil, err
 	}
-	c, err := sdk.Dial(ctx, f.DialOptions())
+	o := f.DialOptions()
+	o.TracerProvider = cfg.tracerProvider()
+	c, err := sdk.Dial(ctx, o)
 	if err != nil {
 		_ = f.Close()
 		return nil, err
@@ -201,12 +247,13 @@ func (u *update) wait() (*sdk.UpdateResult, error) {
 }
 
 func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
+	wallStart := time.Now()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if !cfg.Resume {
 		// A fresh run must not serve a previous run's weights under the same version numbers.
-		for _, name := range []string{"checkpoint", "weights", "log.jsonl", "reward.png"} {
+		for _, name := range []string{"checkpoint", "weights", "reference", "log.jsonl", "reward.png", "eval.jsonl"} {
 			if err := os.RemoveAll(filepath.Join(cfg.Out, name)); err != nil {
 				return nil, err
 			}
@@ -219,10 +266,32 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", cfg.Model, err)
 	}
-	tcfg := trainer.Config{LR: cfg.LR, MaxGradNorm: 1, DrGRPO: true, KLCoef: cfg.KL}
+	tk, err := newTask(cfg.Task, m.Weights.Config.BOSTokenID, m.Weights.Config.EOSTokenID)
+	if err != nil {
+		return nil, err
+	}
+	maxTokens := cfg.MaxTokens
+	if maxTokens == 0 {
+		maxTokens = tk.maxTokens()
+	}
+	samp := trainer.Sampling{Temperature: cfg.Temperature, TopP: cfg.TopP}
+	tcfg := trainer.Config{LR: cfg.LR, MaxGradNorm: 1, DrGRPO: true, KLCoef: cfg.KL, Sampling: samp}
 	ckpt := filepath.Join(cfg.Out, "checkpoint")
+	sum := &summary{PlotPath: filepath.Join(cfg.Out, "reward.png"), EvalPath: filepath.Join(cfg.Out, "eval.jsonl"),
+		Checkpoint: ckpt, Constant: tk.constantAccuracy()}
+	// The KL reference is the policy GRPO starts from (the warm-started one): saved beside the
+	// checkpoint, since a checkpoint holds only the trained weights.
+	refDir := filepath.Join(cfg.Out, "reference")
 	var tr *trainer.Trainer
 	if cfg.Resume && trainer.HasCheckpoint(ckpt) {
+		if cfg.KL > 0 {
+			tcfg.Reference = m.Weights // a checkpoint of a run that saved no reference
+			if _, err := os.Stat(refDir); err == nil {
+				if tcfg.Reference, err = weights.LoadHF(refDir); err != nil {
+					return nil, fmt.Errorf("KL reference: %w", err)
+				}
+			}
+		}
 		tr, err = trainer.Resume(ckpt, tcfg)
 		if err == nil {
 			if err = trainer.CheckShape(m.Weights.Config, tr.ModelConfig()); err != nil {
@@ -230,7 +299,19 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 			}
 		}
 	} else {
-		tr, err = trainer.New(m.Weights, tcfg)
+		w := m.Weights
+		if cfg.WarmupSteps > 0 {
+			if w, err = warmStart(ctx, cfg, tk, w, sum); err != nil {
+				return nil, err
+			}
+			tcfg.Version = int64(cfg.WarmupSteps)
+		}
+		if cfg.KL > 0 {
+			if err := weights.SaveHF(refDir, w, weights.F32); err != nil {
+				return nil, fmt.Errorf("KL reference: %w", err)
+			}
+		}
+		tr, err = trainer.New(w, tcfg) // the reference of --kl is the warm-started policy
 	}
 	if err != nil {
 		return nil, fmt.Errorf("trainer: %w", err)
@@ -280,7 +361,8 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 		defer tr.Close()
 	}
 
-	// A resumed trainer is ahead of a fresh fleet: bring the fleet to its version first.
+	// A resumed or warm-started trainer is ahead of a fresh fleet: bring the fleet to its
+	// version first.
 	if v := tr.Version(); v > 0 {
 		if serving, err := minServing(ctx, c); err != nil {
 			return nil, err
@@ -296,6 +378,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	}
 
 	logPath := filepath.Join(cfg.Out, "log.jsonl")
+	sum.LogPath = logPath
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -304,37 +387,72 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	rep := newReporter(stdout, logf, cfg.Steps)
 	defer rep.finish()
 
-	tk := task{bos: m.Weights.Config.BOSTokenID, maxTokens: cfg.MaxTokens}
+	sdkSamp := sdk.SamplingParams{MaxTokens: maxTokens, Temperature: cfg.Temperature, TopP: cfg.TopP}
+	evalAt := func(ctx context.Context, v int64) (*evalResult, error) {
+		return evaluate(ctx, c, tk, sdkSamp, cfg.PassK, v)
+	}
+	if sum.Before, err = evalAt(ctx, tr.Version()); err != nil {
+		return sum, err
+	}
+	rep.reference(tk, sum.Before, sum.Constant)
+	if err := rep.log.Encode(evalRecord(tr.Steps(), tr.Version(), sum.Before)); err != nil {
+		return sum, err
+	}
+
 	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(tr.Steps())))
-	sum := &summary{LogPath: logPath, PlotPath: filepath.Join(cfg.Out, "reward.png")}
+	tracer := cfg.tracerProvider().Tracer("rollout/examples/rl-loop")
 	var pending *update
 	for i := 0; i < cfg.Steps; i++ {
 		stepStart := time.Now()
 		rec := record{Step: tr.Steps() + 1}
+		// One trace per step: its phases are child spans, and the SDK's generate and update
+		// spans (and the embedded servers' spans) nest under them.
+		ctx, stepSpan := tracer.Start(ctx, "rl.step", trace.WithAttributes(attribute.Int("rl.step", rec.Step)))
+		if sc := stepSpan.SpanContext(); sc.IsSampled() {
+			rec.TraceID = sc.TraceID().String()
+		}
+		phase := func(name string) (context.Context, func()) {
+			pctx, sp := tracer.Start(ctx, name)
+			return pctx, func() { sp.End() }
+		}
 
 		// Generate: one group per prompt, each a single request the SDK routes to one server.
 		// A pending update stages and commits meanwhile; tokens carry the version that made them.
-		ds := digits(rng, cfg.Prompts)
+		ps := make([]problem, cfg.Prompts)
+		for g := range ps {
+			ps[g] = tk.Train[rng.IntN(len(tk.Train))]
+		}
 		t := time.Now()
-		groups, err := generate(ctx, c, tk, ds, cfg.Group, cfg.MaxTokens, uint64(rec.Step))
+		gctx, end := phase("rl.generate")
+		groups, err := generate(gctx, c, ps, cfg.Group, sdkSamp, cfg.Seed<<32|uint64(rec.Step))
+		end()
 		if err != nil {
 			return sum, err
 		}
 		rec.GenerateSec = time.Since(t).Seconds()
 		if pending != nil { // the previous step's update; this step starts the next one below
-			if err := land(pending, &rec, sum); err != nil {
+			_, end := phase("rl.update_wait")
+			err := land(pending, &rec, sum)
+			end()
+			if err != nil {
 				return sum, err
 			}
 		}
 
 		// Score.
 		t = time.Now()
+		_, end = phase("rl.score")
 		var samples []trainer.Sample
 		rec.MinVersion, rec.MaxVersion = -1, -1
-		genTokens := 0
+		genTokens, nSamples, correct := 0, 0, 0
+		rec.Finish = map[string]int{}
 		for g, res := range groups {
+			distinct := map[string]bool{}
 			for _, s := range res.Samples {
 				ids := s.TokenIDs()
+				rec.Finish[s.FinishReason]++
+				nSamples++
+				distinct[fmt.Sprint(ids)] = true
 				if len(ids) == 0 {
 					continue
 				}
@@ -351,31 +469,41 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 					lps[j] = float32(lp)
 				}
 				genTokens += len(ids)
-				samples = append(samples, trainer.Sample{Prompt: tk.prompt(ds[g]), Completion: ids, Logprobs: lps,
-					Versions: vs, Reward: tk.reward(ds[g], ids), Group: g})
+				if tk.correct(ps[g], ids) {
+					correct++
+				}
+				samples = append(samples, trainer.Sample{Prompt: ps[g].Prompt, Completion: ids, Logprobs: lps,
+					Versions: vs, Reward: tk.reward(ps[g], ids), Group: g})
 			}
+			rec.DistinctPerGroup += float64(len(distinct)) / float64(len(groups))
 			if g == 0 && len(res.Samples) > 0 {
-				rec.Example = fmt.Sprintf("n=%d -> %s", ds[g], render(res.Samples[0].TokenIDs()))
+				rec.Example = fmt.Sprintf("%s -> %s", ps[g].Text, tk.render(res.Samples[0].TokenIDs()))
 			}
 		}
 		samples = dropSmallGroups(samples)
+		end()
 		rec.ScoreSec = time.Since(t).Seconds()
 		rec.GenTokensPerSec = float64(genTokens) / rec.GenerateSec
+		rec.ResponseLen = float64(genTokens) / float64(max(nSamples, 1))
+		rec.TrainCorrect = float64(correct) / float64(max(nSamples, 1))
 
 		// Train.
 		t = time.Now()
+		_, end = phase("rl.train")
 		st, err := tr.Step(ctx, samples)
+		end()
 		if err != nil {
 			return sum, fmt.Errorf("step %d: %w", rec.Step, err)
 		}
 		rec.TrainSec = time.Since(t).Seconds()
-		rec.Version, rec.Reward, rec.Max, rec.Loss = st.Version, st.RewardMean, st.RewardMax, st.Loss
-		rec.Mismatch, rec.MismatchMax, rec.StaleTokens, rec.Tokens = st.MismatchMeanAbs, st.MismatchMax, st.StaleTokens, st.Tokens
+		rec.fromStats(st)
 
 		// Publish the new version and start updating the fleet: it stages while the next
 		// batch generates, then commits.
 		t = time.Now()
+		_, end = phase("rl.publish")
 		ref, err := publish(st.Version)
+		end()
 		if err != nil {
 			return sum, err
 		}
@@ -385,16 +513,34 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 		_ = store.Prune(3)
 		rec.PublishSec = time.Since(t).Seconds()
 		pending = startUpdate(ctx, c, ref, plan)
-		if cfg.Sync || i == cfg.Steps-1 {
-			if err := land(pending, &rec, sum); err != nil {
+		last := i == cfg.Steps-1
+		evalNow := last || (cfg.EvalEvery > 0 && (i+1)%cfg.EvalEvery == 0)
+		if cfg.Sync || evalNow {
+			_, end := phase("rl.update_wait")
+			err := land(pending, &rec, sum)
+			end()
+			if err != nil {
 				return sum, err
 			}
 			pending = nil
+		}
+		if evalNow {
+			ectx, end := phase("rl.eval")
+			ev, err := evalAt(ectx, st.Version)
+			end()
+			if err != nil {
+				return sum, err
+			}
+			rec.setEval(ev)
+			if last {
+				sum.After = ev
+			}
 		}
 		if rec.Violations, err = violations(ctx, c); err != nil {
 			return sum, err
 		}
 		rec.StepSec = time.Since(stepStart).Seconds()
+		stepSpan.End()
 		sum.Records = append(sum.Records, rec)
 		if err := rep.step(rec); err != nil {
 			return sum, err
@@ -403,10 +549,42 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	rep.finish()
 	sum.Violations = sum.Records[len(sum.Records)-1].Violations
 	sum.FirstMean, sum.LastMean = meanReward(sum.Records[:min(5, len(sum.Records))]), meanReward(sum.Records[max(0, len(sum.Records)-5):])
-	if err := plotRewards(sum.PlotPath, sum.Records); err != nil {
+	if err := writeEval(sum.EvalPath, sum.After); err != nil {
+		return sum, err
+	}
+	if err := plotRun(sum.PlotPath, tk, sum); err != nil {
 		return sum, fmt.Errorf("plot: %w", err)
 	}
+	sum.WallSec = time.Since(wallStart).Seconds()
 	return sum, nil
+}
+
+// warmStart is the supervised phase before GRPO: cfg.WarmupSteps cross-entropy steps of the
+// trainer on the answer format (task.warmExample: right shape, random digits), as a pretrained
+// model knows the format of an answer before RL teaches it which answer is right. It returns
+// the weights GRPO starts from.
+func warmStart(ctx context.Context, cfg config, tk *task, w *engmodel.Weights, sum *summary) (*engmodel.Weights, error) {
+	tr, err := trainer.New(w, trainer.Config{LR: cfg.WarmupLR, MaxGradNorm: 1})
+	if err != nil {
+		return nil, fmt.Errorf("warm start: %w", err)
+	}
+	defer tr.Close()
+	r := rand.New(rand.NewPCG(cfg.Seed, 0x5f7))
+	for i := range cfg.WarmupSteps {
+		ex := make([]trainer.Example, 64)
+		for j := range ex {
+			ex[j].Prompt, ex[j].Completion = tk.warmExample(r)
+		}
+		st, err := tr.SupervisedStep(ctx, ex)
+		if err != nil {
+			return nil, fmt.Errorf("warm start step %d: %w", i+1, err)
+		}
+		if i == 0 {
+			sum.WarmupLoss[0] = st.Loss
+		}
+		sum.WarmupLoss[1] = st.Loss
+	}
+	return tr.Weights(), nil
 }
 
 // land waits for an update and records it in the step that saw it land.
@@ -421,18 +599,19 @@ func land(u *update, rec *record, sum *summary) error {
 	return nil
 }
 
-// generate runs one Generate per prompt digit, concurrently.
-func generate(ctx context.Context, c *sdk.Client, tk task, ds []int, group, maxTokens int, step uint64) ([]*sdk.GenerateResult, error) {
-	out := make([]*sdk.GenerateResult, len(ds))
-	errs := make([]error, len(ds))
+// generate runs one Generate per prompt, concurrently: a group of n samples each.
+func generate(ctx context.Context, c *sdk.Client, ps []problem, n int, samp sdk.SamplingParams, seedBase uint64) ([]*sdk.GenerateResult, error) {
+	out := make([]*sdk.GenerateResult, len(ps))
+	errs := make([]error, len(ps))
 	var wg sync.WaitGroup
-	for g, d := range ds {
+	for g, p := range ps {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			seed := int64(step*1000 + uint64(g))
-			out[g], errs[g] = c.Generate(ctx, sdk.GenerateRequest{PromptTokenIDs: tk.prompt(d), N: group,
-				Sampling: sdk.SamplingParams{MaxTokens: maxTokens, Temperature: 1, TopP: 1, Seed: &seed}})
+			sp := samp
+			seed := int64(seedBase*1000 + uint64(g))
+			sp.Seed = &seed
+			out[g], errs[g] = c.Generate(ctx, sdk.GenerateRequest{PromptTokenIDs: p.Prompt, N: n, Sampling: sp})
 		}()
 	}
 	wg.Wait()

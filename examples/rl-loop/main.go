@@ -1,22 +1,82 @@
 // Command rl-loop is a complete GRPO run on Rollout: a fleet of rollout servers (two
 // in-process servers by default, or `rollout serve` processes over Redis) generates groups of
-// completions through the SDK, a verifiable reward scores them, the reference trainer takes
-// one step, publishes the new weights, and the fleet updates to them (staging while the next
-// batch generates, then the cut: pause with cache clearing, sleep, swap, wake, resume).
+// completions through the SDK, a verifier scores them, the reference trainer takes one step,
+// publishes the new weights, and the fleet updates to them (staging while the next batch
+// generates, then the cut: pause with cache clearing, sleep, swap, wake, resume).
 //
-// The task (see task.go): after the prompt "n=D:", write digits, ideally the digit D. A random
-// builtin:tiny model scores about 0.02; the run shows the reward rising within a minute.
+// # What it learns, and how that is checked
+//
+// The task (task.go, --task) is verifiable and prompt-conditional, and its prompts are split
+// once into training prompts and held-out prompts the training never sees:
+//
+//   - lastdigit (default, `make demo`): "347=" -> "7⏎", the last digit of a 3-digit number
+//     (800 training prompts, 200 held out). Reward 1 for exactly the answer and EOS, else 0:
+//     the best constant answer is right on 12% of the held-out prompts.
+//   - succ: "37=" -> "38⏎", the successor of a 2-digit number (79 training prompts, 20 held
+//     out); a point per right answer digit and one for EOS, averaged.
+//
+// Before GRPO, a warm start (--warmup-steps, default 30) runs the trainer's own
+// cross-entropy step (trainer.SupervisedStep) on the answer format only: a training prompt,
+// uniformly random digits, EOS. It plays the part of pretraining (the policy knows what an
+// answer looks like, as a real model RL starts from does) without teaching which answer is
+// right: the warm-started policy is at chance. GRPO then runs with a KL penalty (--kl, default
+// 0.05) to that policy, which keeps it exploring; without it the policy tends to collapse onto
+// a few digits (visible in the table, see below).
+//
+// The held-out evaluation (every --eval-every steps, before the first and after the last)
+// reports greedy accuracy (explicitly greedy requests) and pass@k (--pass-k samples per
+// prompt at the training sampling), next to the training reward, with two reference lines:
+// the initial (warm-started) policy's greedy accuracy and the best constant answer's.
+//
+// Sampling is --temperature (default 1) and --top-p (default 1); the SDK returns processed
+// logprobs (the distribution sampled from) and the trainer is configured with the same
+// sampling (trainer.Config.Sampling), so on-policy importance ratios are 1.
 //
 // Usage:
 //
 //	go run ./examples/rl-loop                       # embedded: 2 servers in this process
+//	go run ./examples/rl-loop --task succ --steps 600
+//	go run ./examples/rl-loop --seeds 3             # seeds 1..3 in DIR/seed-N, then mean ± std
 //	go run ./examples/rl-loop --redis redis://127.0.0.1:6379 --fleet demo --fleet-secret-file s.txt
 //
 // Against servers started with --api-key-file, pass the same file as --api-key-file (or the
 // key as ROLLOUT_API_KEY): the loop's generation requests carry it as a bearer token.
 //
-// It writes DIR/log.jsonl (one JSON record per step), DIR/reward.png (the reward curve) and
-// DIR/checkpoint (the trainer's state; --resume continues from it).
+// # Outputs
+//
+// In --out (default rl-loop-out):
+//
+//   - checkpoint/: the trainer's final state, an HF safetensors directory that
+//     `rollout generate --model DIR/checkpoint` loads (--resume continues from it).
+//   - eval.jsonl: one JSON object per held-out prompt of the final evaluation: prompt (text),
+//     prompt_token_ids (BOS and the prompt's bytes, what `rollout generate` sends), expected and
+//     expected_token_ids (the answer the verifier wants), completion_token_ids and completion
+//     (greedy), finish_reason, correct (the verifier's verdict), greedy and max_tokens (the
+//     sampling used), weight_version, and pass_correct (correct samples among the pass@k ones).
+//     `rollout generate --model DIR/checkpoint --max-tokens N PROMPT` reproduces each
+//     completion.
+//   - log.jsonl: one JSON object per step (the first, "phase":"initial", is the evaluation
+//     before GRPO). Besides the rewards, loss, phase times, bubble_ms, versions and the logprob
+//     mismatch: train_correct (share of samples the verifier accepts), entropy (token-mean
+//     entropy of the policy in nats), zero_adv_frac (share of groups whose rewards are all equal:
+//     no signal), distinct_per_group (distinct completions per group), kl, clip_frac (on-policy
+//     tokens clipped), tis_frac (stale tokens whose ratio was truncated), grad_norm (before
+//     clipping), response_len (mean completion tokens), finish_reasons (count per reason),
+//     stale_share (tokens generated by an older version than the trainer's), and on evaluation
+//     steps eval_greedy_acc, eval_pass_at_k, eval_k and eval_distinct (distinct greedy
+//     completions over the held-out prompts).
+//   - reward.png: above, training reward, held-out greedy accuracy and pass@k with the two
+//     reference lines; below, entropy, zero-advantage groups, clip fraction and held-out
+//     distinct answers.
+//   - reference/: the KL reference (the warm-started weights), for --resume.
+//
+// With --otel (or OTEL_TRACES_EXPORTER) every step is one trace: an rl.step span with
+// rl.generate, rl.score, rl.train, rl.publish, rl.update_wait and rl.eval under it, the SDK's
+// generate and update spans and the embedded servers' spans below those; log.jsonl gives each
+// step's trace_id.
+//
+// Collapse shows as entropy and distinct answers near 0 with zero-advantage groups near 1
+// while the reward stays low; the step table marks such steps with "⚠ collapse".
 package main
 
 import (
@@ -25,12 +85,14 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
-	"github.com/gin-gonic/gin"
+	"github.com/rolloutkit/rollout/sdk/telemetry"
 )
 
 func main() {
@@ -50,17 +112,25 @@ func main() {
 func parseFlags(args []string) (config, error) {
 	var cfg config
 	fs := flag.NewFlagSet("rl-loop", flag.ContinueOnError)
-	fs.IntVar(&cfg.Steps, "steps", 40, "training steps")
-	fs.IntVar(&cfg.Prompts, "prompts", 4, "prompts (GRPO groups) per step")
+	fs.IntVar(&cfg.Steps, "steps", 300, "GRPO steps")
+	fs.IntVar(&cfg.Prompts, "prompts", 16, "prompts (GRPO groups) per step")
 	fs.IntVar(&cfg.Group, "group", 8, "completions per prompt (G, at least 2)")
-	fs.IntVar(&cfg.MaxTokens, "max-tokens", 12, "completion budget in tokens")
-	fs.Float64Var(&cfg.LR, "lr", 1e-3, "peak learning rate")
-	fs.Float64Var(&cfg.KL, "kl", 0, "weight of the KL penalty to the initial policy; 0: none")
-	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the prompts and sampling")
+	fs.IntVar(&cfg.MaxTokens, "max-tokens", 0, "completion budget in tokens (0: the task's answer and EOS)")
+	fs.Float64Var(&cfg.LR, "lr", 1e-3, "peak learning rate of GRPO")
+	fs.Float64Var(&cfg.KL, "kl", 0.05, "weight of the KL penalty to the initial (warm-started) policy; 0: none")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the prompts, the warm start and the sampling")
+	fs.IntVar(&cfg.Seeds, "seeds", 1, "runs, with seeds seed, seed+1, ...: each in DIR/seed-N, then mean ± std")
+	fs.StringVar(&cfg.Task, "task", TaskLastDigit, "task: lastdigit (\"347=\" -> \"7\") or succ (\"37=\" -> \"38\")")
+	fs.Float64Var(&cfg.Temperature, "temperature", 1, "sampling temperature of the rollouts (the trainer matches it)")
+	fs.Float64Var(&cfg.TopP, "top-p", 1, "top-p of the rollouts (the trainer matches it)")
+	fs.IntVar(&cfg.WarmupSteps, "warmup-steps", 30, "supervised warm-start steps on the answer format (random digits) before GRPO; 0: none")
+	fs.Float64Var(&cfg.WarmupLR, "warmup-lr", 3e-3, "learning rate of the warm start")
+	fs.IntVar(&cfg.EvalEvery, "eval-every", 25, "held-out evaluation every this many steps (0: only before and after)")
+	fs.IntVar(&cfg.PassK, "pass-k", 8, "samples per held-out prompt for pass@k (0: greedy accuracy only)")
 	fs.StringVar(&cfg.Out, "out", "rl-loop-out", "directory for the log, the plot, the weight store and the checkpoint")
 	fs.BoolVar(&cfg.Resume, "resume", false, "continue from the checkpoint in --out")
 	fs.StringVar(&cfg.FleetStart, "fleet-start", FleetStartFail, "when the fleet already serves a later version (another run's): fail, reset (publish this run's weights as the next version) or adopt (train on from the fleet's checkpoint)")
-	fs.BoolVar(&cfg.Sync, "sync", false, "wait for each weight update before generating the next batch (fully on-policy)")
+	fs.BoolVar(&cfg.Sync, "sync", false, "wait for each weight update before generating the next batch: fully on-policy, and bitwise reproducible (the same seed and GOMAXPROCS give the same checkpoint)")
 	fs.StringVar(&cfg.Policy, "policy", "all", "update policy: all, quorum:K or rolling:K")
 	fs.StringVar(&cfg.Mode, "mode", "keep", "pause mode of the cut: abort, wait or keep")
 	fs.IntVar(&cfg.Servers, "servers", 2, "embedded servers (ignored with --redis)")
@@ -73,6 +143,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.StoreAddr, "store-addr", "127.0.0.1:0", "listen address of the weight store the servers fetch from")
 	fs.StringVar(&cfg.StoreURL, "store-url", "", "base URL the servers fetch weights from (default: the store's listen URL)")
 	logLevel := fs.String("log-level", "warn", "log level of the servers and the SDK: debug, info, warn, error")
+	fs.StringVar(&cfg.Otel, "otel", "", "trace exporter: none, stdout (to stderr) or otlp (OTEL_EXPORTER_OTLP_*); default OTEL_TRACES_EXPORTER, else none. One trace per step (rl.step), its id in log.jsonl")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -112,20 +183,82 @@ func parseFlags(args []string) (config, error) {
 }
 
 func runMain(cfg config) error {
-	gin.SetMode(gin.ReleaseMode) // the servers' routers; gin's mode is a process global, set by mains
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	sum, err := run(ctx, cfg, os.Stdout)
+	tp, shutdown, err := telemetry.Setup(ctx, telemetry.Options{Exporter: cfg.Otel, ServiceName: "rl-loop", Stdout: os.Stderr})
 	if err != nil {
-		return err
+		return fmt.Errorf("--otel: %w", err)
 	}
-	fmt.Printf("\nreward: first 5 steps %.3f -> last 5 steps %.3f (%.1fx); %d weight updates; %d safety violations\n",
-		sum.FirstMean, sum.LastMean, sum.LastMean/max(sum.FirstMean, 1e-9), sum.Updates, sum.Violations)
-	last := sum.Records[len(sum.Records)-1]
-	fmt.Printf("last sample: %q\n", last.Example)
-	fmt.Printf("reward curve: %s\nlog: %s\n", sum.PlotPath, sum.LogPath)
-	if sum.Violations > 0 {
-		return fmt.Errorf("%d safety violations", sum.Violations)
+	defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
+	cfg.TracerProvider = tp
+	if cfg.Seeds < 1 {
+		return fmt.Errorf("--seeds must be >= 1 (got %d)", cfg.Seeds)
+	}
+	var sums []*summary
+	for i := range cfg.Seeds {
+		c := cfg
+		if cfg.Seeds > 1 {
+			c.Seed = cfg.Seed + uint64(i)
+			c.Out = filepath.Join(cfg.Out, fmt.Sprintf("seed-%d", c.Seed))
+			fmt.Printf("\n== seed %d (%d of %d) -> %s\n", c.Seed, i+1, cfg.Seeds, c.Out)
+		}
+		sum, err := run(ctx, c, os.Stdout)
+		if err != nil {
+			return err
+		}
+		printSummary(c, sum)
+		if sum.Violations > 0 {
+			return fmt.Errorf("%d safety violations", sum.Violations)
+		}
+		sums = append(sums, sum)
+	}
+	if len(sums) > 1 {
+		var acc, pass, wall []float64
+		for _, s := range sums {
+			acc, pass, wall = append(acc, s.After.Greedy), append(pass, s.After.PassK), append(wall, s.WallSec)
+		}
+		fmt.Printf("\n%d seeds (%d..%d), task %s: held-out greedy accuracy %s, pass@%d %s; before GRPO %s; wall time %s s per run\n",
+			len(sums), cfg.Seed, cfg.Seed+uint64(len(sums)-1), cfg.Task, meanStd(acc), sums[0].After.K, meanStd(pass),
+			meanStd(collect(sums, func(s *summary) float64 { return s.Before.Greedy })), meanStd(wall))
 	}
 	return nil
+}
+
+func printSummary(cfg config, sum *summary) {
+	if cfg.WarmupSteps > 0 && sum.WarmupLoss[0] != 0 {
+		fmt.Printf("\nwarm start: %d supervised steps on the answer format (random digits), cross-entropy %.3f -> %.3f\n",
+			cfg.WarmupSteps, sum.WarmupLoss[0], sum.WarmupLoss[1])
+	}
+	b, a := sum.Before, sum.After
+	fmt.Printf("held-out greedy accuracy: before %.3f -> after %.3f (pass@%d %.3f -> %.3f; distinct answers %d -> %d); reference lines: initial policy %.3f, best constant answer %.3f\n",
+		b.Greedy, a.Greedy, a.K, b.PassK, a.PassK, b.Distinct, a.Distinct, b.Greedy, sum.Constant)
+	fmt.Printf("training reward: first 5 steps %.3f -> last 5 steps %.3f; %d weight updates; %d safety violations; wall time %.1f s\n",
+		sum.FirstMean, sum.LastMean, sum.Updates, sum.Violations, sum.WallSec)
+	fmt.Printf("plot: %s\nlog: %s\nheld-out completions: %s\ncheckpoint: %s (rollout generate --model %s --max-tokens %d PROMPT)\n",
+		sum.PlotPath, sum.LogPath, sum.EvalPath, sum.Checkpoint, sum.Checkpoint, a.Items[0].MaxTokens)
+}
+
+func collect(s []*summary, f func(*summary) float64) []float64 {
+	out := make([]float64, len(s))
+	for i, x := range s {
+		out[i] = f(x)
+	}
+	return out
+}
+
+// meanStd formats the mean ± the sample standard deviation.
+func meanStd(x []float64) string {
+	m := 0.0
+	for _, v := range x {
+		m += v
+	}
+	m /= float64(len(x))
+	v := 0.0
+	for _, e := range x {
+		v += (e - m) * (e - m)
+	}
+	if len(x) > 1 {
+		v /= float64(len(x) - 1)
+	}
+	return fmt.Sprintf("%.3f ± %.3f", m, math.Sqrt(v))
 }

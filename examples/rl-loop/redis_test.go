@@ -53,7 +53,7 @@ func TestLoopLikeCompose(t *testing.T) {
 		"--api-key-file", keyFile, "--weights-root", filepath.Join(out, "weights"), "--no-peers"}})
 	secretFile := filepath.Join(secrets, "fleet_secret")
 	require.NoError(t, os.WriteFile(secretFile, []byte(f.Secret), 0o600))
-	args := []string{"--steps", "2", "--prompts", "2", "--group", "4", "--max-tokens", "6", "--out", out, "--log-level", "error",
+	args := []string{"--steps", "2", "--prompts", "2", "--group", "4", "--max-tokens", "6", "--warmup-steps", "0", "--out", out, "--log-level", "error",
 		"--redis", f.Redis.URL(), "--fleet", f.Name, "--fleet-secret-file", secretFile, "--api-key-file", keyFile,
 		"--store-url", "file://" + filepath.Join(out, "weights"), "--resume"}
 

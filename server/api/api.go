@@ -339,6 +339,7 @@ func (a *API) Inflight() int { return a.limit.inflight() }
 // routes builds a router with the generation routes (public), the admin routes (admin), or
 // both, and always the open ones.
 func (a *API) routes(public, admin bool) *gin.Engine {
+	quietGin()
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
 	r.ContextWithFallback = true
