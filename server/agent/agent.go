@@ -338,6 +338,8 @@ type loop struct {
 	cancelFetch context.CancelFunc // cancels the fetch lane's convergence stage (nil: none)
 	fetchWork   *Work
 	pending     []pendingAck // acks not pushed yet (the bus was down)
+	// last is what the last heartbeat written said.
+	last facts
 	// rejectLogged is when refused messages were last logged; rejectedSince counts those
 	// refused since.
 	rejectLogged  time.Time
@@ -417,9 +419,11 @@ func (l *loop) run(ctx context.Context) (err error) {
 			beat = true
 		}
 		l.flush(ctx)
-		if beat && l.b != nil && ctx.Err() == nil {
+		if beat && l.b != nil && ctx.Err() == nil && l.changed() {
 			// The work changed the server (paused it, swapped its weights): say so now, after
-			// its ack, rather than up to an interval later, so the fleet's view follows.
+			// its ack, rather than up to an interval later, so the fleet's view follows. Work
+			// that changed nothing a heartbeat says (a resume of a running server) writes
+			// nothing more: a control call costs each server one write, its ack.
 			l.heartbeat(ctx)
 		}
 		beat = false
@@ -522,7 +526,27 @@ func (l *loop) heartbeat(ctx context.Context) {
 	a := l.a
 	l.core.Engine(a.engineState())
 	hb := l.core.Heartbeat(a.cfg.Now())
+	l.last = beatFacts(&hb)
 	l.writeHeartbeat(ctx, &hb)
+}
+
+// facts are what a heartbeat says that routing and the fleet's view depend on.
+type facts struct {
+	state, errText, sha            string
+	version, staged, epoch, dEpoch int64
+	inRotation                     bool
+}
+
+func beatFacts(hb *protocol.Heartbeat) facts {
+	return facts{state: hb.State, errText: hb.Error, sha: hb.WeightSHA256, version: hb.WeightVersion, staged: hb.StagedVersion,
+		epoch: hb.Epoch, dEpoch: hb.DesiredEpoch, inRotation: hb.InRotation}
+}
+
+// changed reports whether a heartbeat now would say something the last one did not.
+func (l *loop) changed() bool {
+	l.core.Engine(l.a.engineState())
+	hb := l.core.Heartbeat(l.a.cfg.Now())
+	return beatFacts(&hb) != l.last
 }
 
 func (l *loop) writeHeartbeat(ctx context.Context, hb *protocol.Heartbeat) {
