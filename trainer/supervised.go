@@ -2,8 +2,6 @@ package trainer
 
 import (
 	"context"
-	"fmt"
-	"math"
 	"time"
 )
 
@@ -82,26 +80,5 @@ func (t *Trainer) SupervisedStep(ctx context.Context, examples []Example) (StepS
 		st.Time.Backward += time.Since(t0)
 		lo = hi
 	}
-	t0 := time.Now()
-	t.g.flush()
-	st.GradNorm = gradNorm(t.pool, t.g.p)
-	if math.IsNaN(st.GradNorm) || math.IsInf(st.GradNorm, 0) {
-		return StepStats{}, fmt.Errorf("%w: gradient norm %v (the weights are unchanged)", ErrInvalidSample, st.GradNorm)
-	}
-	scale := 1.0
-	if t.cfg.MaxGradNorm > 0 && st.GradNorm > t.cfg.MaxGradNorm {
-		scale = t.cfg.MaxGradNorm / st.GradNorm
-	}
-	st.LR = t.cfg.LRAt(t.steps)
-	t.opt.update(t.pool, t.p, t.g.p, t.steps+1, st.LR, t.cfg.Beta1, t.cfg.Beta2, t.cfg.AdamEps, t.cfg.WeightDecay, scale)
-	t.net.invalidate()
-	t.steps++
-	t.version++
-	st.Time.Optimizer = time.Since(t0)
-	st.Step, st.Version = t.steps, t.version
-	st.Time.Total = time.Since(start)
-	if s := st.Time.Total.Seconds(); s > 0 {
-		st.TokensPerSec = float64(inputTokens) / s
-	}
-	return st, nil
+	return t.applyGradients(st, start, inputTokens)
 }

@@ -532,6 +532,14 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 		st.TruncatedFraction = float64(truncated) / float64(st.StaleTokens)
 	}
 
+	return t.applyGradients(st, start, inputTokens)
+}
+
+// applyGradients ends a step, GRPO or supervised, once the gradients are accumulated: the
+// gradient norm (a non-finite one refuses the step, the weights unchanged), clipping to
+// MaxGradNorm, the AdamW update at the scheduled learning rate, and the step's counters and
+// timings.
+func (t *Trainer) applyGradients(st StepStats, start time.Time, inputTokens int) (StepStats, error) {
 	t0 := time.Now()
 	t.g.flush()
 	st.GradNorm = gradNorm(t.pool, t.g.p)
