@@ -498,8 +498,8 @@ func storeMax(v *atomic.Int64, x int64) {
 // sameState reports whether two desired states ask the same of the fleet (weights, plan,
 // run state), whatever their epochs, times and signatures.
 func sameState(a, b *protocol.DesiredState) bool {
-	return eqPtr(a.Weights, b.Weights) && eqPtr(a.Plan, b.Plan) && a.Paused == b.Paused && a.PauseMode == b.PauseMode &&
-		a.Sleep == b.Sleep && a.Signed == b.Signed
+	return eqPtr(a.Weights, b.Weights) && eqPtr(a.Plan, b.Plan) && eqPtr(a.Rolling, b.Rolling) && a.Paused == b.Paused &&
+		a.PauseMode == b.PauseMode && a.Sleep == b.Sleep && a.Signed == b.Signed
 }
 
 func eqPtr[T comparable](a, b *T) bool {

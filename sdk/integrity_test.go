@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -142,4 +143,54 @@ func TestRequestsCarryTheFleetFloor(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1, n)
+}
+
+// TestRollingClaimsItsVersion: a rolling update claims its version in the desired state
+// before the first batch swaps, so another update of the same version with another
+// checkpoint is refused before any server commits it (the fault harness's soak found two
+// checkpoints under one version when a roll and a second trainer's update raced).
+func TestRollingClaimsItsVersion(t *testing.T) {
+	b, agents, c := newMemFleet(t, secret, 2, 0)
+	for _, a := range agents {
+		a.set(func(a *fakeAgent) { a.silent[protocol.KindCommit] = a.id == "b" }) // the roll stalls on its second batch
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.UpdateWeights(t.Context(), ref(1), Plan{Policy: Rolling(1), CommitTimeout: 5 * time.Second})
+		done <- err
+	}()
+	commits := func(a *fakeAgent) int {
+		n := 0
+		for _, e := range a.got() {
+			if e.Kind == protocol.KindCommit {
+				n++
+			}
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return commits(agents[0])+commits(agents[1]) == 2 }, 10*time.Second, time.Millisecond, "both batches sent")
+	d, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	require.NotNil(t, d.Rolling, "mid-roll the version is claimed")
+	assert.Equal(t, ref(1), *d.Rolling)
+	assert.Nil(t, d.Weights, "and not yet the fleet's")
+
+	other := ref(1)
+	other.SHA256 = strings.Repeat("cd", 32)
+	c2, err := Dial(t.Context(), Options{Bus: b, Fleet: "f", Secret: secret})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c2.Close() })
+	_, err = c2.UpdateWeights(t.Context(), other, Plan{})
+	require.Error(t, err, "another checkpoint under the claimed version is refused")
+	assert.True(t, errors.Is(err, ErrConflict) || errors.Is(err, ErrInvalid), "%v", err)
+	for _, a := range agents {
+		for _, e := range a.got() {
+			if e.Kind == protocol.KindStage {
+				cmd, err := e.Command()
+				require.NoError(t, err)
+				assert.Equal(t, ref(1).SHA256, cmd.(protocol.Stage).Weights.SHA256, "nothing of the other checkpoint was sent")
+			}
+		}
+	}
+	<-done
 }

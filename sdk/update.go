@@ -394,6 +394,30 @@ func without(all, some []string) []string {
 	return out
 }
 
+// claim writes the rolling update's claim on its version into the desired state (Rolling),
+// refused when the fleet already binds the version, or a later one, to another checkpoint.
+func (d *updateDriver) claim(ctx context.Context) error {
+	ref := d.ref
+	ds, err := d.c.updateDesired(ctx, func(s *protocol.DesiredState) error {
+		if s.Weights != nil && s.Weights.Version >= ref.Version && s.Claims(ref.Version) != ref.SHA256 {
+			return fmt.Errorf("%w: the desired state already names version %d (%s)", ErrConflict, s.Weights.Version, s.Weights.SHA256)
+		}
+		if s.Rolling != nil && s.Rolling.Version >= ref.Version && *s.Rolling != ref {
+			return fmt.Errorf("%w: another rolling update claims version %d (%s)", ErrConflict, s.Rolling.Version, s.Rolling.SHA256)
+		}
+		r := ref
+		s.Rolling = &r
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if raw, err := ds.Encode(); err == nil {
+		d.desiredRaw = raw // attached to the batches' commit commands
+	}
+	return nil
+}
+
 // settle runs when the caller cancels an update: if servers already swapped (a rolling
 // update between batches) but the desired state does not name the version yet, it writes
 // it, on a short context of its own, so the whole fleet converges to one version instead of
@@ -550,6 +574,12 @@ func (d *updateDriver) setDesired(ctx context.Context) action {
 		if s.Weights != nil && (s.Weights.Version > ref.Version || s.Weights.Version == ref.Version && s.Weights.SHA256 != ref.SHA256) {
 			return fmt.Errorf("%w: the desired state already names version %d (%s)", ErrConflict, s.Weights.Version, s.Weights.SHA256)
 		}
+		if sha := s.Claims(ref.Version); sha != "" && sha != ref.SHA256 {
+			return fmt.Errorf("%w: a rolling update claims version %d for checkpoint %s", ErrConflict, ref.Version, sha)
+		}
+		if s.Rolling != nil && s.Rolling.Version <= ref.Version {
+			s.Rolling = nil // this roll is done, or superseded
+		}
 		s.Weights = &ref
 		s.Plan = &protocol.Commit{Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel}
 		return nil
@@ -570,6 +600,16 @@ func (d *updateDriver) setDesired(ctx context.Context) action {
 func (d *updateDriver) commit(ctx context.Context, targets []string) action {
 	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.commit", trace.WithAttributes(attribute.StringSlice("rollout.targets", targets)))
 	defer span.End()
+	if d.rp.kind == policyRolling && d.desiredRaw == nil {
+		// Claim the version before the first batch swaps: from here on no other update can
+		// put another checkpoint under this number, while the servers not yet rolled stay
+		// in rotation on the old version.
+		if err := d.claim(ctx); err != nil {
+			d.desErr = err
+			span.RecordError(err)
+			return d.t.cancel()
+		}
+	}
 	cmd := protocol.Commit{Version: d.ref.Version, Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel, SHA256: d.ref.SHA256}
 	d.c.committing(targets, d.ref.Version)
 	defer d.c.committing(targets, 0)

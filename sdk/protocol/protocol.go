@@ -786,6 +786,10 @@ type DesiredState struct {
 	Paused    bool   `json:"paused"`
 	PauseMode string `json:"pause_mode,omitempty"`
 	Sleep     int    `json:"sleep,omitempty"`
+	// Rolling claims the version a rolling update is committing batch by batch, before
+	// Weights names it: the version number is taken for that digest, so no other update (or
+	// commit command) may put another checkpoint under it. Convergence ignores it.
+	Rolling *WeightsRef `json:"rolling,omitempty"`
 	// Signed says the fleet's messages are signed: a server without a secret must not join.
 	Signed    bool  `json:"signed"`
 	UpdatedAt int64 `json:"updated_at"`
@@ -831,6 +835,12 @@ func (d *DesiredState) Canonical() []byte {
 		c.str("plan_sha256")
 		c.str(d.Plan.SHA256)
 	}
+	if d.Rolling != nil {
+		c.str("rolling")
+		c.int(d.Rolling.Version)
+		c.str(d.Rolling.URI)
+		c.str(d.Rolling.SHA256)
+	}
 	return c.b.Bytes()
 }
 
@@ -858,6 +868,9 @@ func (d *DesiredState) VerifyWith(a *Auth, fleet string) error {
 			return fmt.Errorf("%w: desired weights version %d without a sha256", ErrInvalid, d.Weights.Version)
 		}
 	}
+	if d.Rolling != nil && (d.Rolling.Validate() != nil || d.Rolling.SHA256 == "") {
+		return fmt.Errorf("%w: desired rolling version %d without a valid ref and sha256", ErrInvalid, d.Rolling.Version)
+	}
 	if d.Sleep < 0 || d.Sleep > 2 || d.PauseMode != "" && !validMode(d.PauseMode) {
 		return fmt.Errorf("%w: desired run state: sleep %d, pause mode %q", ErrInvalid, d.Sleep, d.PauseMode)
 	}
@@ -877,6 +890,20 @@ func DecodeDesiredState(b []byte) (*DesiredState, error) {
 		return nil, fmt.Errorf("%w: v=%d, want %d", ErrVersion, d.V, Version)
 	}
 	return &d, nil
+}
+
+// Claims reports the digest the desired state binds version v to ("" when it binds none):
+// Weights' when it names v, else Rolling's.
+func (d *DesiredState) Claims(v int64) string {
+	switch {
+	case d == nil:
+		return ""
+	case d.Weights != nil && d.Weights.Version == v:
+		return d.Weights.SHA256
+	case d.Rolling != nil && d.Rolling.Version == v:
+		return d.Rolling.SHA256
+	}
+	return ""
 }
 
 // PeerToken is the bearer token a server presents to a peer's /weights/ route for version v

@@ -309,7 +309,7 @@ func badSigOrVersion(field string) error {
 		return protocol.ErrVersion
 	case "Kind":
 		return protocol.ErrMalformed
-	case "Weights=new", "PauseMode", "Weights.SHA256":
+	case "Weights=new", "PauseMode", "Weights.SHA256", "Rolling=new", "Rolling.SHA256":
 		// A desired state's content is checked before its signature: a ref without
 		// version and digest, a pause mode or sleep level out of range.
 		return protocol.ErrInvalid
@@ -369,6 +369,7 @@ func desired() *protocol.DesiredState {
 		Weights: &protocol.WeightsRef{Version: 4, URI: "http://w/v4", SHA256: digest},
 		Plan:    &protocol.Commit{Version: 4, Mode: protocol.ModeKeep, ClearCache: true, SleepLevel: 1, SHA256: digest},
 		Paused:  true, PauseMode: protocol.ModeKeep, Sleep: 1, Signed: true, UpdatedAt: t0.UnixMilli(),
+		Rolling: &protocol.WeightsRef{Version: 5, URI: "http://w/v5", SHA256: digest},
 	}
 }
 

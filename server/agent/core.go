@@ -696,6 +696,14 @@ func (c *Core) next(q *[]*Work, now time.Time) *Work {
 func (c *Core) prepare(w *Work) {
 	switch cm := w.Command.(type) {
 	case protocol.Commit:
+		if sha := c.desired.Claims(cm.Version); sha != "" && sha != cm.SHA256 {
+			// The fleet bound this version to another checkpoint (another trainer's update
+			// or roll got there first): committing this one would put two checkpoints under
+			// one number.
+			w.Answer = &Result{Err: fmt.Errorf("version %d is the fleet's checkpoint %s, not %s", cm.Version, shortDigest(sha), shortDigest(cm.SHA256)),
+				Code: "conflict", WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion}
+			break
+		}
 		w.StayPaused = c.desired != nil && (c.desired.Paused || c.desired.Sleep > 0)
 		if prev, ok := c.commits[cm.Version]; ok && c.eng.WeightVersion >= cm.Version && c.eng.WeightSHA256 == cm.SHA256 {
 			// A self-convergence committed this version a moment ago: report its cut.

@@ -604,7 +604,8 @@ func TestCoreCommitAfterSelfConvergence(t *testing.T) {
 	c.Envelope(raw(t, other), t0)
 	r = c.Ready()
 	require.NotNil(t, r.Work)
-	assert.Nil(t, r.Work.Answer, "another checkpoint's commit is not answered from this cut")
+	require.NotNil(t, r.Work.Answer, "another checkpoint's commit is refused without touching the engine")
+	assert.Equal(t, "conflict", r.Work.Answer.Code, "the fleet bound version 2 to shaA")
 }
 
 // TestCoreStop: queued commands are acked as failed, no more work starts, the heartbeat
@@ -655,4 +656,27 @@ func (c *Core) desiredVersion() (version int64, paused, known bool) {
 		version = d.Weights.Version
 	}
 	return version, d.Paused, known
+}
+
+// TestCoreRefusesACommitAgainstTheClaim: a commit of a version the desired state binds to
+// another checkpoint, as Weights or as a rolling update's claim, is refused (code conflict)
+// without touching the engine: two checkpoints never serve under one number.
+func TestCoreRefusesACommitAgainstTheClaim(t *testing.T) {
+	for name, d := range map[string]protocol.DesiredState{
+		"weights": {Epoch: 1, Weights: &protocol.WeightsRef{Version: 2, URI: "file:///a", SHA256: shaA}},
+		"rolling": {Epoch: 1, Rolling: &protocol.WeightsRef{Version: 2, URI: "file:///a", SHA256: shaA}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := newTestCore(coreSecret)
+			c.Engine(EngineState{State: "running", WeightVersion: 1, StagedVersion: 2, StagedSHA256: shaB})
+			require.NoError(t, c.Desired(desiredRaw(t, d, coreSecret), true, t0))
+			c.Ready()
+			e := signedEnv(t, protocol.Commit{Version: 2, Mode: protocol.ModeAbort, SHA256: shaB}, t0, time.Minute, "s1")
+			c.Envelope(raw(t, e), t0)
+			r := c.Ready()
+			require.NotNil(t, r.Work)
+			require.NotNil(t, r.Work.Answer)
+			assert.Equal(t, "conflict", r.Work.Answer.Code)
+		})
+	}
 }
