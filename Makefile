@@ -75,9 +75,10 @@ lint-arch: ## The dependency rules of docs/architecture.md (internal/archtest)
 
 JAEGER := bin/jaeger
 
-e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --otel otlp, rollout fleet update, checked via Jaeger's HTTP API
+e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --otel otlp, rollout fleet update and rl-loop steps, checked via Jaeger's HTTP API
 	GOEXPERIMENT= $(GO) -C tools build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
-	ROLLOUT_BIN=$(abspath $(BIN)) JAEGER_BIN=$(abspath $(JAEGER)) E2E_TRACE_OUT=$(abspath bin/e2e-trace.txt) \
+	$(GO) build -o bin/rl-loop ./examples/rl-loop
+	ROLLOUT_BIN=$(abspath $(BIN)) JAEGER_BIN=$(abspath $(JAEGER)) RL_LOOP_BIN=$(abspath bin/rl-loop) E2E_TRACE_OUT=$(abspath bin/e2e-trace.txt) \
 		$(GO) -C tools test -tags e2e -count=1 -v -timeout 10m ./e2e/
 
 # The fault harness (internal/faults, issue 25). FAULTS_SEED=n replays a run's schedule; the

@@ -496,4 +496,60 @@ func TestFleetUpdateTraceInJaeger(t *testing.T) {
 			assert.GreaterOrEqual(t, wait.StartTime, del.StartTime, "%s: the wait within the delivery", id)
 		}
 	}
+
+	stepTrace(t, queryURL, otelEnv, redisURL, secretFile, dir)
+}
+
+// stepTrace checks issue 27's "one trace per training step": examples/rl-loop run against
+// the same fleet (over Redis, exporting to the same Jaeger) makes each step one trace, with
+// the step's update and every server's commit, resets and flushes under its rl.step span.
+func stepTrace(t *testing.T, queryURL string, otelEnv []string, redisURL, secretFile, dir string) {
+	loopBin := os.Getenv("RL_LOOP_BIN")
+	require.NotEmpty(t, loopBin, "RL_LOOP_BIN must name the rl-loop binary (make e2e sets it)")
+	out := filepath.Join(dir, "loop")
+	run(t, append(otelEnv, "OTEL_TRACES_EXPORTER=otlp"), loopBin, "--redis", redisURL, "--fleet", fleetName, "--fleet-secret-file", secretFile,
+		"--otel", "otlp", "--steps", "2", "--prompts", "2", "--group", "2", "--warmup-steps", "0", "--eval-every", "0",
+		"--out", out, "--store-url", "file://"+filepath.Join(out, "weights"), "--fleet-start", "reset", "--sync", "--log-level", "warn")
+	want := func(tr jTrace) []string {
+		count := map[string]int{}
+		for _, s := range tr.Spans {
+			key := s.Operation
+			if s.Operation == "control.process" {
+				key += "@" + s.tag("rollout.server_id") + "/" + s.tag("rollout.command")
+			}
+			count[key]++
+		}
+		var missing []string
+		for _, k := range []string{"rl.step", "sdk.update_weights", "control.process@s0/commit", "control.process@s1/commit"} {
+			if count[k] < 1 {
+				missing = append(missing, k)
+			}
+		}
+		if count["offload.flush.delivered"] < 2 {
+			missing = append(missing, fmt.Sprintf("offload.flush.delivered x%d (want one per server at least)", count["offload.flush.delivered"]))
+		}
+		return missing
+	}
+	var missing []string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		missing = []string{"no rl.step trace"}
+		for _, c := range getTraces(t, queryURL+"/api/traces?service=rl-loop&operation=rl.step&limit=10&lookback=1h") {
+			full := getTraces(t, queryURL+"/api/traces/"+c.TraceID)
+			if len(full) != 1 {
+				continue
+			}
+			if m := want(full[0]); len(m) == 0 {
+				t.Logf("step trace %s (%d spans):\n%s", full[0].TraceID, len(full[0].Spans), render(full[0]))
+				return
+			} else if len(m) < len(missing) {
+				missing = m
+			}
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("no training step's trace in Jaeger holds its update and the servers' commits and flushes; closest lacks %v", missing)
 }
