@@ -70,7 +70,7 @@ func TestServeAndFleetOverTLSWithACL(t *testing.T) {
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	var serveOut, serveErr bytes.Buffer
+	var serveOut, serveErr syncBuffer // read while the server writes its log
 	exited := make(chan int, 1)
 	go func() {
 		exited <- run(ctx, []string{"serve", "--addr", addr, "--kv-blocks", "256", "--server-id", "tls-1", "--log-level", "warn",
