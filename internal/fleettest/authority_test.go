@@ -136,3 +136,45 @@ func forgeAcks(ctx context.Context, b bus.Bus, f *fleettest.Fleet, sub bus.Subsc
 		}
 	}
 }
+
+// TestGarbageAndPhantomsFromRedis (issue 26, findings 3 and 5, from outside): garbage
+// written to the desired-state key is replaced by the servers' record and neither a new
+// client nor the CLI fails on it; a dead server's heartbeat written back under its key (with
+// a fresh TTL, its signed time old) is not a member, so an all-or-nothing update commits.
+func TestGarbageAndPhantomsFromRedis(t *testing.T) {
+	skipShort(t)
+	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "garbage"})
+	c := dial(t, f)
+	_, err := c.UpdateWeights(t.Context(), fileRef(t, 1, 81), sdk.Plan{})
+	require.NoError(t, err)
+	b := dialBus(t, f)
+	key := protocol.Names{Fleet: f.Name}.Desired()
+	require.NoError(t, f.SetKey(key, []byte("garbage")))
+	require.Eventually(t, func() bool {
+		raw, err := b.Get(t.Context(), key)
+		if err != nil {
+			return false
+		}
+		d, err := protocol.DecodeDesiredState(raw)
+		return err == nil && d.Weights != nil && d.Weights.Version == 1
+	}, 20*time.Second, 20*time.Millisecond, "the servers write their record back over the garbage")
+	c2 := dial(t, f)
+	st, err := c2.Status(t.Context())
+	require.NoError(t, err)
+	require.Len(t, st, 2)
+
+	// A phantom: s2's heartbeat as it was, written back under another id's key after a
+	// minute, with a TTL of an hour.
+	hb := f.Heartbeat("s2")
+	require.NotNil(t, hb)
+	ghost := *hb
+	ghost.ServerID, ghost.At = "s9", time.Now().Add(-time.Minute).UnixMilli()
+	ghost.Sign([]byte(f.Secret))
+	raw, err := ghost.Encode()
+	require.NoError(t, err)
+	require.NoError(t, b.Set(t.Context(), protocol.Names{Fleet: f.Name}.Heartbeat("s9"), raw, time.Hour))
+	res, err := c2.UpdateWeights(t.Context(), fileRef(t, 2, 82), sdk.Plan{Policy: sdk.AllOrNothing, StageTimeout: 20 * time.Second})
+	require.NoError(t, err, "the phantom is not a target the update waits for")
+	assert.Equal(t, sdk.OutcomeCommitted, res.Outcome)
+	assert.Len(t, res.Servers, 2)
+}
