@@ -165,12 +165,14 @@ type simServer struct {
 	sub   bus.Subscription
 	st    agent.EngineState
 	model *simModel
+	auth  *protocol.Auth // derived once: signing must not derive the keys per ack
 }
 
 func startSimServer(ctx context.Context, b bus.Bus, fleet, id string, m *simModel) (*simServer, error) {
-	s := &simServer{b: b, names: protocol.Names{Fleet: fleet}, id: id, model: m, st: agent.EngineState{State: protocol.StateRunning}}
+	s := &simServer{b: b, names: protocol.Names{Fleet: fleet}, id: id, model: m, st: agent.EngineState{State: protocol.StateRunning},
+		auth: protocol.SecretAuth(fleetSecret)}
 	s.core = agent.NewCore(agent.CoreConfig{Fleet: fleet, ServerID: id, AdvertiseURL: "http://" + id, PeerURL: "http://" + id + "/weights",
-		Secret: fleetSecret, Start: time.Now()})
+		Secret: fleetSecret, Auth: s.auth, Start: time.Now()})
 	s.core.Engine(s.st)
 	sub, err := b.Subscribe(ctx, s.names.Control())
 	if err != nil {
@@ -227,7 +229,7 @@ func (s *simServer) drain(ctx context.Context) {
 			s.core.Resynced(time.Now()) // what it hands out comes with the next Ready
 		}
 		for _, a := range r.Acks {
-			a.Sign(fleetSecret, s.names.Fleet)
+			a.SignWith(s.auth, s.names.Fleet)
 			if raw, err := a.Encode(); err == nil {
 				_ = s.b.Push(ctx, s.names.Acks(a.CommandID), raw, time.Minute)
 			}

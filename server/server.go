@@ -444,11 +444,7 @@ func (c *Config) fleetAuth() *protocol.Auth {
 		}
 		return protocol.Untrusting()
 	}
-	a, err := protocol.NewAuth([]byte(c.FleetSecret))
-	if err != nil {
-		return protocol.Untrusting()
-	}
-	return a
+	return protocol.SecretAuth([]byte(c.FleetSecret))
 }
 
 func (c *Config) defaults() error {

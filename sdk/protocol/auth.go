@@ -96,6 +96,16 @@ func Untrusting() *Auth {
 	return &Auth{trusted: map[string]ed25519.PublicKey{"": nil}}
 }
 
+// SecretAuth is NewAuth(secret) for callers whose configuration was validated elsewhere:
+// a secret NewAuth refuses gives Untrusting, so a configuration error fails closed.
+func SecretAuth(secret []byte) *Auth {
+	a, err := NewAuth(secret)
+	if err != nil {
+		return Untrusting()
+	}
+	return a
+}
+
 // authOf is the Auth of one secret for the []byte-secret methods. It does not check the
 // secret's length (callers that take a secret from users check it once, with CheckSecret):
 // a short one still signs, and verifies only what it signed.

@@ -419,12 +419,14 @@ func (l *loop) run(ctx context.Context) (err error) {
 			beat = true
 		}
 		l.flush(ctx)
-		if beat && l.b != nil && ctx.Err() == nil && l.changed() {
+		if beat && l.b != nil && ctx.Err() == nil {
 			// The work changed the server (paused it, swapped its weights): say so now, after
 			// its ack, rather than up to an interval later, so the fleet's view follows. Work
 			// that changed nothing a heartbeat says (a resume of a running server) writes
 			// nothing more: a control call costs each server one write, its ack.
-			l.heartbeat(ctx)
+			if hb := l.build(); beatFacts(&hb) != l.last {
+				l.write(ctx, &hb)
+			}
 		}
 		beat = false
 	}
@@ -523,11 +525,20 @@ func (l *loop) busOK() {
 
 // heartbeat writes the heartbeat key (and retries acks that could not be pushed).
 func (l *loop) heartbeat(ctx context.Context) {
-	a := l.a
-	l.core.Engine(a.engineState())
-	hb := l.core.Heartbeat(a.cfg.Now())
-	l.last = beatFacts(&hb)
-	l.writeHeartbeat(ctx, &hb)
+	hb := l.build()
+	l.write(ctx, &hb)
+}
+
+// build is the heartbeat of the engine as it is now.
+func (l *loop) build() protocol.Heartbeat {
+	l.core.Engine(l.a.engineState())
+	return l.core.Heartbeat(l.a.cfg.Now())
+}
+
+// write writes hb and remembers what it said.
+func (l *loop) write(ctx context.Context, hb *protocol.Heartbeat) {
+	l.last = beatFacts(hb)
+	l.writeHeartbeat(ctx, hb)
 }
 
 // facts are what a heartbeat says that routing and the fleet's view depend on.
@@ -540,13 +551,6 @@ type facts struct {
 func beatFacts(hb *protocol.Heartbeat) facts {
 	return facts{state: hb.State, errText: hb.Error, sha: hb.WeightSHA256, version: hb.WeightVersion, staged: hb.StagedVersion,
 		epoch: hb.Epoch, dEpoch: hb.DesiredEpoch, inRotation: hb.InRotation}
-}
-
-// changed reports whether a heartbeat now would say something the last one did not.
-func (l *loop) changed() bool {
-	l.core.Engine(l.a.engineState())
-	hb := l.core.Heartbeat(l.a.cfg.Now())
-	return beatFacts(&hb) != l.last
 }
 
 func (l *loop) writeHeartbeat(ctx context.Context, hb *protocol.Heartbeat) {

@@ -246,10 +246,7 @@ func NewCore(cfg CoreConfig) *Core {
 		cfg.RetryMin = time.Second
 	}
 	if cfg.Auth == nil {
-		cfg.Auth, _ = protocol.NewAuth(cfg.Secret) // a bad secret signs nothing and trusts nothing
-		if err := protocol.CheckSecret(cfg.Secret); err != nil {
-			cfg.Auth = protocol.Untrusting()
-		}
+		cfg.Auth = protocol.SecretAuth(cfg.Secret)
 	}
 	if cfg.RetryMax < cfg.RetryMin {
 		cfg.RetryMax = max(30*time.Second, cfg.RetryMin)
@@ -325,11 +322,7 @@ func (c *Core) Desired(raw []byte, found bool, now time.Time) error {
 		// as in a fresh fleet (known, nothing desired): one bad write must not keep
 		// correct servers out of rotation for good.
 		c.known = true
-		if errors.Is(err, protocol.ErrMalformed) || errors.Is(err, protocol.ErrTooLarge) || errors.Is(err, protocol.ErrVersion) {
-			c.refuseDesired(raw, ReasonMalformed)
-		} else {
-			c.refuseDesired(raw, reasonOf(err))
-		}
+		c.refuseDesired(raw, reasonOf(err))
 		c.repair(raw)
 		return nil
 	}
@@ -885,11 +878,16 @@ func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
 	case state == "":
 		state = protocol.StateRunning
 	}
+	rotErr := RotationError(c.known, c.desired, c.eng, c.stopping || c.draining)
+	why := "" // why the server is out of rotation, which `rollout fleet status` shows
+	if rotErr != nil {
+		why = "out of rotation: " + rotErr.Error()
+	}
 	hb := protocol.Heartbeat{V: protocol.Version, Fleet: c.cfg.Fleet, ServerID: c.cfg.ServerID, State: state,
-		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, Epoch: c.convEpoch, InRotation: c.InRotation(),
+		WeightVersion: c.eng.WeightVersion, StagedVersion: c.eng.StagedVersion, Epoch: c.convEpoch, InRotation: rotErr == nil,
 		WeightSHA256: c.eng.WeightSHA256, DesiredEpoch: c.desiredEpoch(),
 		Running: c.eng.Running, Waiting: c.eng.Waiting, KVUsage: c.eng.KVUsage, AdvertiseURL: c.cfg.AdvertiseURL,
-		Build: c.cfg.Build, Error: joinErrs(c.desiredErr, c.convErr, c.rotationReason()), At: now.UnixMilli()}
+		Build: c.cfg.Build, Error: joinErrs(c.desiredErr, c.convErr, why), At: now.UnixMilli()}
 	if c.cfg.PeerURL != "" {
 		hb.PeerURL, hb.Holds = c.cfg.PeerURL, c.eng.Holds
 	}
@@ -897,15 +895,6 @@ func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
 		hb.SignWith(c.cfg.Auth)
 	}
 	return hb
-}
-
-// rotationReason says why the server is out of rotation ("" when it is in), for the
-// heartbeat's error, which `rollout fleet status` shows.
-func (c *Core) rotationReason() string {
-	if err := RotationError(c.known, c.desired, c.eng, c.stopping || c.draining); err != nil {
-		return "out of rotation: " + err.Error()
-	}
-	return ""
 }
 
 func joinErrs(errs ...string) string {

@@ -49,11 +49,7 @@ func (c *Config) auth() *protocol.Auth {
 	if c.Auth != nil {
 		return c.Auth
 	}
-	a, err := protocol.NewAuth(c.Secret)
-	if err != nil {
-		return protocol.Untrusting()
-	}
-	return a
+	return protocol.SecretAuth(c.Secret)
 }
 
 // Server is a rollout server's peer side: the versions it holds, served read-only, and the
