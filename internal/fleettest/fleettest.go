@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/protocol"
@@ -70,11 +72,18 @@ func Binary(t testing.TB) string {
 	return build.path
 }
 
-// Main runs the tests and removes the binary Binary built. Call it from TestMain.
+// Main runs the tests, removes the binary Binary built and, when they passed, fails the run
+// on goroutines left running (goleak). Call it from TestMain: os.Exit(fleettest.Main(m)).
 func Main(m *testing.M) int {
 	code := m.Run()
 	if build.dir != "" {
 		_ = os.RemoveAll(build.dir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
 	}
 	return code
 }
