@@ -304,11 +304,11 @@ func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (
 			return nil, invalid("Plan.Targets leaves out live servers %q: an update moves the whole fleet's desired state, so every live server follows; name them all (or none)", missing)
 		}
 	}
-	serving, err := c.servingVersion(ctx)
+	serving, desired, err := c.servingVersion(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if retry, err := c.isRetry(ctx, ref); err != nil {
+	if retry, err := isRetry(desired, ref); err != nil {
 		return nil, err
 	} else if ref.Version <= serving && !retry {
 		return nil, invalid("weights version %d is not above the fleet's version %d (the same version and digest again completes an update)", ref.Version, serving)
@@ -368,14 +368,13 @@ func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (
 	return res, nil
 }
 
-// isRetry reports whether ref is the version the desired state names already, with the
+// isRetry reports whether ref is the version the desired state d names already, with the
 // same digest: UpdateWeights runs again to bring every server to it (after a cancelled or
 // partial update). The same version with another digest is refused: a version names one
 // checkpoint.
-func (c *Client) isRetry(ctx context.Context, ref WeightsRef) (bool, error) {
-	d, _, err := c.readDesired(ctx)
-	if err != nil || d == nil || d.Weights == nil || d.Weights.Version != ref.Version {
-		return false, err
+func isRetry(d *protocol.DesiredState, ref WeightsRef) (bool, error) {
+	if d == nil || d.Weights == nil || d.Weights.Version != ref.Version {
+		return false, nil
 	}
 	if d.Weights.SHA256 != ref.SHA256 {
 		return false, fmt.Errorf("%w: fleet version %d is checkpoint %s, not %s", ErrConflict, ref.Version, d.Weights.SHA256, ref.SHA256)
@@ -439,11 +438,12 @@ func (d *updateDriver) settle(ctx context.Context) {
 }
 
 // servingVersion is the fleet's current version: the desired one, or the newest a live
-// server reports when the desired state names none (or an older one).
-func (c *Client) servingVersion(ctx context.Context) (int64, error) {
+// server reports when the desired state names none (or an older one), and the desired
+// state it read.
+func (c *Client) servingVersion(ctx context.Context) (int64, *protocol.DesiredState, error) {
 	d, _, err := c.readDesired(ctx)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	var v int64
 	if d != nil && d.Weights != nil {
@@ -451,12 +451,12 @@ func (c *Client) servingVersion(ctx context.Context) (int64, error) {
 	}
 	hbs, err := c.readHeartbeats(ctx, false)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	for _, hb := range hbs {
 		v = max(v, hb.WeightVersion)
 	}
-	return v, nil
+	return v, d, nil
 }
 
 // updateDriver does the I/O the tracker asks for and fills the result.
