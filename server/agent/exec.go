@@ -141,19 +141,23 @@ func resetDetail(p *phase, r ResetResult) {
 	p.detail("preempted", int64(r.Preempted))
 }
 
+// runPhase times one step of a command or convergence into res: its phase, and its error
+// as the result's.
+func (a *Agent) runPhase(res *Result, name string, f func(p *phase) error) error {
+	p := a.begin(name)
+	err := f(p)
+	res.Phases = append(res.Phases, p.end(err))
+	res.Err = err
+	return err
+}
+
 // command runs one command's body.
 func (a *Agent) command(ctx context.Context, w *Work) Result {
 	eng := a.cfg.Engine
 	var res Result
-	run := func(name string, f func(p *phase) error) {
-		p := a.begin(name)
-		err := f(p)
-		res.Phases = append(res.Phases, p.end(err))
-		res.Err = err
-	}
 	switch c := w.Command.(type) {
 	case protocol.Pause:
-		run("pause", func(p *phase) error {
+		_ = a.runPhase(&res, "pause", func(p *phase) error {
 			r, err := eng.Pause(ctx, c.Mode, c.ClearCache)
 			if c.ClearCache {
 				resetDetail(p, r)
@@ -161,16 +165,16 @@ func (a *Agent) command(ctx context.Context, w *Work) Result {
 			return err
 		})
 	case protocol.Resume:
-		run("resume", func(*phase) error { return eng.Resume(ctx) })
+		_ = a.runPhase(&res, "resume", func(*phase) error { return eng.Resume(ctx) })
 	case protocol.Sleep:
-		run("sleep", func(p *phase) error {
+		_ = a.runPhase(&res, "sleep", func(p *phase) error {
 			p.detail("level", int64(c.Level))
 			return eng.Sleep(ctx, c.Level, c.Mode)
 		})
 	case protocol.Wake:
-		run("wake", func(*phase) error { return eng.WakeUp(ctx, c.Tags) })
+		_ = a.runPhase(&res, "wake", func(*phase) error { return eng.WakeUp(ctx, c.Tags) })
 	case protocol.Reset:
-		run("reset", func(p *phase) error {
+		_ = a.runPhase(&res, "reset", func(p *phase) error {
 			r, err := eng.Reset(ctx, c.ResetRunning, c.ResetExternal)
 			resetDetail(p, r)
 			if err == nil && !r.Success {
@@ -180,7 +184,7 @@ func (a *Agent) command(ctx context.Context, w *Work) Result {
 			return err
 		})
 	case protocol.Abort:
-		run("abort", func(p *phase) error {
+		_ = a.runPhase(&res, "abort", func(p *phase) error {
 			p.detail("aborted", int64(eng.Abort(c.RequestIDs)))
 			return nil
 		})
@@ -194,18 +198,11 @@ func (a *Agent) command(ctx context.Context, w *Work) Result {
 	return res
 }
 
-// converge runs a convergence step: stage the desired version if needed, then commit it;
-// or pause when the fleet is paused.
+// converge runs one convergence step towards the desired state: a stage, a commit, or a
+// pause, sleep, wake (and resume) or resume.
 func (a *Agent) converge(ctx context.Context, w *Work) Result {
 	eng := a.cfg.Engine
 	var res Result
-	run := func(name string, f func() error) bool {
-		p := a.begin(name)
-		err := f()
-		res.Phases = append(res.Phases, p.end(err))
-		res.Err = err
-		return err == nil
-	}
 	switch {
 	case w.Stage != nil:
 		a.log.Info("agent: converging: staging the fleet's desired version", "version", w.Stage.Version, "epoch", w.Epoch)
@@ -215,18 +212,18 @@ func (a *Agent) converge(ctx context.Context, w *Work) Result {
 		return a.commit(ctx, *w.Commit, w.StayPaused)
 	case w.Pause != nil:
 		a.log.Info("agent: converging: the fleet is paused", "mode", w.Pause.Mode, "epoch", w.Epoch)
-		run("pause", func() error { _, err := eng.Pause(ctx, w.Pause.Mode, w.Pause.ClearCache); return err })
+		_ = a.runPhase(&res, "pause", func(*phase) error { _, err := eng.Pause(ctx, w.Pause.Mode, w.Pause.ClearCache); return err })
 	case w.Sleep != nil:
 		a.log.Info("agent: converging: the fleet is asleep", "level", w.Sleep.Level, "epoch", w.Epoch)
-		run("sleep", func() error { return eng.Sleep(ctx, w.Sleep.Level, w.Sleep.Mode) })
+		_ = a.runPhase(&res, "sleep", func(*phase) error { return eng.Sleep(ctx, w.Sleep.Level, w.Sleep.Mode) })
 	case w.Wake:
 		a.log.Info("agent: converging: the fleet is awake", "epoch", w.Epoch)
-		if run("wake", func() error { return eng.WakeUp(ctx, nil) }) && w.Resume && eng.State().State == protocol.StatePaused {
-			run("resume", func() error { return eng.Resume(ctx) })
+		if a.runPhase(&res, "wake", func(*phase) error { return eng.WakeUp(ctx, nil) }) == nil && w.Resume && eng.State().State == protocol.StatePaused {
+			_ = a.runPhase(&res, "resume", func(*phase) error { return eng.Resume(ctx) })
 		}
 	case w.Resume:
 		a.log.Info("agent: converging: the fleet is serving", "epoch", w.Epoch)
-		run("resume", func() error { return eng.Resume(ctx) })
+		_ = a.runPhase(&res, "resume", func(*phase) error { return eng.Resume(ctx) })
 	}
 	return res
 }
