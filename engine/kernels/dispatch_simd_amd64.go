@@ -51,3 +51,9 @@ func avx512Shape(n int) (p, t int) {
 	}
 	return 2, min(n, 4)
 }
+
+// matmulLow runs a bf16 or int8 MatMul. The archsimd build has no kernel reading bf16 or int8
+// directly: it widens each panel (see matmulWidened) and runs the float32 tiles on it.
+func matmulLow(m *Matrix, y, x []float32, n, lo, hi int) {
+	matmulWidened(matmulPanels, m, y, x, n, lo, hi)
+}

@@ -26,3 +26,6 @@ func tileKernels() []*simdKernel {
 	}
 	return out
 }
+
+// lowSIMDImpls lists the kernels reading bf16 or int8 directly that this CPU can run.
+func lowSIMDImpls() []impl { return nil }
