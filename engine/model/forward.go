@@ -37,7 +37,10 @@ type Batch struct {
 // shared by Reference or by a second Model.
 type Model struct {
 	Config Config
-	pool   *kernels.Pool
+	// Precision is how the matrices store their weights (see kernels.Precision); the
+	// embedding and the norms stay float32.
+	Precision kernels.Precision
+	pool      *kernels.Pool
 
 	embed     []float32
 	layers    []packedLayer
@@ -66,6 +69,12 @@ func New(w *Weights, pool *kernels.Pool) (*Model, error) { return NewReusing(w, 
 // weight swap retired), when it has w's shape; with nil or another shape it allocates. reuse
 // must not be used again by anyone: its matrices become the new model's.
 func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
+	return NewAs(w, pool, reuse, kernels.F32)
+}
+
+// NewAs is NewReusing storing the matrices at precision prec: w's float32 values are rounded
+// (bf16) or quantized (int8) once, here. reuse is packed into only at the same precision.
+func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision) (*Model, error) {
 	if err := w.Check(); err != nil {
 		return nil, err
 	}
@@ -74,8 +83,8 @@ func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 	if pool == nil {
 		pool = kernels.NewPool(1)
 	}
-	m := &Model{Config: c, pool: pool, embed: w.Embed, finalNorm: w.FinalNorm}
-	if reuse != nil && len(reuse.layers) != len(w.Layers) {
+	m := &Model{Config: c, Precision: prec, pool: pool, embed: w.Embed, finalNorm: w.FinalNorm}
+	if reuse != nil && (len(reuse.layers) != len(w.Layers) || reuse.Precision != prec) {
 		reuse = nil // each matrix checks its own shape; the layer lists must line up
 	}
 	// Every matrix is packed by its own job, and the jobs run on all cores (largest first, so
@@ -83,7 +92,7 @@ func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 	// and the sooner it is done the sooner the new ones can.
 	var jobs []packJob
 	pack := func(dst **kernels.Matrix, old *kernels.Matrix, rows, cols int, parts ...[]float32) {
-		jobs = append(jobs, packJob{dst: dst, old: old, rows: rows, cols: cols, parts: parts})
+		jobs = append(jobs, packJob{dst: dst, old: old, prec: prec, rows: rows, cols: cols, parts: parts})
 	}
 	var old packedLayer
 	m.layers = make([]packedLayer, len(w.Layers))
@@ -129,6 +138,7 @@ func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 type packJob struct {
 	dst        **kernels.Matrix
 	old        *kernels.Matrix
+	prec       kernels.Precision
 	rows, cols int
 	parts      [][]float32
 }
@@ -150,7 +160,7 @@ func runPackJobs(jobs []packJob, workers int) error {
 				return
 			}
 			j := &jobs[i]
-			mat, e := kernels.PackStacked(j.old, j.rows, j.cols, j.parts...)
+			mat, e := kernels.PackStackedAs(j.prec, j.old, j.rows, j.cols, j.parts...)
 			if e != nil {
 				mu.Lock()
 				err = cmp.Or(err, e)
