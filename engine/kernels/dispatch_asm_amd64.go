@@ -54,42 +54,10 @@ func matmulPanels(m *Matrix, y, x []float32, n, lo, hi int) {
 	matmulSIMD(activeKernel, m, y, x, n, lo, hi)
 }
 
-// The bf16 and int8 tiles (kernels_low_*_amd64.s) read the stored weights and widen them in
-// registers; they have no prefetching variant.
-var (
-	avx512BF16Kernel = simdKernel{name: "avx512", tiles: &a512bf16Tiles, t1: 7, shape: avx512AsmShape}
-	avx512Int8Kernel = simdKernel{name: "avx512", tiles: &a512i8Tiles, t1: 7, shape: avx512AsmShape}
-	avx2BF16Kernel   = simdKernel{name: "avx2", tiles: &a256bf16Tiles, t1: 5, shape: avx2BF16Shape}
-	avx2Int8Kernel   = simdKernel{name: "avx2", tiles: &a256i8Tiles, t1: 6, shape: avx2Shape}
-)
-
-// avx2BF16Shape is avx2Shape with the widest tile 1×5: the bf16 tiles hold a mask register.
-func avx2BF16Shape(n int) (p, t int) {
-	if n <= 2 {
-		return avx2Shape(n)
-	}
-	return 1, min(n, 5)
-}
-
-// lowKernel is the kernel for a bf16 or int8 matrix on this CPU, nil for the portable one.
-func lowKernel(prec Precision) *simdKernel {
-	switch {
-	case hasAVX512 && prec == BF16:
-		return &avx512BF16Kernel
-	case hasAVX512 && prec == Int8:
-		return &avx512Int8Kernel
-	case hasAVX2FMA && prec == BF16:
-		return &avx2BF16Kernel
-	case hasAVX2FMA && prec == Int8:
-		return &avx2Int8Kernel
-	}
-	return nil
-}
-
 // matmulLow runs a bf16 or int8 MatMul: the assembly tiles that read the precision directly
 // where the CPU has them, else the widening fallback (see matmulWidened).
 func matmulLow(m *Matrix, y, x []float32, n, lo, hi int) {
-	if k := lowKernel(m.Prec); k != nil {
+	if k := lowKernel(m.Prec, hasAVX512, hasAVX2FMA); k != nil {
 		matmulSIMD(k, m, y, x, n, lo, hi)
 		return
 	}

@@ -27,23 +27,5 @@ func tileKernels() []*simdKernel {
 	return out
 }
 
-// lowSIMDImpls lists the kernels reading bf16 or int8 directly that this CPU can run.
-func lowSIMDImpls() []impl {
-	var out []impl
-	add := func(name string, bf, i8 *simdKernel) {
-		out = append(out, impl{name, func(m *Matrix, y, x []float32, n, lo, hi int) {
-			k := bf
-			if m.Prec == Int8 {
-				k = i8
-			}
-			matmulSIMD(k, m, y, x, n, lo, hi)
-		}})
-	}
-	if hasAVX512 {
-		add("avx512", &avx512BF16Kernel, &avx512Int8Kernel)
-	}
-	if hasAVX2FMA {
-		add("avx2", &avx2BF16Kernel, &avx2Int8Kernel)
-	}
-	return out
-}
+// lowFeatures reports the CPU features the bf16 and int8 tiles select on.
+func lowFeatures() (avx512, avx2 bool) { return hasAVX512, hasAVX2FMA }

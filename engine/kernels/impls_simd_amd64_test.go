@@ -28,5 +28,7 @@ func tileKernels() []*simdKernel {
 	return out
 }
 
-// lowSIMDImpls lists the kernels reading bf16 or int8 directly that this CPU can run.
-func lowSIMDImpls() []impl { return nil }
+// lowFeatures reports the CPU features the bf16 and int8 tiles select on.
+func lowFeatures() (avx512, avx2 bool) {
+	return archsimd.X86.AVX512(), archsimd.X86.AVX2() && archsimd.X86.FMA()
+}
