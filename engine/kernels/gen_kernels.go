@@ -462,7 +462,7 @@ func writeLowTiles(is asmISA, file string) {
 // shifted left 16 (VPSLLD), k+1's the words with the low half cleared (VPAND with a mask
 // register). int8: per block of 32 steps, the panel's 16 scales sit at the block start (R13),
 // and each step's weights are VPMOVSXBD, VCVTDQ2PS, VMULPS by the scales; R12 counts the
-// block's steps. Registers as in genAsmTile, but R12 and R13 (3ys, 5ys) are set at the store.
+// block's steps (fewer in a short last block). Registers as in genAsmTile, but R12 and R13 (3ys, 5ys) are set at the store.
 func genLowTile(b *bytes.Buffer, is asmISA, prec, fn string, p, t int) {
 	v := 16 / is.lanes // vectors per panel
 	tokAddr := func(base, s, s3, s5 string, i, off int) string {
@@ -574,8 +574,9 @@ func genLowTile(b *bytes.Buffer, is asmISA, prec, fn string, p, t int) {
 		}
 		fmt.Fprintf(b, "\tADDQ $64, SI\n\tADDQ $8, DI\n\tDECQ CX\n\tJNZ %s_loop\n", fn)
 	case "i8":
-		fmt.Fprintf(b, "\tSHRQ $5, CX\n\tJEQ %s_store\n", fn)
-		fmt.Fprintf(b, "%s_block:\n\tMOVQ SI, R13\n\tADDQ $64, SI\n\tMOVQ $32, R12\n", fn)
+		fmt.Fprintf(b, "\tTESTQ CX, CX\n\tJEQ %s_store\n", fn)
+		// R12 = min(32, the steps left): the last block is short when cols is not a multiple.
+		fmt.Fprintf(b, "%s_block:\n\tMOVQ SI, R13\n\tADDQ $64, SI\n\tMOVQ $32, R12\n\tCMPQ CX, R12\n\tCMOVQLT CX, R12\n\tSUBQ R12, CX\n", fn)
 		fmt.Fprintf(b, "%s_loop:\n", fn)
 		for j := 0; j < p; j++ {
 			for vv := 0; vv < v; vv++ {
@@ -587,7 +588,7 @@ func genLowTile(b *bytes.Buffer, is asmISA, prec, fn string, p, t int) {
 		for i := 0; i < t; i++ {
 			fma(i, 0)
 		}
-		fmt.Fprintf(b, "\tADDQ $16, SI\n\tADDQ $4, DI\n\tDECQ R12\n\tJNZ %s_loop\n\tDECQ CX\n\tJNZ %s_block\n", fn, fn)
+		fmt.Fprintf(b, "\tADDQ $16, SI\n\tADDQ $4, DI\n\tDECQ R12\n\tJNZ %s_loop\n\tTESTQ CX, CX\n\tJNZ %s_block\n", fn, fn)
 	}
 	fmt.Fprintf(b, "%s_store:\n", fn)
 	fmt.Fprintf(b, "\tMOVQ y+40(FP), DX\n\tMOVQ ys+48(FP), R11\n\tLEAQ (R11)(R11*2), R12\n\tLEAQ (R11)(R11*4), R13\n")

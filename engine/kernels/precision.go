@@ -22,17 +22,18 @@ const (
 	// BF16 stores bfloat16 weights (the high half of a float32, rounded to nearest even): 2
 	// bytes a weight. The effective weight is the bfloat16 value, exactly.
 	BF16
-	// Int8 stores blocks of Int8Block weights along a row as int8 with one float32 scale per
-	// block (q8_0-like, symmetric: scale = max|w|/127): 1.125 bytes a weight. The effective
-	// weight is float32(q)·scale, one float32 multiply.
+	// Int8 stores blocks of Int8Block weights along a row (the last one shorter when Cols is
+	// not a multiple) as int8 with one float32 scale per block (q8_0-like, symmetric: scale =
+	// max|w|/127): 1.125 bytes a weight. The effective weight is float32(q)·scale, one float32
+	// multiply.
 	Int8
 )
 
 // Int8Block is the number of weights of a row that share one Int8 scale.
 const Int8Block = 32
 
-// int8BlockBytes is the bytes of one panel's block: 16 float32 scales, then Int8Block steps of
-// PanelRows int8 weights.
+// int8BlockBytes is the bytes of one panel's whole block: 16 float32 scales, then Int8Block
+// steps of PanelRows int8 weights.
 const int8BlockBytes = PanelRows*4 + Int8Block*PanelRows
 
 // ErrPrecision is returned (wrapped) for an unknown precision name, or a matrix shape or value
@@ -78,7 +79,7 @@ func (p Precision) BytesPerWeight() float64 {
 }
 
 // checkShape reports whether a matrix of cols columns can be stored at p: bfloat16 weights are
-// read in pairs along a row, int8 ones in blocks.
+// read in pairs along a row.
 func (p Precision) checkShape(cols int) error {
 	switch p {
 	case F32:
@@ -89,9 +90,6 @@ func (p Precision) checkShape(cols int) error {
 		}
 		return nil
 	case Int8:
-		if cols%Int8Block != 0 {
-			return fmt.Errorf("%w: int8 needs columns in whole blocks of %d, got %d", ErrPrecision, Int8Block, cols)
-		}
 		return nil
 	}
 	return fmt.Errorf("%w: unknown precision %d", ErrPrecision, uint8(p))
@@ -153,14 +151,15 @@ func packLow(m *Matrix, parts [][]float32) error {
 				}
 			case Int8:
 				base := p * m.panelBytes()
-				for b := range cols / Int8Block {
-					scale, err := QuantizeInt8(q[:], row[b*Int8Block:(b+1)*Int8Block])
+				for b := 0; b*Int8Block < cols; b++ {
+					k0, k1 := b*Int8Block, min(cols, (b+1)*Int8Block)
+					scale, err := QuantizeInt8(q[:], row[k0:k1])
 					if err != nil {
-						return fmt.Errorf("row %d, columns %d..%d: %w", r, b*Int8Block, (b+1)*Int8Block-1, err)
+						return fmt.Errorf("row %d, columns %d..%d: %w", r, k0, k1-1, err)
 					}
-					blk := m.q8[base+b*int8BlockBytes : base+(b+1)*int8BlockBytes]
+					blk := m.q8[base+b*int8BlockBytes:]
 					putFloat32(blk[4*i:], scale)
-					for k, v := range q {
+					for k, v := range q[:k1-k0] {
 						blk[PanelRows*4+k*PanelRows+i] = byte(v)
 					}
 				}
@@ -199,7 +198,7 @@ func (m *Matrix) panelBytes() int {
 	case BF16:
 		return PanelRows * m.Cols * 2
 	case Int8:
-		return m.Cols / Int8Block * int8BlockBytes
+		return (m.Cols+Int8Block-1)/Int8Block*PanelRows*4 + m.Cols*PanelRows
 	}
 	return PanelRows * m.Cols * 4
 }
@@ -232,13 +231,13 @@ func (m *Matrix) widenPanel(dst []float32, p int) {
 		}
 	case Int8:
 		base := p * m.panelBytes()
-		for b := range cols / Int8Block {
-			blk := m.q8[base+b*int8BlockBytes : base+(b+1)*int8BlockBytes]
+		for b := 0; b*Int8Block < cols; b++ {
+			blk := m.q8[base+b*int8BlockBytes:]
 			var scale [PanelRows]float32
 			for i := range scale {
 				scale[i] = getFloat32(blk[4*i:])
 			}
-			for k := range Int8Block {
+			for k := range min(Int8Block, cols-b*Int8Block) {
 				q := blk[PanelRows*4+k*PanelRows : PanelRows*4+(k+1)*PanelRows]
 				out := dst[(b*Int8Block+k)*PanelRows : (b*Int8Block+k+1)*PanelRows]
 				for i := range PanelRows {
