@@ -42,7 +42,7 @@ type Model struct {
 	Precision kernels.Precision
 	pool      *kernels.Pool
 
-	embed     []float32
+	embed     embedding
 	layers    []packedLayer
 	finalNorm []float32
 	cls       *kernels.Matrix
@@ -83,7 +83,11 @@ func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision)
 	if pool == nil {
 		pool = kernels.NewPool(1)
 	}
-	m := &Model{Config: c, Precision: prec, pool: pool, embed: w.Embed, finalNorm: w.FinalNorm}
+	m := &Model{Config: c, Precision: prec, pool: pool, finalNorm: w.FinalNorm}
+	var err error
+	if m.embed, err = newEmbedding(w.Embed, h, prec); err != nil {
+		return nil, err
+	}
 	if reuse != nil && (len(reuse.layers) != len(w.Layers) || reuse.Precision != prec) {
 		reuse = nil // each matrix checks its own shape; the layer lists must line up
 	}
@@ -189,6 +193,12 @@ func (m *Model) WeightBytes() int64 {
 	return n
 }
 
+// ResidentBytes is the memory the packed model holds: WeightBytes, the embedding table (at
+// the model's precision; float32 shares the checkpoint's) and the RoPE tables.
+func (m *Model) ResidentBytes() int64 {
+	return m.WeightBytes() + m.embed.bytes() + int64(len(m.ropeCos)+len(m.ropeSin))*4
+}
+
 // KVLayout returns the pool layout this model needs for numBlocks blocks of blockSize tokens.
 func (m *Model) KVLayout(numBlocks, blockSize int) kvcache.Layout {
 	return m.Config.KVLayout(numBlocks, blockSize)
@@ -227,7 +237,7 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Storage, logits []float32) error {
 	ws.gu = grow(ws.gu, n*2*f)
 	ws.act = grow(ws.act, n*f)
 	for t, id := range b.Tokens {
-		copy(ws.x[t*h:(t+1)*h], m.embed[int(id)*h:(int(id)+1)*h])
+		m.embed.row(ws.x[t*h:(t+1)*h], int(id))
 	}
 	maxPos := 0
 	for _, p := range b.Positions {
