@@ -92,6 +92,9 @@ func TestServeAndGenerateRefuseBadFlags(t *testing.T) {
 	errb.Reset()
 	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--kv-bytes", "lots"}, &out, &errb))
 	assert.Contains(t, errb.String(), "--kv-bytes")
+	errb.Reset()
+	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--precision", "fp8"}, &out, &errb))
+	assert.Contains(t, errb.String(), "--precision")
 }
 
 // TestServeRefusesPoolSizesThatDoNotFit is issue 25's flags: an overflowing --max-num-seqs
