@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"unsafe"
 
 	"github.com/rolloutkit/rollout/engine/hugepage"
 )
@@ -201,17 +200,6 @@ func (m *Matrix) panelBytes() int {
 		return (m.Cols+Int8Block-1)/Int8Block*PanelRows*4 + m.Cols*PanelRows
 	}
 	return PanelRows * m.Cols * 4
-}
-
-// base is the address of the first panel.
-func (m *Matrix) base() unsafe.Pointer {
-	switch m.Prec {
-	case BF16:
-		return unsafe.Pointer(unsafe.SliceData(m.half))
-	case Int8:
-		return unsafe.Pointer(unsafe.SliceData(m.q8))
-	}
-	return unsafe.Pointer(unsafe.SliceData(m.data))
 }
 
 // widenPanel writes panel p's effective weights into dst (PanelRows·Cols values) in the
