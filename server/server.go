@@ -60,8 +60,10 @@ type Config struct {
 	Listener net.Listener
 	// Engine sizing: KV pool in blocks (or bytes), block size, batch bounds; zero takes the
 	// engine's defaults. Workers is the kernel worker count (0: GOMAXPROCS).
-	KVBlocks         int
-	KVBytes          int64
+	KVBlocks int
+	KVBytes  int64
+	// MemoryBytes budgets the packed model and the KV pool together (engine.Config.MemoryBytes).
+	MemoryBytes      int64
 	BlockSize        int
 	MaxNumSeqs       int
 	MaxBatchedTokens int
@@ -328,7 +330,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 		hooks.OnStep = steps.Hook(hooks.OnStep)
 	}
 	ecfg := engine.Config{Weights: m.Weights, WeightVersion: cfg.WeightVersion, BlockSize: cfg.BlockSize,
-		NumBlocks: cfg.KVBlocks, KVBytes: cfg.KVBytes, MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxBatchedTokens,
+		NumBlocks: cfg.KVBlocks, KVBytes: cfg.KVBytes, MemoryBytes: cfg.MemoryBytes, MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxBatchedTokens,
 		Workers: cfg.Workers, Precision: cfg.Precision, PrefaultKV: cfg.PrefaultKV, MaxQueued: cfg.MaxQueued, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
 	var connStats func() map[string]float64
 	if s.conn != nil {

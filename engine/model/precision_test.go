@@ -151,6 +151,7 @@ func TestLowPrecisionResidentBytes(t *testing.T) {
 		m, err := NewAs(w, nil, nil, prec)
 		require.NoError(t, err)
 		sizes[prec] = m.ResidentBytes() - int64(len(m.ropeCos)+len(m.ropeSin))*4
+		require.Equal(t, m.ResidentBytes(), w.Config.ModelBytes(prec), "%s: ModelBytes without packing", prec)
 		t.Logf("%s: weights %d bytes, resident %d bytes", prec, m.WeightBytes(), m.ResidentBytes())
 	}
 	for _, prec := range lowPrecisions {
