@@ -49,7 +49,7 @@ const neonTokenBlock = 48
 // matmulNEON runs panels [lo,hi) of MatMul with the NEON tiles. Callers have checked len(x),
 // len(y).
 func matmulNEON(m *Matrix, y, x []float32, n, lo, hi int) {
-	matmulNEONTiles(&neonTiles, neonShape, m, y, x, n, lo, hi)
+	matmulNEONTiles(&neonTiles, neonShape, neonT1, m, y, x, n, lo, hi)
 }
 
 // neonBF16Shape is the bf16 main tile for n tokens: the bf16 tiles hold their weights and a
@@ -67,7 +67,7 @@ func neonBF16Shape(n int) (p, t int) {
 
 // matmulNEONTiles is matmulNEON with a tile table and its shape function: the float32 tiles,
 // or the bf16 ones on a bf16 matrix.
-func matmulNEONTiles(tiles *[5][7]neonTile, shape func(int) (int, int), m *Matrix, y, x []float32, n, lo, hi int) {
+func matmulNEONTiles(tiles *[5][7]neonTile, shape func(int) (int, int), t1 int, m *Matrix, y, x []float32, n, lo, hi int) {
 	if lo >= hi || n <= 0 {
 		return
 	}
@@ -95,8 +95,8 @@ func matmulNEONTiles(tiles *[5][7]neonTile, shape func(int) (int, int), m *Matri
 		}
 		fn := &tiles[1]
 		for ; p < full; p++ {
-			for t := b0; t < b0+bn; t += neonT1 {
-				nt := min(neonT1, b0+bn-t)
+			for t := b0; t < b0+bn; t += t1 {
+				nt := min(t1, b0+bn-t)
 				fn[nt](panel(p), ws, tok(t), xs, cols, out(t, p), ys)
 			}
 		}
@@ -105,8 +105,8 @@ func matmulNEONTiles(tiles *[5][7]neonTile, shape func(int) (int, int), m *Matri
 			// token's outputs), so it goes through a scratch tile.
 			var scratch [neonT1 * PanelRows]float32
 			nr := rows - p*PanelRows
-			for t := b0; t < b0+bn; t += neonT1 {
-				nt := min(neonT1, b0+bn-t)
+			for t := b0; t < b0+bn; t += t1 {
+				nt := min(t1, b0+bn-t)
 				fn[nt](panel(p), ws, tok(t), xs, cols, unsafe.Pointer(&scratch), PanelRows*4)
 				for i := range nt {
 					copy(y[(t+i)*rows+p*PanelRows:(t+i)*rows+rows], scratch[i*PanelRows:i*PanelRows+nr])
@@ -135,13 +135,24 @@ func streamRead(buf []uint64) uint64 {
 //go:noescape
 func streamReadNEON(p unsafe.Pointer, blocks int, out *[4]uint32)
 
-// matmulLow runs a bf16 or int8 MatMul: bf16 with the NEON tiles that read it
-// (kernels_neon_bf16_arm64.s); int8 through the widening fallback (see matmulWidened) feeding
-// the float32 NEON tiles, since its conversions need instructions the Go assembler lacks.
+// neonI8Shape is the int8 main tile for n tokens: the int8 tiles also hold four scale
+// registers, so three tokens or more take 1×5.
+func neonI8Shape(n int) (p, t int) {
+	if n <= 2 {
+		return neonBF16Shape(n)
+	}
+	return 1, min(n, neonI8T1)
+}
+
+// neonI8T1 is the widest single-panel int8 tile.
+const neonI8T1 = 5
+
+// matmulLow runs a bf16 or int8 MatMul with the NEON tiles that read the format
+// (kernels_neon_bf16_arm64.s, kernels_neon_i8_arm64.s).
 func matmulLow(m *Matrix, y, x []float32, n, lo, hi int) {
 	if m.Prec == BF16 {
-		matmulNEONTiles(&neonBF16Tiles, neonBF16Shape, m, y, x, n, lo, hi)
+		matmulNEONTiles(&neonBF16Tiles, neonBF16Shape, neonT1, m, y, x, n, lo, hi)
 		return
 	}
-	matmulWidened(matmulNEON, m, y, x, n, lo, hi)
+	matmulNEONTiles(&neonI8Tiles, neonI8Shape, neonI8T1, m, y, x, n, lo, hi)
 }

@@ -6,5 +6,5 @@ package kernels
 func simdImpls() []impl { return []impl{{"neon", matmulNEON}} }
 
 // lowSIMDImpls lists the kernels reading bf16 or int8 directly that this CPU can run: the
-// NEON bf16 tiles (an int8 matrix goes through the fallback, as matmulLow sends it).
+// NEON bf16 and int8 tiles.
 func lowSIMDImpls() []impl { return []impl{{"neon", matmulLow}} }
