@@ -240,7 +240,9 @@ func (u *update) wait() (*sdk.UpdateResult, error) {
 	if u.err != nil {
 		return u.res, u.err
 	}
-	if u.res.Outcome != sdk.OutcomeCommitted {
+	// Degraded is --policy quorum:K met: the servers that missed the update are out of
+	// rotation until they converge by themselves, and training goes on.
+	if u.res.Outcome != sdk.OutcomeCommitted && u.res.Outcome != sdk.OutcomeDegraded {
 		return u.res, fmt.Errorf("update to version %d: %s (%s)", u.res.Version, u.res.Outcome, u.res.Reason)
 	}
 	return u.res, nil
