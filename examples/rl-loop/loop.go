@@ -446,7 +446,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 			distinct := map[string]bool{}
 			for _, s := range res.Samples {
 				ids := s.TokenIDs()
-				rec.Finish[s.FinishReason]++
+				rec.Finish[string(s.FinishReason)]++
 				nSamples++
 				distinct[fmt.Sprint(ids)] = true
 				if len(ids) == 0 {

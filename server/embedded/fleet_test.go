@@ -415,7 +415,7 @@ func TestGenerateContinuesAcrossPause(t *testing.T) {
 		require.NoError(t, o.err)
 		s := o.res.Samples[0]
 		require.Len(t, s.Tokens, maxTokens)
-		assert.Equal(t, "length", s.FinishReason)
+		assert.Equal(t, sdk.FinishLength, s.FinishReason)
 		for _, tok := range s.Tokens {
 			require.False(t, math.IsInf(tok.Logprob, 0) || math.IsNaN(tok.Logprob))
 			require.Equal(t, int64(0), tok.WeightVersion)
