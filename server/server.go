@@ -683,7 +683,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.log.Warn("server: INSECURE: this fleet member runs unsigned (--insecure-unsigned-fleet): anyone who can publish on its Redis can pause it, swap its weights or fake its state")
 	}
 	s.log.Info("server: listening", "addr", s.Addr(), "model", s.cfg.ModelName, "weight_version", s.eng.Version(),
-		"offload", s.conn != nil, "admin_token", s.cfg.AdminToken != "", "fleet_admin_routes", s.cfg.Fleet == "" || s.cfg.FleetAdminRoutes, "api_key", s.cfg.APIKey != "")
+		"precision", s.cfg.Precision.String(), "offload", s.conn != nil, "admin_token", s.cfg.AdminToken != "", "fleet_admin_routes", s.cfg.Fleet == "" || s.cfg.FleetAdminRoutes, "api_key", s.cfg.APIKey != "")
 
 	var serveErr, partErr error
 	select {
