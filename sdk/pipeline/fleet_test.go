@@ -81,10 +81,10 @@ func checkpoint(t *testing.T, v int64) sdk.WeightsRef {
 type task string
 
 const (
-	taskParity  task = "parity"  // reward: the first token's parity (varies within a group)
-	taskFlat    task = "flat"    // reward 1 whatever the tokens (zero variance)
-	taskHang    task = "hang"    // the verifier blocks until its deadline
-	taskBroken  task = "broken"  // the verifier fails
+	taskParity task = "parity" // reward: the first token's parity (varies within a group)
+	taskFlat   task = "flat"   // reward 1 whatever the tokens (zero variance)
+	taskHang   task = "hang"   // the verifier blocks until its deadline
+	taskBroken task = "broken" // the verifier fails
 )
 
 func verifier() pipeline.Verifier {

@@ -72,7 +72,9 @@ type Config struct {
 }
 
 func (c *Config) validate() error {
-	bad := func(format string, args ...any) error { return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...)) }
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+	}
 	switch {
 	case c.GroupSize < 2:
 		return bad("GroupSize must be >= 2: GRPO compares rewards within a group (got %d)", c.GroupSize)
@@ -122,8 +124,7 @@ type Pipeline struct {
 	cfg    Config
 	tracer trace.Tracer
 	verify chan struct{} // semaphore of verifier calls
-	cancel context.CancelFunc
-	ctx    context.Context
+	cancel context.CancelFunc // ends the context of every goroutine of the pipeline
 	wg     sync.WaitGroup
 
 	mu         sync.Mutex
@@ -144,10 +145,10 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Pipeline{cfg: cfg, tracer: cfg.TracerProvider.Tracer(tracerName), verify: make(chan struct{}, cfg.VerifyConcurrency),
-		cancel: cancel, ctx: ctx, changed: make(chan struct{}),
+		cancel: cancel, changed: make(chan struct{}),
 		core: newCore(cfg.BatchGroups, cfg.MaxStaleness, cfg.OverSample, cfg.MaxInFlight, cfg.Version)}
 	p.wg.Add(1)
-	go p.admitLoop()
+	go p.admitLoop(ctx)
 	return p, nil
 }
 
@@ -266,7 +267,7 @@ func (p *Pipeline) dropStale(stale []*Group) {
 
 // admitLoop starts groups while the staleness bound admits them, until the source ends, a
 // generation fails or the pipeline closes.
-func (p *Pipeline) admitLoop() {
+func (p *Pipeline) admitLoop(ctx context.Context) {
 	defer p.wg.Done()
 	var held *Prompt // a prompt read while the bound closed (a trainer version jumped ahead)
 	for {
@@ -276,7 +277,7 @@ func (p *Pipeline) admitLoop() {
 			p.mu.Unlock()
 			select {
 			case <-ch:
-			case <-p.ctx.Done():
+			case <-ctx.Done():
 				return
 			}
 			p.mu.Lock()
@@ -287,10 +288,10 @@ func (p *Pipeline) admitLoop() {
 		}
 		if held == nil {
 			p.mu.Unlock()
-			prompt, err := p.cfg.Source(p.ctx)
+			prompt, err := p.cfg.Source(ctx)
 			p.mu.Lock()
 			switch {
-			case p.closed || p.ctx.Err() != nil:
+			case p.closed || ctx.Err() != nil:
 				p.mu.Unlock()
 				return
 			case errors.Is(err, io.EOF):
@@ -318,15 +319,15 @@ func (p *Pipeline) admitLoop() {
 		p.mu.Unlock()
 		p.cfg.Metrics.outcome(outcomeAdmitted, 1)
 		p.wg.Add(1)
-		go p.runGroup(g)
+		go p.runGroup(ctx, g)
 	}
 }
 
 // runGroup generates one group, scores each sample as it arrives and hands the group to the
 // core.
-func (p *Pipeline) runGroup(g *Group) {
+func (p *Pipeline) runGroup(ctx context.Context, g *Group) {
 	defer p.wg.Done()
-	ctx, span := p.tracer.Start(p.ctx, "pipeline.group", trace.WithAttributes(attribute.Int64("rollout.group", int64(g.ID)),
+	ctx, span := p.tracer.Start(ctx, "pipeline.group", trace.WithAttributes(attribute.Int64("rollout.group", int64(g.ID)),
 		attribute.Int64("rollout.min_version", g.RequestedVersion)))
 	defer span.End()
 	n := p.cfg.GroupSize
@@ -383,7 +384,7 @@ func (p *Pipeline) runGroup(g *Group) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.core.finish(g, false)
-		if p.ctx.Err() == nil && p.fatal == nil {
+		if ctx.Err() == nil && p.fatal == nil {
 			p.fatal = fmt.Errorf("%w: group %d: %w", ErrGenerate, g.ID, err)
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
