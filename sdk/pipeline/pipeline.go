@@ -123,7 +123,7 @@ type Stats struct {
 type Pipeline struct {
 	cfg    Config
 	tracer trace.Tracer
-	verify chan struct{} // semaphore of verifier calls
+	verify chan struct{}      // semaphore of verifier calls
 	cancel context.CancelFunc // ends the context of every goroutine of the pipeline
 	wg     sync.WaitGroup
 
