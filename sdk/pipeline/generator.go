@@ -95,3 +95,13 @@ func FromSample(s sdk.Sample) Trajectory {
 		FinishReason: s.FinishReason}
 	return t
 }
+
+// FromSession converts a session's trajectory (sdk.Session.Trajectory: model and environment
+// tokens with the loss mask) to a Trajectory; finish is the last turn's finish reason.
+func FromSession(t sdk.Trajectory, finish string) Trajectory {
+	lps := make([]float64, len(t.Logprobs))
+	for i, lp := range t.Logprobs {
+		lps[i] = float64(lp)
+	}
+	return Trajectory{Completion: t.Completion, Logprobs: lps, Versions: t.Versions, LossMask: t.LossMask, FinishReason: finish}
+}
