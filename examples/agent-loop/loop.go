@@ -20,7 +20,7 @@ import (
 	"github.com/rolloutkit/rollout/sdk/pipeline"
 	"github.com/rolloutkit/rollout/server/embedded"
 	"github.com/rolloutkit/rollout/trainer"
-	"github.com/rolloutkit/rollout/trainer/weightstore"
+	"github.com/rolloutkit/rollout/weightstore"
 )
 
 // config is the loop's configuration (flags in main.go).

@@ -58,12 +58,6 @@ func designRules() []rule {
 			Forbid: []string{m("engine/..."), m("server/..."), m("cmd/..."), ginPkgs, cobraPkgs},
 		},
 		{
-			Name:   "pipeline-without-trainer",
-			Why:    "the rollout pipeline serves any trainer: it must not tie training code to the reference trainer",
-			From:   []string{m("sdk/pipeline/...")},
-			Forbid: []string{m("trainer/..."), m("examples/...")},
-		},
-		{
 			Name:   "telemetry-in-mains",
 			Why:    "sdk/telemetry installs OTel globals; only main packages may do that",
 			From:   []string{m("...")},

@@ -15,7 +15,7 @@ import (
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
 	"github.com/rolloutkit/rollout/trainer"
-	"github.com/rolloutkit/rollout/trainer/weightstore"
+	"github.com/rolloutkit/rollout/weightstore"
 )
 
 var (
