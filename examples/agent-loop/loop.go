@@ -175,7 +175,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (*summary, error) {
 		if err != nil {
 			return nil, err
 		}
-		res, err := c.UpdateWeights(ctx, sdk.WeightsRef{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256}, sdk.Plan{Policy: sdk.AllOrNothing})
+		res, err := c.UpdateWeights(ctx, ref, sdk.Plan{Policy: sdk.AllOrNothing})
 		if err == nil && res.Outcome != sdk.OutcomeCommitted {
 			err = fmt.Errorf("update to version %d: %s (%s)", v, res.Outcome, res.Reason)
 		}

@@ -117,7 +117,7 @@ func trainRun(b *testing.B, c *sdk.Client, k int64, steps int) runResult {
 		_ = store.Prune(2)
 		pending = make(chan error, 1)
 		go func(ch chan error, v int64) {
-			res, err := c.UpdateWeights(ctx, sdk.WeightsRef{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256}, sdk.Plan{Policy: sdk.AllOrNothing})
+			res, err := c.UpdateWeights(ctx, ref, sdk.Plan{Policy: sdk.AllOrNothing})
 			if err == nil {
 				mu.Lock()
 				r.bubble += res.MaxBubble

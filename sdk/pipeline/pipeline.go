@@ -125,6 +125,7 @@ type Pipeline struct {
 	tracer trace.Tracer
 	verify chan struct{}      // semaphore of verifier calls
 	cancel context.CancelFunc // ends the context of every goroutine of the pipeline
+	done   <-chan struct{}    // closed when that context ends (Close, or the caller's cancel)
 	wg     sync.WaitGroup
 
 	mu         sync.Mutex
@@ -145,7 +146,7 @@ func Start(ctx context.Context, cfg Config) (*Pipeline, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Pipeline{cfg: cfg, tracer: cfg.TracerProvider.Tracer(tracerName), verify: make(chan struct{}, cfg.VerifyConcurrency),
-		cancel: cancel, changed: make(chan struct{}),
+		cancel: cancel, done: ctx.Done(), changed: make(chan struct{}),
 		core: newCore(cfg.BatchGroups, cfg.MaxStaleness, cfg.OverSample, cfg.MaxInFlight, cfg.Version)}
 	p.wg.Add(1)
 	go p.admitLoop(ctx)
@@ -180,7 +181,8 @@ func (p *Pipeline) Stats() Stats {
 }
 
 // Close stops generating, cancels the groups in flight and waits for every goroutine of the
-// pipeline to end. Next returns ErrClosed afterwards.
+// pipeline to end. Next returns ErrClosed afterwards, as it does once the context given to
+// Start ends (Close is still needed then, to wait for the goroutines).
 func (p *Pipeline) Close() error {
 	p.mu.Lock()
 	if !p.closed {
@@ -214,7 +216,7 @@ func (p *Pipeline) Next(ctx context.Context, version int64) (b *Batch, err error
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for {
-		if p.closed {
+		if p.closed || closed(p.done) {
 			return nil, ErrClosed
 		}
 		groups, stale, ok := p.core.take(version)
@@ -246,11 +248,21 @@ func (p *Pipeline) Next(ctx context.Context, version int64) (b *Batch, err error
 		p.mu.Unlock()
 		select {
 		case <-ch:
+		case <-p.done:
 		case <-ctx.Done():
 			p.mu.Lock()
 			return nil, ctx.Err()
 		}
 		p.mu.Lock()
+	}
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
