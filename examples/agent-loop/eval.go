@@ -18,14 +18,14 @@ type evalItem struct {
 	Expected       string `json:"expected"` // the value the tool holds under the key
 	// Transcript is everything after the prompt (model and tool tokens), TranscriptTokenIDs
 	// its ids and LossMask which of them are the model's (1) or the tool's (0).
-	Transcript         string  `json:"transcript"`
-	TranscriptTokenIDs []int   `json:"transcript_token_ids"`
-	LossMask           []uint8 `json:"loss_mask"`
-	Called             bool    `json:"called_tool"`
-	KeyDigits          int     `json:"key_digits_right"`
-	Success            bool    `json:"success"`
-	Greedy             bool    `json:"greedy"`
-	Version            int64   `json:"weight_version"`
+	Transcript         string `json:"transcript"`
+	TranscriptTokenIDs []int  `json:"transcript_token_ids"`
+	LossMask           []int  `json:"loss_mask"` // ints, not []uint8, which JSON would encode as base64
+	Called             bool   `json:"called_tool"`
+	KeyDigits          int    `json:"key_digits_right"`
+	Success            bool   `json:"success"`
+	Greedy             bool   `json:"greedy"`
+	Version            int64  `json:"weight_version"`
 }
 
 // evalResult is one held-out evaluation (greedy episodes).
@@ -56,8 +56,11 @@ func evaluate(ctx context.Context, ep episodes, v int64) (*evalResult, error) {
 				return
 			}
 			it := evalItem{Prompt: p.Text, PromptTokenIDs: p.Prompt, Key: p.Key, Expected: fmt.Sprint(p.Value),
-				Transcript: tk.render(tr.Completion), TranscriptTokenIDs: tr.Completion, LossMask: tr.LossMask,
+				Transcript: tk.render(tr.Completion), TranscriptTokenIDs: tr.Completion, LossMask: make([]int, len(tr.LossMask)),
 				Called: o.Called, KeyDigits: o.KeyDigits, Success: o.Success, Greedy: true}
+			for j, m := range tr.LossMask {
+				it.LossMask[j] = int(m)
+			}
 			if lo, _, ok := tr.VersionRange(); ok {
 				it.Version = lo
 			}
