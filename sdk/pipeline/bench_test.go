@@ -105,6 +105,7 @@ func trainRun(b *testing.B, c *sdk.Client, k int64, steps int) runResult {
 			}
 		}
 		r.rewards = append(r.rewards, sum/float64(len(samples)))
+		b.Logf("K=%d step %d: %.2f s, reward %.3f", k, len(r.rewards), time.Since(start).Seconds(), r.rewards[len(r.rewards)-1])
 		stats, err := tr.Step(ctx, samples)
 		require.NoError(b, err)
 		if pending != nil {
@@ -162,7 +163,8 @@ func prompts() pipeline.Source {
 // update stages and commits), on one fleet each, in the same run. It reports generated
 // tokens per second, the trainer's wait for batches and the update bubble as shares of the
 // wall clock, and the mean reward of the first and last step (reward against wall clock is
-// steps/s times the reward curve). Run with -benchtime=1x.
+// steps/s times the reward curve; -v logs each step's wall clock and reward). Run with
+// -benchtime=1x.
 func BenchmarkAsyncVsSync(b *testing.B) {
 	for _, mode := range []struct {
 		name string

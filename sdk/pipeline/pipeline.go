@@ -44,6 +44,11 @@ type Config struct {
 	// FilterZeroVariance drops groups whose rewards are all equal (no GRPO signal) and
 	// generates others in their place (DAPO's dynamic sampling).
 	FilterZeroVariance bool
+	// MaxFiltered bounds the groups FilterZeroVariance may drop while one batch fills (0: no
+	// bound); past it Next returns ErrNoSignal instead of waiting on, as DAPO's bound on
+	// generation rounds does: a policy that has collapsed (or mastered the prompts) would
+	// otherwise generate forever.
+	MaxFiltered int
 	// MaxInFlight bounds the groups generating at once (0: only the staleness bound).
 	MaxInFlight int
 	// Version is the weight version the fleet serves and the trainer holds at the start.
@@ -84,8 +89,8 @@ func (c *Config) validate() error {
 		return bad("MaxStaleness must be >= 0 (got %d)", c.MaxStaleness)
 	case c.OverSample < 0:
 		return bad("OverSample must be >= 0 (got %d)", c.OverSample)
-	case c.MaxInFlight < 0:
-		return bad("MaxInFlight must be >= 0 (got %d)", c.MaxInFlight)
+	case c.MaxInFlight < 0 || c.MaxFiltered < 0:
+		return bad("MaxInFlight and MaxFiltered must be >= 0 (got %d, %d)", c.MaxInFlight, c.MaxFiltered)
 	case c.Version < 0:
 		return bad("Version must be >= 0 (got %d)", c.Version)
 	case c.Generator == nil || c.Verifier == nil || c.Source == nil:
@@ -241,6 +246,10 @@ func (p *Pipeline) Next(ctx context.Context, version int64) (b *Batch, err error
 		switch {
 		case p.fatal != nil:
 			return nil, p.fatal
+		case p.cfg.MaxFiltered > 0 && p.pending.Filtered > p.cfg.MaxFiltered:
+			n := p.pending.Filtered
+			p.pending.Filtered = 0
+			return nil, fmt.Errorf("%w: %d groups had rewards all equal while batch %d filled (MaxFiltered %d)", ErrNoSignal, n, version, p.cfg.MaxFiltered)
 		case p.sourceDone && len(p.core.inflight) == 0:
 			return nil, fmt.Errorf("%w: %d groups left, a batch takes %d", ErrExhausted, len(p.core.buffer), p.cfg.BatchGroups)
 		}

@@ -187,3 +187,21 @@ func TestConfigIsValidated(t *testing.T) {
 	require.ErrorIs(t, err, pipeline.ErrInvalid)
 	require.NoError(t, p.Close())
 }
+
+// TestTooManyFilteredGroupsIsAnError: with every group's rewards equal, dynamic sampling
+// would refill forever; past MaxFiltered, Next says so.
+func TestTooManyFilteredGroupsIsAnError(t *testing.T) {
+	flat := pipeline.VerifierFunc(func(context.Context, pipeline.Prompt, pipeline.Trajectory) (float64, error) { return 1, nil })
+	g := gated{release: make(chan int, 64)}
+	for range 32 {
+		g.release <- 0
+		g.release <- 1
+	}
+	p, err := pipeline.Start(t.Context(), pipeline.Config{GroupSize: 2, BatchGroups: 1, FilterZeroVariance: true, MaxFiltered: 3,
+		Generator: g, Verifier: flat, Source: constSource, Logger: quiet})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	_, err = p.Next(t.Context(), 0)
+	require.ErrorIs(t, err, pipeline.ErrNoSignal)
+	assert.GreaterOrEqual(t, p.Stats().Filtered, 4)
+}

@@ -21,6 +21,10 @@ var (
 	// ErrExhausted is returned by Next once the prompt source ended and too few groups are
 	// left for a batch.
 	ErrExhausted = errors.New("pipeline: prompt source exhausted")
+	// ErrNoSignal is returned by Next when more than Config.MaxFiltered groups were dropped
+	// for zero reward variance while its batch filled; the pipeline goes on, and the next
+	// call counts afresh.
+	ErrNoSignal = errors.New("pipeline: groups without reward variance")
 	// ErrClosed is returned by Next after Close.
 	ErrClosed = errors.New("pipeline: closed")
 )
