@@ -115,6 +115,7 @@ type summary struct {
 	WallSec       float64
 	LogPath       string
 	EvalPath      string
+	PlotPath      string
 	Checkpoint    string
 }
 
@@ -124,7 +125,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (*summary, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	for _, name := range []string{"weights", "checkpoint", "log.jsonl", "eval.jsonl"} {
+	for _, name := range []string{"weights", "checkpoint", "log.jsonl", "eval.jsonl", "success.png"} {
 		if err := os.RemoveAll(filepath.Join(cfg.Out, name)); err != nil {
 			return nil, err
 		}
@@ -138,7 +139,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (*summary, error) {
 	}
 	tk := newTask(m.Weights.Config.BOSTokenID, m.Weights.Config.EOSTokenID)
 	sum := &summary{Constant: tk.constantSuccess(), LogPath: filepath.Join(cfg.Out, "log.jsonl"),
-		EvalPath: filepath.Join(cfg.Out, "eval.jsonl"), Checkpoint: filepath.Join(cfg.Out, "checkpoint")}
+		EvalPath: filepath.Join(cfg.Out, "eval.jsonl"), PlotPath: filepath.Join(cfg.Out, "success.png"), Checkpoint: filepath.Join(cfg.Out, "checkpoint")}
 
 	w, err := warmStart(ctx, cfg, tk, m.Weights)
 	if err != nil {
@@ -344,6 +345,9 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (*summary, error) {
 	}
 	if err := tr.Save(sum.Checkpoint); err != nil {
 		return sum, err
+	}
+	if err := plotRun(sum.PlotPath, cfg.Model, sum); err != nil {
+		return sum, fmt.Errorf("plot: %w", err)
 	}
 	sum.WallSec = time.Since(start).Seconds()
 	return sum, nil

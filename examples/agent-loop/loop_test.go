@@ -118,8 +118,10 @@ func TestLoopEmbedded(t *testing.T) {
 		n++
 	}
 	assert.Equal(t, heldOut, n)
-	_, err = os.Stat(sum.Checkpoint)
-	assert.NoError(t, err)
+	for _, path := range []string{sum.Checkpoint, sum.PlotPath, sum.LogPath} {
+		_, err = os.Stat(path)
+		assert.NoError(t, err, path)
+	}
 }
 
 // TestLoopAgainstRolloutServeProcesses runs the loop against two `rollout serve` processes

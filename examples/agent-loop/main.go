@@ -30,8 +30,9 @@
 // Outputs in --out (default agent-loop-out): log.jsonl (one object per step; the first is the
 // initial evaluation), eval.jsonl (one object per held-out episode of the final evaluation:
 // the prompt, the transcript's token ids and loss mask, whether it called the tool with the
-// right key and succeeded), checkpoint/ (the final weights, HF safetensors) and weights/ (the
-// weight store the fleet fetched from).
+// right key and succeeded), success.png (training reward and tool use, held-out success and
+// right-key calls, the two reference lines), checkpoint/ (the final weights, HF safetensors)
+// and weights/ (the weight store the fleet fetched from).
 package main
 
 import (
@@ -129,9 +130,9 @@ func runMain(cfg config) error {
 			return err
 		}
 		fmt.Printf("held-out success: before %.3f -> after %.3f (tool use %.3f -> %.3f, right key %.3f -> %.3f); "+
-			"reference lines: initial policy %.3f, best constant answer %.3f; wall time %.1f s\nlog: %s\nheld-out episodes: %s\ncheckpoint: %s\n",
+			"reference lines: initial policy %.3f, best constant answer %.3f; wall time %.1f s\nplot: %s\nlog: %s\nheld-out episodes: %s\ncheckpoint: %s\n",
 			sum.Before.Success, sum.After.Success, sum.Before.ToolUse, sum.After.ToolUse, sum.Before.KeyRight, sum.After.KeyRight,
-			sum.Before.Success, sum.Constant, sum.WallSec, sum.LogPath, sum.EvalPath, sum.Checkpoint)
+			sum.Before.Success, sum.Constant, sum.WallSec, sum.PlotPath, sum.LogPath, sum.EvalPath, sum.Checkpoint)
 		before, after, wall = append(before, sum.Before.Success), append(after, sum.After.Success), append(wall, sum.WallSec)
 	}
 	if cfg.Seeds > 1 {
