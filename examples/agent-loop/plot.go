@@ -21,6 +21,8 @@ func plotRun(path, model string, sum *summary) error {
 	p.X.Label.Text = "GRPO step"
 	p.Y.Label.Text = "share / reward"
 	p.Y.Min, p.Y.Max = 0, 1.45 // the legend sits above 1
+	p.Y.Tick.Marker = plot.ConstantTicks{{Value: 0, Label: "0"}, {Value: 0.2, Label: "0.2"}, {Value: 0.4, Label: "0.4"},
+		{Value: 0.6, Label: "0.6"}, {Value: 0.8, Label: "0.8"}, {Value: 1, Label: "1"}}
 	p.Add(plotter.NewGrid())
 	var reward, tool, success, evKey plotter.XYs
 	if sum.Before != nil {
