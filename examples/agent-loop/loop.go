@@ -13,11 +13,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rolloutkit/rollout/engine/load"
 	engmodel "github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/pipeline"
+	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
 	"github.com/rolloutkit/rollout/trainer"
 	"github.com/rolloutkit/rollout/weightstore"
@@ -46,6 +50,17 @@ type config struct {
 	Fleet       string
 	Secret      []byte
 	Logger      *slog.Logger
+	Otel        string // trace exporter (main.go)
+	// TracerProvider makes one trace per step (agent.step) and the pipeline's, the SDK's and
+	// the embedded servers' spans; nil: no tracing.
+	TracerProvider trace.TracerProvider
+}
+
+func (c *config) tracerProvider() trace.TracerProvider {
+	if c.TracerProvider == nil {
+		return noop.NewTracerProvider()
+	}
+	return c.TracerProvider
 }
 
 func (c *config) validate() error {
@@ -101,6 +116,7 @@ type record struct {
 	EvalToolUse        *float64 `json:"eval_tool_use,omitempty"`
 	EvalKeyRight       *float64 `json:"eval_key_right,omitempty"`
 	Example            string   `json:"example,omitempty"`
+	TraceID            string   `json:"trace_id,omitempty"` // the step's trace (with --otel)
 }
 
 func (r *record) setEval(e *evalResult) {
@@ -218,7 +234,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (*summary, error) {
 			pr := tk.Train[rng.IntN(len(tk.Train))]
 			return pipeline.Prompt{TokenIDs: pr.Prompt, Task: pr}, nil
 		},
-		Metrics: metrics, Logger: cfg.Logger})
+		Metrics: metrics, Logger: cfg.Logger, TracerProvider: cfg.tracerProvider()})
 	if err != nil {
 		return nil, err
 	}
@@ -242,16 +258,17 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (*summary, error) {
 		pending = nil
 		return nil
 	}
-	for i := range cfg.Steps {
-		stepStart := time.Now()
-		rec := record{Step: i + 1}
+	tracer := cfg.tracerProvider().Tracer("rollout/examples/agent-loop")
+	// step runs one GRPO step into rec: the batch, the trainer's step, the update (and an
+	// evaluation on its steps), under the step's span.
+	step := func(ctx context.Context, i int, rec *record) error {
 		b, err := p.Next(ctx, tr.Version())
 		if err != nil {
-			return sum, err
+			return err
 		}
 		rec.WaitSec, rec.Filtered, rec.Stale, rec.Failed = b.Wait.Seconds(), b.Filtered, b.Stale, b.Failed
 		if len(b.Errors) > 0 {
-			return sum, fmt.Errorf("step %d: %w", rec.Step, errors.Join(b.Errors...))
+			return fmt.Errorf("step %d: %w", rec.Step, errors.Join(b.Errors...))
 		}
 		for _, s := range b.Staleness() {
 			rec.MaxStaleness = max(rec.MaxStaleness, s)
@@ -290,15 +307,15 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (*summary, error) {
 		t0 := time.Now()
 		st, err := tr.Step(ctx, samples)
 		if err != nil {
-			return sum, fmt.Errorf("step %d: %w", rec.Step, err)
+			return fmt.Errorf("step %d: %w", rec.Step, err)
 		}
 		rec.TrainSec = time.Since(t0).Seconds()
 		rec.Version, rec.Entropy, rec.KL, rec.DroppedStaleTokens = st.Version, st.Entropy, st.KL, st.DroppedStaleTokens
 		// One update at a time: the previous one lands before this one starts. The update
 		// stages and commits while the pipeline keeps generating; it learns of the new
 		// version when the update commits.
-		if err := land(&rec); err != nil {
-			return sum, err
+		if err := land(rec); err != nil {
+			return err
 		}
 		pu := &pendingUpdate{done: make(chan struct{})}
 		pending = pu
@@ -311,17 +328,31 @@ func run(ctx context.Context, cfg config, stdout io.Writer) (*summary, error) {
 		}(st.Version)
 		last := i == cfg.Steps-1
 		if last || (cfg.EvalEvery > 0 && (i+1)%cfg.EvalEvery == 0) {
-			if err := land(&rec); err != nil {
-				return sum, err
+			if err := land(rec); err != nil {
+				return err
 			}
 			ev, err := evaluate(ctx, ep, st.Version)
 			if err != nil {
-				return sum, err
+				return err
 			}
 			rec.setEval(ev)
 			if last {
 				sum.After = ev
 			}
+		}
+		return nil
+	}
+	for i := range cfg.Steps {
+		stepStart := time.Now()
+		rec := record{Step: i + 1}
+		sctx, span := tracer.Start(ctx, "agent.step", trace.WithAttributes(attribute.Int("rl.step", rec.Step)))
+		if sc := span.SpanContext(); sc.IsSampled() {
+			rec.TraceID = sc.TraceID().String()
+		}
+		err := step(sctx, i, &rec)
+		span.End()
+		if err != nil {
+			return sum, err
 		}
 		rec.StepSec = time.Since(stepStart).Seconds()
 		if err := enc.Encode(rec); err != nil {
@@ -388,18 +419,20 @@ func warmStart(ctx context.Context, cfg config, tk *task, w *engmodel.Weights) (
 // openFleet starts an embedded fleet (default) or dials an external one over Redis.
 func openFleet(ctx context.Context, cfg config) (*sdk.Client, func() error, error) {
 	if cfg.Redis != "" {
-		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, Fleet: cfg.Fleet, Secret: cfg.Secret, Logger: cfg.Logger})
+		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, Fleet: cfg.Fleet, Secret: cfg.Secret, Logger: cfg.Logger,
+			TracerProvider: cfg.tracerProvider()})
 		if err != nil {
 			return nil, nil, err
 		}
 		return c, c.Close, nil
 	}
-	f, err := embedded.Start(ctx, embedded.Options{Servers: cfg.Servers, Model: cfg.Model, Secret: cfg.Secret, Logger: cfg.Logger})
+	f, err := embedded.Start(ctx, embedded.Options{Servers: cfg.Servers, Model: cfg.Model, Secret: cfg.Secret, Logger: cfg.Logger,
+		Server: func(_ int, sc *server.Config) { sc.TracerProvider = cfg.tracerProvider() }})
 	if err != nil {
 		return nil, nil, err
 	}
 	o := f.DialOptions()
-	o.Logger = cfg.Logger
+	o.Logger, o.TracerProvider = cfg.Logger, cfg.tracerProvider()
 	c, err := sdk.Dial(ctx, o)
 	if err != nil {
 		_ = f.Close()

@@ -47,6 +47,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/rolloutkit/rollout/sdk/telemetry"
 )
 
 func main() {
@@ -87,6 +89,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.Fleet, "fleet", "", "fleet name (with --redis)")
 	secretFile := fs.String("fleet-secret-file", "", "file holding the fleet secret (at least 32 bytes)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
+	fs.StringVar(&cfg.Otel, "otel", "", "trace exporter: none, stdout (to stderr) or otlp (OTEL_EXPORTER_OTLP_*); default OTEL_TRACES_EXPORTER, else none. One trace per step (agent.step), its id in log.jsonl")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -114,6 +117,12 @@ func parseFlags(args []string) (config, error) {
 func runMain(cfg config) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	tp, shutdown, err := telemetry.Setup(ctx, telemetry.Options{Exporter: cfg.Otel, ServiceName: "agent-loop", Stdout: os.Stderr})
+	if err != nil {
+		return fmt.Errorf("--otel: %w", err)
+	}
+	defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
+	cfg.TracerProvider = tp
 	if cfg.Seeds < 1 {
 		return fmt.Errorf("--seeds must be >= 1 (got %d)", cfg.Seeds)
 	}
