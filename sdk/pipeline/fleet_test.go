@@ -265,7 +265,7 @@ func TestVerifierTimeoutsAndErrorsSurface(t *testing.T) {
 	require.NoError(t, err)
 	var mu sync.Mutex
 	var sampleErrs []error
-	p, err := pipeline.Start(t.Context(), pipeline.Config{GroupSize: 2, BatchGroups: 2, VerifyTimeout: 50 * time.Millisecond,
+	p, err := pipeline.Start(t.Context(), pipeline.Config{GroupSize: 2, BatchGroups: 2, VerifyTimeout: time.Second,
 		Generator: fleetGen(c, true), Verifier: verifier(), Source: cycle(taskHang, taskBroken, taskParity, taskParity), Metrics: m,
 		Logger: quiet,
 		OnSample: func(s pipeline.Sample) {

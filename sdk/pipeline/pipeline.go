@@ -480,22 +480,25 @@ func (p *Pipeline) score(ctx context.Context, g *Group, i int, t Trajectory) Sam
 		r, err := p.cfg.Verifier.Verify(vctx, g.Prompt, t)
 		res <- result{r, err}
 	}()
+	var r result
 	select {
-	case r := <-res:
-		s.Reward, s.Err = r.r, r.err
-		if s.Err != nil && errors.Is(context.Cause(vctx), ErrVerifierTimeout) {
-			s.Err = fmt.Errorf("%w after %s: %w", ErrVerifierTimeout, p.cfg.VerifyTimeout, s.Err)
-		} else if s.Err != nil {
-			s.Err = fmt.Errorf("%w: %w", ErrVerifier, s.Err)
-		} else if math.IsNaN(s.Reward) || math.IsInf(s.Reward, 0) {
-			s.Err = fmt.Errorf("%w: reward %v is not a finite number", ErrVerifier, s.Reward)
-		}
+	case r = <-res:
 	case <-vctx.Done():
-		if errors.Is(context.Cause(vctx), ErrVerifierTimeout) {
-			s.Err = fmt.Errorf("%w after %s", ErrVerifierTimeout, p.cfg.VerifyTimeout)
-		} else {
-			s.Err = fmt.Errorf("%w: %w", ErrVerifier, ctx.Err())
+		// A verifier that returned as the deadline passed keeps its answer.
+		select {
+		case r = <-res:
+		default:
+			r.err = vctx.Err()
 		}
+	}
+	s.Reward, s.Err = r.r, r.err
+	switch {
+	case s.Err != nil && errors.Is(context.Cause(vctx), ErrVerifierTimeout):
+		s.Err = fmt.Errorf("%w after %s: %w", ErrVerifierTimeout, p.cfg.VerifyTimeout, s.Err)
+	case s.Err != nil:
+		s.Err = fmt.Errorf("%w: %w", ErrVerifier, s.Err)
+	case math.IsNaN(s.Reward) || math.IsInf(s.Reward, 0):
+		s.Err = fmt.Errorf("%w: reward %v is not a finite number", ErrVerifier, s.Reward)
 	}
 	s.VerifyTime = time.Since(start)
 	if s.Err != nil {
