@@ -17,7 +17,7 @@ type core struct {
 
 	nextID   uint64
 	inflight map[uint64]int64 // group id -> its deadline (the last trainer version that may take it)
-	buffer   []*Group         // finished groups waiting for a batch, by id (admission order)
+	buffer   []*Group         // finished groups waiting for a batch, oldest token first, then by admission
 }
 
 func newCore(batch int, staleness int64, over, maxFlight int, version int64) *core {
