@@ -64,6 +64,14 @@ func startFleet(t *testing.T, overRedis bool) *sdk.Client {
 	return c
 }
 
+// bothFleets runs test on an embedded fleet and on one whose control plane is a real
+// redis-server.
+func bothFleets(t *testing.T, test func(t *testing.T, overRedis bool)) {
+	for _, overRedis := range []bool{false, true} {
+		t.Run(map[bool]string{false: "embedded", true: "redis"}[overRedis], func(t *testing.T) { test(t, overRedis) })
+	}
+}
+
 // checkpoint writes the tiny preset with seed as a checkpoint for version v.
 func checkpoint(t *testing.T, v int64) sdk.WeightsRef {
 	t.Helper()
@@ -125,93 +133,97 @@ func fleetGen(c *sdk.Client, perSample bool) pipeline.Fleet {
 // no token of a group consumed at trainer version T is older than T-K or newer than T, on an
 // embedded fleet and on one whose control plane is a real redis-server.
 func TestStalenessBoundAcrossConcurrentUpdates(t *testing.T) {
-	for _, overRedis := range []bool{false, true} {
-		t.Run(map[bool]string{false: "embedded", true: "redis"}[overRedis], func(t *testing.T) {
-			c := startFleet(t, overRedis)
-			const K, steps = 1, 5
-			refs := make([]sdk.WeightsRef, steps+1)
-			for v := 1; v <= steps; v++ {
-				refs[v] = checkpoint(t, int64(v))
-			}
-			reg := prometheus.NewRegistry()
-			m, err := pipeline.NewMetrics(reg)
-			require.NoError(t, err)
-			p, err := pipeline.Start(t.Context(), pipeline.Config{GroupSize: 3, BatchGroups: 2, MaxStaleness: K,
-				Generator: fleetGen(c, true), Verifier: verifier(), Source: cycle(taskParity), Metrics: m, Logger: quiet})
-			require.NoError(t, err)
-			defer func() { require.NoError(t, p.Close()) }()
+	bothFleets(t, testStalenessBound)
+}
 
-			type consumed struct {
-				trainer  int64
-				versions [][]int64
-			}
-			var history []consumed
-			var updates sync.WaitGroup
-			updateErrs := make(chan error, steps)
-			var landed chan struct{} // closed when the previous update ended
-			for T := int64(0); T < steps; T++ {
-				b, err := p.Next(t.Context(), T)
-				require.NoError(t, err)
-				require.Len(t, b.Groups, 2)
-				for _, g := range b.Groups {
-					h := consumed{trainer: T}
-					for _, s := range g.Samples {
-						h.versions = append(h.versions, s.Versions)
-					}
-					history = append(history, h)
-				}
-				// The trainer's step makes version T+1; its update runs while the next batch
-				// generates, and the pipeline learns of it when it commits. One update at a
-				// time, as a trainer does: the next starts once the previous one landed.
-				if landed != nil {
-					<-landed
-				}
-				done := make(chan struct{})
-				landed = done
-				updates.Add(1)
-				go func() {
-					defer updates.Done()
-					defer close(done)
-					res, err := c.UpdateWeights(context.WithoutCancel(t.Context()), refs[T+1], sdk.Plan{Policy: sdk.Rolling(1)})
-					if err == nil && res.Outcome != sdk.OutcomeCommitted {
-						err = fmt.Errorf("update to %d: %s", T+1, res.Outcome)
-					}
-					if err == nil {
-						p.SetVersion(T + 1)
-					}
-					updateErrs <- err
-				}()
-			}
-			updates.Wait()
-			close(updateErrs)
-			for err := range updateErrs {
-				require.NoError(t, err)
-			}
-			newest := int64(0)
-			for _, h := range history {
-				for _, vs := range h.versions {
-					require.NotEmpty(t, vs)
-					for _, v := range vs {
-						assert.GreaterOrEqual(t, v, h.trainer-K, "a token of version %d trained on at version %d", v, h.trainer)
-						assert.LessOrEqual(t, v, h.trainer, "a token newer than the trainer")
-						newest = max(newest, v)
-					}
-				}
-			}
-			assert.Positive(t, newest, "the batches were generated across the updates")
-			st := p.Stats()
-			assert.Zero(t, st.Stale, "admission kept every group within its bound")
-			assert.Equal(t, 2*steps, st.Consumed)
-			assert.Equal(t, float64(2*steps), counterValue(t, reg, "rollout_pipeline_groups_total", "consumed"))
-		})
+func testStalenessBound(t *testing.T, overRedis bool) {
+	c := startFleet(t, overRedis)
+	const K, steps = 1, 5
+	refs := make([]sdk.WeightsRef, steps+1)
+	for v := 1; v <= steps; v++ {
+		refs[v] = checkpoint(t, int64(v))
 	}
+	reg := prometheus.NewRegistry()
+	m, err := pipeline.NewMetrics(reg)
+	require.NoError(t, err)
+	p, err := pipeline.Start(t.Context(), pipeline.Config{GroupSize: 3, BatchGroups: 2, MaxStaleness: K,
+		Generator: fleetGen(c, true), Verifier: verifier(), Source: cycle(taskParity), Metrics: m, Logger: quiet})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+
+	type consumed struct {
+		trainer  int64
+		versions [][]int64
+	}
+	var history []consumed
+	var updates sync.WaitGroup
+	updateErrs := make(chan error, steps)
+	var landed chan struct{} // closed when the previous update ended
+	for T := int64(0); T < steps; T++ {
+		b, err := p.Next(t.Context(), T)
+		require.NoError(t, err)
+		require.Len(t, b.Groups, 2)
+		for _, g := range b.Groups {
+			h := consumed{trainer: T}
+			for _, s := range g.Samples {
+				h.versions = append(h.versions, s.Versions)
+			}
+			history = append(history, h)
+		}
+		// The trainer's step makes version T+1; its update runs while the next batch
+		// generates, and the pipeline learns of it when it commits. One update at a
+		// time, as a trainer does: the next starts once the previous one landed.
+		if landed != nil {
+			<-landed
+		}
+		done := make(chan struct{})
+		landed = done
+		updates.Add(1)
+		go func() {
+			defer updates.Done()
+			defer close(done)
+			res, err := c.UpdateWeights(context.WithoutCancel(t.Context()), refs[T+1], sdk.Plan{Policy: sdk.Rolling(1)})
+			if err == nil && res.Outcome != sdk.OutcomeCommitted {
+				err = fmt.Errorf("update to %d: %s", T+1, res.Outcome)
+			}
+			if err == nil {
+				p.SetVersion(T + 1)
+			}
+			updateErrs <- err
+		}()
+	}
+	updates.Wait()
+	close(updateErrs)
+	for err := range updateErrs {
+		require.NoError(t, err)
+	}
+	newest := int64(0)
+	for _, h := range history {
+		for _, vs := range h.versions {
+			require.NotEmpty(t, vs)
+			for _, v := range vs {
+				assert.GreaterOrEqual(t, v, h.trainer-K, "a token of version %d trained on at version %d", v, h.trainer)
+				assert.LessOrEqual(t, v, h.trainer, "a token newer than the trainer")
+				newest = max(newest, v)
+			}
+		}
+	}
+	assert.Positive(t, newest, "the batches were generated across the updates")
+	st := p.Stats()
+	assert.Zero(t, st.Stale, "admission kept every group within its bound")
+	assert.Equal(t, 2*steps, st.Consumed)
+	assert.Equal(t, float64(2*steps), counterValue(t, reg, "rollout_pipeline_groups_total", "consumed"))
 }
 
 // TestDynamicSamplingRefillsZeroVarianceGroups: half the prompts give every sample the same
 // reward; with FilterZeroVariance each batch is still full, of groups with a signal only,
 // and the filtered groups are counted.
 func TestDynamicSamplingRefillsZeroVarianceGroups(t *testing.T) {
-	c := startFleet(t, false)
+	bothFleets(t, testDynamicSampling)
+}
+
+func testDynamicSampling(t *testing.T, overRedis bool) {
+	c := startFleet(t, overRedis)
 	reg := prometheus.NewRegistry()
 	m, err := pipeline.NewMetrics(reg)
 	require.NoError(t, err)
@@ -259,7 +271,11 @@ func flatOrVaried() pipeline.Verifier {
 // (hang, broken) fill the admission window, so the batch's groups are admitted only once
 // both failed.
 func TestVerifierTimeoutsAndErrorsSurface(t *testing.T) {
-	c := startFleet(t, false)
+	bothFleets(t, testVerifierErrors)
+}
+
+func testVerifierErrors(t *testing.T, overRedis bool) {
+	c := startFleet(t, overRedis)
 	reg := prometheus.NewRegistry()
 	m, err := pipeline.NewMetrics(reg)
 	require.NoError(t, err)
