@@ -98,7 +98,7 @@ func FromSample(s sdk.Sample) Trajectory {
 
 // FromSession converts a session's trajectory (sdk.Session.Trajectory: model and environment
 // tokens with the loss mask) to a Trajectory; finish is the last turn's finish reason.
-func FromSession(t sdk.Trajectory, finish string) Trajectory {
+func FromSession(t sdk.Trajectory, finish sdk.FinishReason) Trajectory {
 	lps := make([]float64, len(t.Logprobs))
 	for i, lp := range t.Logprobs {
 		lps[i] = float64(lp)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/rolloutkit/rollout/sdk"
 )
 
 // Errors callers branch on (with errors.Is).
@@ -50,7 +52,7 @@ type Trajectory struct {
 	// nil means every token is a model token (a single-turn sample).
 	LossMask []uint8
 	// FinishReason is the last model turn's: "stop", "length" or "abort".
-	FinishReason string
+	FinishReason sdk.FinishReason
 	// Info is the generator's own data about the rollout (turns, tool calls), passed to the
 	// verifier and the caller untouched.
 	Info any
