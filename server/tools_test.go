@@ -259,4 +259,3 @@ func TestChatToolsValidation(t *testing.T) {
 		})
 	}
 }
-
