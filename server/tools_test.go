@@ -3,6 +3,8 @@ package server_test
 import (
 	"encoding/json"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -258,4 +260,102 @@ func TestChatToolsValidation(t *testing.T) {
 			assert.Contains(t, e.Error.Message, tc.want)
 		})
 	}
+}
+
+// nodeToolsJSON is the tools list the Node test sends, as text: the template sees the keys in
+// this order whichever client sends it.
+const nodeToolsJSON = `[{"type": "function", "function": {"name": "add", "description": "Add two integers.", ` +
+	`"parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]`
+
+// TestChatToolCallsOpenAINode runs the same conversation with the official OpenAI Node client
+// (npm's openai, installed into a temporary directory): tool_calls and finish_reason
+// "tool_calls", the follow-up answer, a streamed call rebuilt by the client's stream helper,
+// and a bad tool_choice surfacing as the client's 400 error. Skipped without node and npm.
+func TestChatToolCallsOpenAINode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("installs an npm package")
+	}
+	node, errNode := exec.LookPath("node")
+	npm, errNpm := exec.LookPath("npm")
+	if errNode != nil || errNpm != nil {
+		t.Skip("node and npm are needed for the OpenAI Node client test (apt-get install nodejs npm)")
+	}
+	dir := t.TempDir()
+	install := exec.CommandContext(t.Context(), npm, "install", "--no-audit", "--no-fund", "--silent", "openai@^6")
+	install.Dir = dir
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Skipf("npm install openai failed (no registry access?): %v\n%s", err, out)
+	}
+	script, err := os.ReadFile(filepath.Join("testdata", "openai_tools.mjs"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "openai_tools.mjs"), script, 0o644))
+
+	ts := start(t, nil)
+	promptFor := func(msgs string) []int {
+		body := `{"model": "builtin:tiny", "max_tokens": 1, "return_token_ids": true, "tools": ` + nodeToolsJSON + `, "messages": ` + msgs + `}`
+		var out struct {
+			PromptTokenIDs []int `json:"prompt_token_ids"`
+		}
+		ts.doJSON(t, http.MethodPost, "/v1/chat/completions", json.RawMessage(body), http.StatusOK, &out)
+		return out.PromptTokenIDs
+	}
+	q := `[{"role": "user", "content": "` + toolQuestion + `"}]`
+	follow := `[{"role": "user", "content": "` + toolQuestion + `"}, {"role": "assistant", "content": null, "tool_calls": ` +
+		`[{"id": "c", "type": "function", "function": {"name": "add", "arguments": "{\"a\":2,\"b\":3}"}}]}, {"role": "tool", "tool_call_id": "c", "content": "5"}]`
+	teachTools(t, ts, promptFor(q), promptFor(follow))
+
+	run := exec.CommandContext(t.Context(), node, "openai_tools.mjs")
+	run.Dir = dir
+	run.Env = append(os.Environ(), "ROLLOUT_URL="+ts.url, "TOOLS_JSON="+nodeToolsJSON)
+	var stderr strings.Builder
+	run.Stderr = &stderr
+	out, err := run.Output()
+	require.NoError(t, err, "node: %s", stderr.String())
+	type call struct {
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	var got struct {
+		First struct {
+			Finish    string  `json:"finish"`
+			Content   *string `json:"content"`
+			ToolCalls []call  `json:"tool_calls"`
+		} `json:"first"`
+		Second struct {
+			Finish  string `json:"finish"`
+			Content string `json:"content"`
+		} `json:"second"`
+		Streamed struct {
+			Finish    string `json:"finish"`
+			ToolCalls []call `json:"tool_calls"`
+		} `json:"streamed"`
+		BadRequest *struct {
+			Status  int    `json:"status"`
+			Type    string `json:"type"`
+			Param   string `json:"param"`
+			Message string `json:"message"`
+		} `json:"badRequest"`
+	}
+	require.NoError(t, json.Unmarshal(out, &got), string(out))
+	assert.Equal(t, "tool_calls", got.First.Finish)
+	assert.Nil(t, got.First.Content)
+	require.Len(t, got.First.ToolCalls, 1)
+	assert.NotEmpty(t, got.First.ToolCalls[0].ID)
+	assert.Equal(t, "function", got.First.ToolCalls[0].Type)
+	assert.Equal(t, "add", got.First.ToolCalls[0].Function.Name)
+	assert.JSONEq(t, `{"a": 2, "b": 3}`, got.First.ToolCalls[0].Function.Arguments)
+	assert.Equal(t, "stop", got.Second.Finish)
+	assert.Equal(t, toolAnswer, got.Second.Content)
+	assert.Equal(t, "tool_calls", got.Streamed.Finish)
+	require.Len(t, got.Streamed.ToolCalls, 1)
+	assert.Equal(t, "add", got.Streamed.ToolCalls[0].Function.Name)
+	assert.JSONEq(t, `{"a": 2, "b": 3}`, got.Streamed.ToolCalls[0].Function.Arguments)
+	require.NotNil(t, got.BadRequest)
+	assert.Equal(t, http.StatusBadRequest, got.BadRequest.Status)
+	assert.Equal(t, "invalid_request_error", got.BadRequest.Type)
+	assert.Equal(t, "tool_choice", got.BadRequest.Param)
 }
