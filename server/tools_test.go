@@ -39,23 +39,6 @@ const (
 	toolAnswer   = "The answer is 5."
 )
 
-// toolsJSON is the tools list of the tool tests, as a client sends it.
-func toolsJSON() []any {
-	return []any{map[string]any{"type": "function", "function": map[string]any{"name": "add", "description": "Add two integers.",
-		"parameters": map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "integer"},
-			"b": map[string]any{"type": "integer"}}, "required": []string{"a", "b"}}}}}
-}
-
-// followUp is the conversation after the call: the assistant's call and the tool's result.
-func followUp() []any {
-	return []any{
-		map[string]any{"role": "user", "content": toolQuestion},
-		map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": "call_1", "type": "function",
-			"function": map[string]any{"name": "add", "arguments": `{"a":2,"b":3}`}}}},
-		map[string]any{"role": "tool", "tool_call_id": "call_1", "content": "5"},
-	}
-}
-
 // teachTools fine-tunes the server's model (builtin tiny, seed 1) so that greedy decoding
 // answers the question's prompt with toolCallText and the follow-up's (after the tool's
 // result) with toolAnswer, and moves the server to those weights: a real model emits the
