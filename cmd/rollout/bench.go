@@ -49,10 +49,15 @@ func newBenchEngineCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pool := kernels.NewPool(workers)
 			defer pool.Close()
+			pr := newProgress(cmd.ErrOrStderr(), "bench engine", engineSteps(len(presets), repeats, quick, idleFor > 0))
+			defer pr.done()
 			rep := bench.EngineReport{CPU: bench.DescribeCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
+			pr.step("streaming read bandwidth (%d MiB)", bwBytes>>20)
 			rep.ReadBandwidthGBs = kernels.StreamReadBandwidth(pool, bwBytes)
+			pr.step("peak FMA rate")
 			rep.PeakGFLOPs = kernels.PeakFMA(pool, peakPass)
 			for _, p := range presets {
+				pr.step("batched matmul, %s FFN shape, %d tokens", p, matmulN)
 				mm, err := batchedMatMul(pool, p, matmulN, rep.PeakGFLOPs)
 				if err != nil {
 					return err
@@ -60,17 +65,18 @@ func newBenchEngineCmd() *cobra.Command {
 				rep.MatMul = append(rep.MatMul, mm)
 			}
 			for _, p := range presets {
-				r, err := decodeFigures(cmd.Context(), pool, p, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
+				r, err := decodeFigures(cmd.Context(), pr, pool, p, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
 				if err != nil {
 					return err
 				}
 				rep.Decode = append(rep.Decode, r)
 			}
 			if !quick {
-				if err := engineFigures(cmd.Context(), &rep, presets, conc, concToks, workers, repeats, idleFor); err != nil {
+				if err := engineFigures(cmd.Context(), pr, &rep, presets, conc, concToks, workers, repeats, idleFor); err != nil {
 					return err
 				}
 			}
+			pr.done()
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
@@ -120,9 +126,23 @@ func newBenchEngineCmd() *cobra.Command {
 	return cmd
 }
 
+// engineSteps is the number of progress steps of bench engine: bandwidth, FMA, and per preset
+// a matmul and each decode run; unless quick, per preset the concurrency rounds and the
+// weight update, then prefix TTFT, pause and idle CPU. It must match the step calls below.
+func engineSteps(presets, repeats int, quick, idle bool) int {
+	n := 2 + presets*(1+max(repeats, 1))
+	if !quick {
+		n += presets*2 + 2
+		if idle {
+			n++
+		}
+	}
+	return n
+}
+
 // decodeFigures measures batch-1 decode repeats times, alternating with llama2.c's run when a
 // binary is given, so both see the same machine conditions; it reports medians.
-func decodeFigures(ctx context.Context, pool *kernels.Pool, preset string, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
+func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
 	var l2c *bench.Llama2C
 	if llama2cBin != "" {
 		var err error
@@ -134,6 +154,11 @@ func decodeFigures(ctx context.Context, pool *kernels.Pool, preset string, token
 	var r bench.DecodeResult
 	var runs, base, pre []float64
 	for i := range max(repeats, 1) {
+		with := ""
+		if l2c != nil {
+			with = ", then llama2.c's"
+		}
+		pr.step("batch-1 decode, %s, %d tokens, run %d of %d%s", preset, tokens, i+1, max(repeats, 1), with)
 		d, err := bench.Decode(ctx, pool, preset, tokens, prefill, bw)
 		if err != nil {
 			return bench.DecodeResult{}, err
@@ -175,17 +200,19 @@ func batchedMatMul(pool *kernels.Pool, preset string, n int, peak float64) (benc
 // engineFigures adds the engine-level figures: aggregate decode at each concurrency, prefix
 // cache TTFT, pause latency and idle CPU; the concurrency list runs repeats rounds
 // (bench.ConcurrentRounds).
-func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []string, conc []int, tokens, workers, repeats int, idle time.Duration) error {
+func engineFigures(ctx context.Context, pr *progress, rep *bench.EngineReport, presets []string, conc []int, tokens, workers, repeats int, idle time.Duration) error {
 	for _, p := range presets {
 		w, err := model.Preset(p, 1)
 		if err != nil {
 			return err
 		}
+		pr.step("concurrent decode, %s, %v requests, %d rounds", p, conc, max(repeats, 1))
 		rs, err := bench.ConcurrentRounds(ctx, w, p, conc, tokens, workers, repeats, rep.PeakGFLOPs)
 		if err != nil {
 			return err
 		}
 		rep.Concurrent = append(rep.Concurrent, rs...)
+		pr.step("weight update, %s, 32 requests decoding", p)
 		u, err := weightUpdate(ctx, p, workers)
 		if err != nil {
 			return err
@@ -203,17 +230,20 @@ func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []strin
 	if err != nil {
 		return err
 	}
-	pr, err := bench.PrefixTTFT(ctx, w, "stories15m@2048", 1024, workers)
+	pr.step("prefix-cache TTFT, 1024-token shared prefix, hit vs miss")
+	pt, err := bench.PrefixTTFT(ctx, w, "stories15m@2048", 1024, workers)
 	if err != nil {
 		return err
 	}
-	rep.Prefix = &pr
+	rep.Prefix = &pt
+	pr.step("Pause(keep, clear_cache) with 32 running")
 	pl, err := bench.PauseLatency(ctx, w, 32, workers)
 	if err != nil {
 		return err
 	}
 	rep.Pause = &pl
 	if idle > 0 {
+		pr.step("idle engine CPU for %s", idle)
 		ir, err := bench.IdleCPU(ctx, w, idle, workers)
 		if err != nil {
 			return err
