@@ -176,3 +176,21 @@ func TestSessionRejectsBadInput(t *testing.T) {
 	_, err = s.Generate(t.Context(), TurnOptions{Sampling: &SamplingParams{Temperature: -1}})
 	require.ErrorIs(t, err, ErrInvalid)
 }
+
+func TestTokenizeRejectsBadInput(t *testing.T) {
+	_, _, c := genFleet(t, 1, 0)
+	for _, req := range []TokenizeRequest{
+		{},
+		{Text: "a", Messages: []ChatMessage{{Role: "user", Content: "b"}}},
+		{Text: "a", Tools: []Tool{{Type: "function", Function: ToolFunction{Name: "f"}}}},
+	} {
+		_, err := c.Tokenize(t.Context(), req)
+		require.ErrorIs(t, err, ErrInvalid)
+	}
+	_, err := c.Detokenize(t.Context(), []int{1, -1})
+	require.ErrorIs(t, err, ErrInvalid)
+	// The fake servers have no /tokenize: their 400 is the input's fault, not a reason to
+	// move on.
+	_, err = c.Tokenize(t.Context(), TokenizeRequest{Text: "a"})
+	require.ErrorIs(t, err, ErrRejected)
+}

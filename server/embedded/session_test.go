@@ -1,8 +1,10 @@
 package embedded_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -11,10 +13,12 @@ import (
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/weights"
 	"github.com/rolloutkit/rollout/internal/enginetest"
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/toolcall"
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
 	"github.com/rolloutkit/rollout/trainer"
@@ -188,4 +192,96 @@ func TestSessionWeightUpdateMidEpisode(t *testing.T) {
 	for _, lp := range tj.Logprobs {
 		require.False(t, math.IsNaN(float64(lp)))
 	}
+}
+
+// TestSessionToolConversation is a whole agentic episode on a real fleet: the first prompt
+// rendered from messages and tools by the fleet (Tokenize), a model taught to call the tool,
+// the call parsed from the session's turn through the fleet's detokenizer, the tool's result
+// appended as text tokenized on its own, the final answer, and a trajectory that trains with
+// its loss mask over exactly the model's tokens.
+func TestSessionToolConversation(t *testing.T) {
+	_, c := startFleet(t, 2, nil)
+	ctx := t.Context()
+	tools := []sdk.Tool{{Type: "function", Function: sdk.ToolFunction{Name: "add", Description: "Add two integers.",
+		Parameters: json.RawMessage(`{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}`)}}}
+	prompt, err := c.Tokenize(ctx, sdk.TokenizeRequest{Messages: []sdk.ChatMessage{{Role: "user", Content: "What is 2+3?"}}, Tools: tools})
+	require.NoError(t, err)
+	const (
+		call   = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>"
+		glue   = "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+		answer = "The answer is 5."
+	)
+	glueIDs, err := c.Tokenize(ctx, sdk.TokenizeRequest{Text: glue, NoSpecialTokens: true})
+	require.NoError(t, err)
+	text, err := c.Detokenize(ctx, glueIDs)
+	require.NoError(t, err)
+	require.Equal(t, glue, text)
+
+	// Teach the served model the episode (the fleet serves builtin:tiny, seed 1, byte ids).
+	ids := func(s string) []int {
+		out := make([]int, len(s))
+		for i := range len(s) {
+			out[i] = int(s[i])
+		}
+		return append(out, model.TinyEOS)
+	}
+	turn2 := append(append(append([]int(nil), prompt...), ids(call)...), glueIDs...)
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	tr, err := trainer.New(w, trainer.Config{LR: 3e-3, Workers: 2, MaxGradNorm: 1})
+	require.NoError(t, err)
+	defer tr.Close()
+	for step := 0; ; step++ {
+		st, err := tr.SupervisedStep(ctx, []trainer.Example{{Prompt: prompt, Completion: ids(call)}, {Prompt: turn2, Completion: ids(answer)}})
+		require.NoError(t, err)
+		if st.Loss < 2e-4 {
+			break
+		}
+		require.Less(t, step, 1500, "the tiny model did not learn the episode (loss %.4f)", st.Loss)
+	}
+	dir := filepath.Join(t.TempDir(), "taught")
+	require.NoError(t, weights.SaveHF(dir, tr.Weights(), weights.F32))
+	d, err := weights.Digest(ctx, dir)
+	require.NoError(t, err)
+	_, err = c.UpdateWeights(ctx, sdk.WeightsRef{Version: tr.Version(), URI: "file://" + dir, SHA256: d}, sdk.Plan{})
+	require.NoError(t, err)
+
+	s, err := c.NewSession(prompt, sdk.SessionOptions{Sampling: sdk.SamplingParams{Greedy: true, MaxTokens: 120},
+		MinVersion: tr.Version(), Decode: c.Detokenize, ToolFormat: toolcall.Hermes})
+	require.NoError(t, err)
+	t0, err := s.Generate(ctx, sdk.TurnOptions{})
+	require.NoError(t, err)
+	require.NoError(t, t0.ToolCallError)
+	require.Len(t, t0.ToolCalls, 1, "turn 0 text %q", t0.Text)
+	assert.Equal(t, "add", t0.ToolCalls[0].Name)
+	assert.JSONEq(t, `{"a": 2, "b": 3}`, string(t0.ToolCalls[0].Arguments))
+	assert.Equal(t, "stop", t0.Sample.FinishReason)
+	require.NoError(t, s.AppendText(ctx, glue))
+	t1, err := s.Generate(ctx, sdk.TurnOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, answer, t1.Text)
+	assert.Empty(t, t1.ToolCalls)
+	assert.Equal(t, t0.Sample.Servers, t1.Sample.Servers, "both turns on the session's server")
+	assert.Greater(t, t1.Sample.NumCachedTokens, len(prompt)/16*16-1, "turn 1 reuses turn 0's KV")
+
+	tj := s.Trajectory()
+	require.Equal(t, prompt, tj.Prompt)
+	wantMask := append(append(ones(len(call)+1), make([]uint8, len(glueIDs))...), ones(len(answer)+1)...)
+	require.Equal(t, wantMask, tj.LossMask)
+	sample := func(r float64) trainer.Sample {
+		return trainer.Sample{Prompt: tj.Prompt, Completion: tj.Completion, Logprobs: tj.Logprobs, Versions: tj.Versions, LossMask: tj.LossMask, Reward: r}
+	}
+	st, err := tr.Step(ctx, []trainer.Sample{sample(1), sample(0)})
+	require.NoError(t, err)
+	assert.Equal(t, 2*tj.ModelTokens, st.Tokens)
+	assert.Equal(t, 2*tj.ModelTokens, st.OnPolicyTokens)
+	assert.Less(t, st.MismatchMax, 1e-3)
+}
+
+func ones(n int) []uint8 {
+	out := make([]uint8, n)
+	for i := range out {
+		out[i] = 1
+	}
+	return out
 }
