@@ -58,7 +58,9 @@ func teachTools(t *testing.T, ts *testServer, question, followUp []int) {
 	for step := 0; ; step++ {
 		st, err := tr.SupervisedStep(t.Context(), ex)
 		require.NoError(t, err)
-		if st.Loss < 2e-4 {
+		// The summed NLL below 0.3 puts every target token above probability 0.74: greedy
+		// decoding then emits exactly the targets.
+		if st.Loss*float64(st.Tokens) < 0.3 {
 			t.Logf("taught in %d steps", step+1)
 			break
 		}
