@@ -181,6 +181,13 @@ func TestChatToolCallsOpenAIGo(t *testing.T) {
 		assert.JSONEq(t, `{"a": 2, "b": 3}`, resp4.Choices[0].Message.ToolCalls[0].Function.Arguments)
 		assert.Equal(t, "tool_calls", resp4.Choices[0].FinishReason)
 	}
+
+	// Every choice with tools on was counted: two 1-token prompt probes and the answer were
+	// text, the call four times (plain, streamed, named, required); "none" is not parsed.
+	m := ts.metrics(t)
+	assert.EqualValues(t, 4, metricValue(t, m, `rollout_chat_tool_outputs_total{outcome="calls"}`))
+	assert.EqualValues(t, 3, metricValue(t, m, `rollout_chat_tool_outputs_total{outcome="text"}`))
+	assert.EqualValues(t, 0, metricValue(t, m, `rollout_chat_tool_outputs_total{outcome="malformed"}`))
 }
 
 // TestChatToolsValidation: every malformed tools / tool_choice / tool-call message is a 400

@@ -353,9 +353,15 @@ func messageToolCalls(calls []chatToolCallIn, i int) (jinja.Value, error) {
 // malformed one) stays content: the client sees what the model wrote.
 func (a *API) splitToolCalls(text string) (content string, calls []toolCallOut) {
 	r, err := toolcall.Parse(text, toolcall.Auto)
-	if err != nil || len(r.Calls) == 0 {
+	switch {
+	case err != nil:
+		a.metrics.ToolOutput(ToolOutcomeMalformed)
+		return text, nil
+	case len(r.Calls) == 0:
+		a.metrics.ToolOutput(ToolOutcomeText)
 		return text, nil
 	}
+	a.metrics.ToolOutput(ToolOutcomeCalls)
 	calls = make([]toolCallOut, len(r.Calls))
 	for i, c := range r.Calls {
 		calls[i] = toolCallOut{ID: a.newID("call"), Type: "function", Function: toolFunction{Name: c.Name, Arguments: string(c.Arguments)}}

@@ -126,3 +126,44 @@ func TestToolsCannotInjectSpecials(t *testing.T) {
 	code, body := post(t, a, "/tokenize", `{"messages": `+user+`, "tools": `+testTools+`}`)
 	require.Equal(t, http.StatusOK, code, body)
 }
+
+// TestToolMessage: how a finished choice's text becomes the response message, and the
+// outcome counter.
+func TestToolMessage(t *testing.T) {
+	a := testAPI(t, Config{})
+	content, calls, finish := a.toolMessage(`<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>`, "stop")
+	assert.Nil(t, content)
+	require.Len(t, calls, 1)
+	assert.Equal(t, "add", calls[0].Function.Name)
+	assert.Equal(t, `{"a":1}`, calls[0].Function.Arguments)
+	assert.Equal(t, "function", calls[0].Type)
+	assert.Equal(t, "tool_calls", finish)
+
+	content, calls, finish = a.toolMessage(`Sure. <tool_call>{"name": "add"}</tool_call>`, "stop")
+	require.NotNil(t, content)
+	assert.Equal(t, "Sure.", *content)
+	require.Len(t, calls, 1)
+	assert.Equal(t, "{}", calls[0].Function.Arguments)
+	assert.Equal(t, "tool_calls", finish)
+
+	// Cut off by max_tokens inside the call: malformed, the text stays content, "length".
+	bad := `<tool_call>{"name": "add", "arguments": {"a": `
+	content, calls, finish = a.toolMessage(bad, "length")
+	require.NotNil(t, content)
+	assert.Equal(t, bad, *content)
+	assert.Empty(t, calls)
+	assert.Equal(t, "length", finish)
+
+	content, calls, finish = a.toolMessage("just text", "stop")
+	assert.Equal(t, "just text", *content)
+	assert.Empty(t, calls)
+	assert.Equal(t, "stop", finish)
+
+	var m strings.Builder
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	m.WriteString(rec.Body.String())
+	for outcome, n := range map[string]string{"calls": "2", "malformed": "1", "text": "1"} {
+		assert.Contains(t, m.String(), `rollout_chat_tool_outputs_total{outcome="`+outcome+`"} `+n)
+	}
+}
