@@ -1,8 +1,11 @@
 package embedded_test
 
 import (
+	"io"
+	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,15 +16,65 @@ import (
 )
 
 // BenchmarkSessionTurnTTFT measures the time to first token of a session's turn k+1 (a
-// 1-token turn after environment tokens) with session affinity, where the server holds the
-// transcript's KV from turn k, beside its baseline in the same run: the same transcript sent
-// as a fresh request that must prefill all of it (a cache salt of its own, so no server has
-// any of it cached). Each iteration is a new episode: a unique 1024-token prompt, a
-// 256-token turn k (untimed), 16 environment tokens, then both timed requests. It reports the
-// medians and their ratio (goal: <= 0.1).
+// 1-token turn after environment tokens), where the session's server holds the transcript's
+// KV from turn k, beside its baseline in the same run: the same transcript sent as a fresh
+// request that must prefill all of it (a cache salt of its own, so no server has any of it
+// cached). Each iteration is a new episode: a unique 1024-token prompt, a 256-token turn k
+// (untimed), 16 environment tokens, then both timed requests. It reports the medians and
+// their ratio (goal: <= 0.1).
+//
+//   - prefix-cache: turn k's KV is still in the server's GPU-side prefix cache.
+//   - cpu-tier: the server's KV pool is small and other requests (untimed) evict turn k's
+//     blocks before turn k+1, which loads them back from the CPU offload tier.
 func BenchmarkSessionTurnTTFT(b *testing.B) {
+	b.Run("prefix-cache", func(b *testing.B) {
+		_, c := benchFleet(b, 2, nil, func(_ int, cfg *server.Config) { cfg.KVBlocks = 1024 })
+		benchTurnTTFT(b, c, nil)
+	})
+	b.Run("cpu-tier", func(b *testing.B) {
+		f, c := benchFleet(b, 1, nil, func(_ int, cfg *server.Config) {
+			cfg.KVBlocks = 160 // 2560 tokens: one episode and a little more
+			cfg.OffloadCPUBytes = 512 << 20
+		})
+		evict := func(i int) {
+			// Two other long prompts take the pool: turn k's blocks are evicted from it.
+			for k := range 2 {
+				p := make([]int, 1900)
+				for j := range p {
+					p[j] = (i*104729 + k*7 + j*13) % 256
+				}
+				_, err := c.Generate(b.Context(), sdk.GenerateRequest{PromptTokenIDs: p, Sampling: sdk.SamplingParams{MaxTokens: 1}})
+				require.NoError(b, err)
+			}
+		}
+		benchTurnTTFT(b, c, evict)
+		hits := offloadHitTokens(b, f.Servers()[0].URL())
+		require.Positive(b, hits, "turn k+1 loaded KV from the CPU tier")
+		b.ReportMetric(hits/float64(b.N), "cpu-hit-tokens/op")
+	})
+}
+
+// offloadHitTokens reads rollout_offload_hit_tokens_total from a server's /metrics.
+func offloadHitTokens(b *testing.B, url string) float64 {
+	b.Helper()
+	resp, err := http.Get(url + "/metrics")
+	require.NoError(b, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(b, err)
+	for _, line := range strings.Split(string(body), "\n") {
+		if rest, ok := strings.CutPrefix(line, "rollout_offload_hit_tokens_total "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			require.NoError(b, err)
+			return v
+		}
+	}
+	b.Fatal("rollout_offload_hit_tokens_total not exported")
+	return 0
+}
+
+func benchTurnTTFT(b *testing.B, c *sdk.Client, between func(i int)) {
 	const promptLen, turnK, envLen = 1024, 256, 16
-	_, c := benchFleet(b, 2, nil, func(_ int, cfg *server.Config) { cfg.KVBlocks = 1024 })
 	var warm, cold []time.Duration
 	one := sdk.SamplingParams{MaxTokens: 1, IgnoreEOS: true}
 	b.ResetTimer()
@@ -34,6 +87,9 @@ func BenchmarkSessionTurnTTFT(b *testing.B) {
 		require.NoError(b, err)
 		_, err = s.Generate(b.Context(), sdk.TurnOptions{})
 		require.NoError(b, err)
+		if between != nil {
+			between(i)
+		}
 		env := make([]int, envLen)
 		for j := range env {
 			env[j] = (i + j) % 256
