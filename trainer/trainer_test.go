@@ -3,6 +3,7 @@ package trainer
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -291,6 +292,46 @@ func TestMismatchAgainstEngine(t *testing.T) {
 	require.Zero(t, st.ClipFraction)
 }
 
+// TestMismatchAgainstLowPrecisionRollouts: rollout logprobs from a bf16 or int8 engine of the
+// trainer's float32 weights open a policy gap; MismatchKL reports it as the k3 estimate of
+// KL(rollout‖trainer) over the sampled tokens, int8's larger than bf16's.
+func TestMismatchAgainstLowPrecisionRollouts(t *testing.T) {
+	c := tinyConfig(false)
+	w := randomWeights(t, c, 5)
+	r := rand.New(rand.NewPCG(3, 3))
+	pairs := randomPairs(r, c.VocabSize, [2]int{3, 12}, [2]int{5, 20}, [2]int{2, 7}, [2]int{4, 9})
+	kls := map[kernels.Precision]float64{}
+	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+		tr, err := New(w, Config{Workers: 1})
+		require.NoError(t, err)
+		var s []Sample
+		var want float64
+		n := 0
+		for i, p := range pairs {
+			f32, low := engineLogprobs(t, w, p), engineLogprobsAt(t, w, p, prec)
+			lps := make([]float32, len(low))
+			for j, v := range low {
+				lps[j] = float32(v)
+				d := f32[j] - float64(lps[j])
+				want += math.Expm1(d) - d
+				n++
+			}
+			s = append(s, Sample{Prompt: p.prompt, Completion: p.completion, Logprobs: lps,
+				Versions: make([]int64, len(lps)), Reward: float64(i % 2), Group: i / 2})
+		}
+		st, err := tr.Step(t.Context(), s)
+		require.NoError(t, err)
+		tr.Close()
+		want /= float64(n)
+		t.Logf("%s rollouts: mismatch mean %.3g max %.3g, KL %.3g", prec, st.MismatchMeanAbs, st.MismatchMax, st.MismatchKL)
+		require.InDelta(t, want, st.MismatchKL, 1e-6+1e-3*want)
+		kls[prec] = st.MismatchKL
+	}
+	require.Less(t, kls[kernels.F32], 1e-10)
+	require.Greater(t, kls[kernels.BF16], 1e-9)
+	require.Greater(t, kls[kernels.Int8], kls[kernels.BF16])
+}
+
 // TestStaleTokensTruncated checks that tokens of an older version count as stale, with
 // their ratios truncated at the cap when the rollout was much less likely than the trainer.
 func TestStaleTokensTruncated(t *testing.T) {
@@ -327,4 +368,48 @@ func TestKLReference(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, st.KL, 0.0)
 	require.Greater(t, st.Time.Reference, time.Duration(0))
+}
+
+// TestSaveSurvivesACrash: wherever a crash stops Save, a complete checkpoint remains, the
+// new one or the one before, and the next Save cleans up after the crash.
+func TestSaveSurvivesACrash(t *testing.T) {
+	w := randomWeights(t, tinyConfig(true), 3)
+	cfg := Config{Workers: 1, Version: 1}
+	tr, err := New(w, cfg)
+	require.NoError(t, err)
+	defer tr.Close()
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	require.NoError(t, tr.Save(dir))
+	_, err = tr.Step(t.Context(), testSamples(t, tr, 1))
+	require.NoError(t, err)
+
+	resumedSteps := func() int {
+		t.Helper()
+		require.True(t, HasCheckpoint(dir))
+		r, err := Resume(dir, cfg)
+		require.NoError(t, err)
+		defer r.Close()
+		return r.Steps()
+	}
+	// A crash while the new checkpoint is being written: the old one is untouched.
+	require.NoError(t, os.MkdirAll(filepath.Join(dir+".tmp", StateDir), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir+".tmp", "model.safetensors"), []byte("half"), 0o644))
+	require.Equal(t, 0, resumedSteps())
+
+	// A crash between moving the old checkpoint aside and moving the new one in.
+	require.NoError(t, os.Rename(dir, dir+".prev"))
+	require.Equal(t, 0, resumedSteps(), "the previous checkpoint is found")
+
+	// The next save puts the new checkpoint in place and removes what the crashes left.
+	require.NoError(t, tr.Save(dir))
+	require.Equal(t, 1, resumedSteps())
+	for _, leftover := range []string{dir + ".tmp", dir + ".prev"} {
+		_, err := os.Stat(leftover)
+		require.ErrorIs(t, err, os.ErrNotExist, leftover)
+	}
+	// And again over a complete checkpoint.
+	require.NoError(t, tr.Save(dir))
+	require.Equal(t, 1, resumedSteps())
+	_, err = os.Stat(dir + ".prev")
+	require.ErrorIs(t, err, os.ErrNotExist)
 }

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/load"
 	engmodel "github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
@@ -59,6 +60,13 @@ type config struct {
 	Sync       bool   // wait for each update before generating the next batch
 	Policy     string // update policy: all, quorum:K, rolling:K
 	Mode       string // pause mode of the cut: abort, wait, keep
+
+	// Precision is the embedded servers' weight precision (server.Config.Precision): below
+	// the trainer's float32 the rollouts sample a slightly different policy, which the
+	// mismatch columns measure and the objective's importance ratio corrects. PublishDType is
+	// the dtype of the published checkpoints (weightstore.Store.SetDType).
+	Precision    kernels.Precision
+	PublishDType weights.DType
 
 	// Embedded fleet (default) or an external one over Redis.
 	Servers      int
@@ -156,6 +164,7 @@ func openFleet(ctx context.Context, cfg config) (*fleet, error) {
 	f, err := embedded.Start(ctx, embedded.Options{Servers: cfg.Servers, Model: cfg.Model, Secret: cfg.Secret, Logger: cfg.Logger,
 		Server: func(_ int, sc *server.Config) {
 			sc.OffloadCPUBytes = cfg.OffloadBytes
+			sc.Precision = cfg.Precision
 			sc.TracerProvider = cfg.tracerProvider()
 		}})
 	if err != nil {
@@ -240,7 +249,9 @@ func (u *update) wait() (*sdk.UpdateResult, error) {
 	if u.err != nil {
 		return u.res, u.err
 	}
-	if u.res.Outcome != sdk.OutcomeCommitted {
+	// Degraded is --policy quorum:K met: the servers that missed the update are out of
+	// rotation until they converge by themselves, and training goes on.
+	if u.res.Outcome != sdk.OutcomeCommitted && u.res.Outcome != sdk.OutcomeDegraded {
 		return u.res, fmt.Errorf("update to version %d: %s (%s)", u.res.Version, u.res.Outcome, u.res.Reason)
 	}
 	return u.res, nil
@@ -319,6 +330,9 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	defer tr.Close()
 
 	store, err := weightstore.Open(ctx, filepath.Join(cfg.Out, "weights"))
+	if err == nil {
+		err = store.SetDType(cfg.PublishDType)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -444,7 +458,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 			distinct := map[string]bool{}
 			for _, s := range res.Samples {
 				ids := s.TokenIDs()
-				rec.Finish[s.FinishReason]++
+				rec.Finish[string(s.FinishReason)]++
 				nSamples++
 				distinct[fmt.Sprint(ids)] = true
 				if len(ids) == 0 {

@@ -987,9 +987,19 @@ func (c *canon) bytes(p []byte) {
 	c.b.Write(n[:])
 	c.b.Write(p)
 }
-func (c *canon) str(s string) { c.bytes([]byte(s)) }
-func (c *canon) int(v int64)  { c.str(strconv.FormatInt(v, 10)) }
-func (c *canon) bool(v bool)  { c.str(strconv.FormatBool(v)) }
+func (c *canon) str(s string) {
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(s)))
+	c.b.Write(n[:])
+	c.b.WriteString(s)
+}
+
+// int writes v's decimal digits as a string would be written, without making the string.
+func (c *canon) int(v int64) {
+	var d [24]byte
+	c.bytes(strconv.AppendInt(d[:0], v, 10))
+}
+func (c *canon) bool(v bool) { c.str(strconv.FormatBool(v)) }
 func (c *canon) strs(v []string) {
 	c.int(int64(len(v)))
 	for _, s := range v {
