@@ -139,7 +139,7 @@ func TestSessionWeightUpdateMidEpisode(t *testing.T) {
 	require.NoError(t, r.err)
 	t1 := r.turn
 	require.Len(t, t1.Sample.Tokens, long)
-	assert.Equal(t, "length", t1.Sample.FinishReason)
+	assert.Equal(t, sdk.FinishLength, t1.Sample.FinishReason)
 	assert.Positive(t, t1.Sample.Continuations, "the update aborted the turn and it was continued")
 	vs := t1.Sample.WeightVersions()
 	assert.Equal(t, int64(0), vs[0])
@@ -295,7 +295,7 @@ func runEpisode(t *testing.T, c *sdk.Client, ref sdk.WeightsRef, tr *trainer.Tra
 	require.Len(t, good.ToolCalls, 1, "turn text %q", good.Text)
 	assert.Equal(t, "add", good.ToolCalls[0].Name)
 	assert.JSONEq(t, `{"a": 2, "b": 3}`, string(good.ToolCalls[0].Arguments))
-	assert.Equal(t, "stop", good.Sample.FinishReason)
+	assert.Equal(t, sdk.FinishStop, good.Sample.FinishReason)
 	require.NoError(t, s.AppendText(ctx, episodeResult))
 
 	last, err := s.Generate(ctx, sdk.TurnOptions{})
