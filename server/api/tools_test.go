@@ -167,3 +167,46 @@ func TestToolMessage(t *testing.T) {
 		assert.Contains(t, m.String(), `rollout_chat_tool_outputs_total{outcome="`+outcome+`"} `+n)
 	}
 }
+
+// FuzzParseTools: any tools / tool_choice JSON gives a setup or a 400 naming one of the two
+// fields, never a panic; a setup's tools convert to template values.
+func FuzzParseTools(f *testing.F) {
+	f.Add(testTools, `"auto"`)
+	f.Add(testTools, `{"type": "function", "function": {"name": "add"}}`)
+	f.Add(`[{"type": "function", "function": {"name": "f", "parameters": {"a": [1, 2.5, null, true]}}}]`, `"required"`)
+	f.Add(`null`, `"none"`)
+	f.Add(`[{}]`, `3`)
+	f.Add(`{"a": 1}`, `null`)
+	f.Fuzz(func(t *testing.T, tools, choice string) {
+		ts, err := parseTools(json.RawMessage(tools), json.RawMessage(choice))
+		if err != nil {
+			var ae *Error
+			require.ErrorAs(t, err, &ae)
+			require.Equal(t, http.StatusBadRequest, ae.Status)
+			require.Contains(t, []string{"tools", "tool_choice"}, ae.Param)
+			return
+		}
+		v, err := ts.toolsValue()
+		require.NoError(t, err)
+		if len(ts.tools) == 0 {
+			require.Nil(t, v)
+			require.Equal(t, toolsOff, ts.mode)
+		}
+	})
+}
+
+// FuzzMessageToolCalls: any arguments text in an assistant's tool call converts or is a 400.
+func FuzzMessageToolCalls(f *testing.F) {
+	for _, s := range []string{`"{\"a\": 1}"`, `{"a": {"b": [1, "x"]}}`, `"[1]"`, `null`, `""`, `"{"`, `7`} {
+		f.Add("f", s)
+	}
+	f.Fuzz(func(t *testing.T, name, args string) {
+		var c chatToolCallIn
+		c.Type, c.Function.Name, c.Function.Arguments = "function", name, json.RawMessage(args)
+		if _, err := messageToolCalls([]chatToolCallIn{c}, 0); err != nil {
+			var ae *Error
+			require.ErrorAs(t, err, &ae)
+			require.Equal(t, "messages", ae.Param)
+		}
+	})
+}
