@@ -71,7 +71,9 @@ type SessionOptions struct {
 // A weight update during a turn does not break the episode: the turn is continued like any
 // Generate sample a pause aborted, and every model token keeps the version that sampled it.
 //
-// A Session's methods may be called from several goroutines; turns run one at a time.
+// A Session's methods may be called from several goroutines: turns run one at a time, and
+// Append and the readers wait for a turn in flight, so the transcript is always whole turns
+// in the order they happened.
 type Session struct {
 	c    *Client
 	opts SessionOptions

@@ -194,3 +194,25 @@ func TestTokenizeRejectsBadInput(t *testing.T) {
 	_, err = c.Tokenize(t.Context(), TokenizeRequest{Text: "a"})
 	require.ErrorIs(t, err, ErrRejected)
 }
+
+// TestSessionRejectedTurnLeavesTranscript: a turn the server refuses (a 400: say the
+// transcript outgrew the context) is ErrRejected and changes nothing; the next turn runs.
+func TestSessionRejectedTurnLeavesTranscript(t *testing.T) {
+	_, gens, c := genFleet(t, 1, 0)
+	s, err := c.NewSession([]int{4, 4}, SessionOptions{Sampling: SamplingParams{MaxTokens: 2}})
+	require.NoError(t, err)
+	gens[0].mu.Lock()
+	gens[0].status = 400
+	gens[0].mu.Unlock()
+	_, err = s.Generate(t.Context(), TurnOptions{})
+	require.ErrorIs(t, err, ErrRejected)
+	assert.Equal(t, []int{4, 4}, s.Transcript())
+	assert.Zero(t, s.Turns())
+	gens[0].mu.Lock()
+	gens[0].status = 0
+	gens[0].mu.Unlock()
+	turn, err := s.Generate(t.Context(), TurnOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, 0, turn.Index)
+	assert.Equal(t, []int{4, 4, 2, 3}, s.Transcript())
+}
