@@ -216,3 +216,28 @@ func TestSessionRejectedTurnLeavesTranscript(t *testing.T) {
 	assert.Equal(t, 0, turn.Index)
 	assert.Equal(t, []int{4, 4, 2, 3}, s.Transcript())
 }
+
+// TestSessionsSharingAKey: sessions given one affinity key (a GRPO group's episodes) all go to
+// that key's server, turn after turn.
+func TestSessionsSharingAKey(t *testing.T) {
+	_, gens, c := genFleet(t, 4, 0)
+	for g := range 4 {
+		key := fmt.Sprintf("group-%d", g)
+		home := -1
+		for k := range 4 {
+			id := fmt.Sprintf("%s-ep%d", key, k)
+			s, err := c.NewSession([]int{1, 2, 3}, SessionOptions{ID: id, AffinityKey: key, Sampling: SamplingParams{MaxTokens: 2}})
+			require.NoError(t, err)
+			require.Equal(t, key, s.AffinityKey())
+			for turn := range 2 {
+				_, err := s.Generate(t.Context(), TurnOptions{})
+				require.NoError(t, err)
+				got := serverOf(t, gens, fmt.Sprintf("%s-t%d", id, turn))
+				if home < 0 {
+					home = got
+				}
+				require.Equal(t, home, got, "%s turn %d left its group's server", id, turn)
+			}
+		}
+	}
+}
