@@ -241,3 +241,14 @@ func TestSessionsSharingAKey(t *testing.T) {
 		}
 	}
 }
+
+// TestTurnTextDropsTheStopToken: the stop token that ended a turn (an end-of-turn marker) is
+// not part of the text parsed for tool calls; a turn cut by length keeps every token.
+func TestTurnTextDropsTheStopToken(t *testing.T) {
+	smp := Sample{Tokens: []Token{{ID: 5}, {ID: 6}, {ID: 99}}, FinishReason: FinishStop}
+	assert.Equal(t, []int{5, 6}, textIDs(smp, []int{99}))
+	assert.Equal(t, []int{5, 6, 99}, textIDs(smp, []int{7}), "ended on EOS, which decodes to nothing")
+	smp.FinishReason = FinishLength
+	assert.Equal(t, []int{5, 6, 99}, textIDs(smp, []int{99}))
+	assert.Empty(t, textIDs(Sample{FinishReason: FinishStop}, []int{99}))
+}
