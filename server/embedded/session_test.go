@@ -6,6 +6,7 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -362,4 +363,102 @@ func ones(n int) []uint8 {
 		out[i] = 1
 	}
 	return out
+}
+
+// TestSessionsAcrossAnUpdate: twelve concurrent episodes on three servers while the fleet moves
+// to new weights. Every episode runs two turns on version 0, a third while the update is in
+// flight (its tokens on version 0 then 1, never back), and a fourth after it, all on version
+// 1. Every turn of an episode runs on its home server (a server being committed to keeps
+// taking its sessions' turns), and no episode fails.
+func TestSessionsAcrossAnUpdate(t *testing.T) {
+	_, c := startFleet(t, 3, nil)
+	const episodes = 12
+	type episode struct {
+		s     *sdk.Session
+		turns []*sdk.Turn
+		err   error
+	}
+	eps := make([]*episode, episodes)
+	for i := range eps {
+		s, err := c.NewSession(systemPrompt, sdk.SessionOptions{ID: fmt.Sprintf("update-ep-%d", i),
+			Sampling: sdk.SamplingParams{MaxTokens: 48, IgnoreEOS: true}})
+		require.NoError(t, err)
+		eps[i] = &episode{s: s}
+	}
+	turn := func(e *episode) bool {
+		tr, err := e.s.Generate(t.Context(), sdk.TurnOptions{})
+		if err != nil {
+			e.err = err
+			return false
+		}
+		e.turns = append(e.turns, tr)
+		return e.s.Append(7, 8, 9) == nil
+	}
+	phase := func(n int) {
+		var wg sync.WaitGroup
+		for _, e := range eps {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range n {
+					if e.err != nil || !turn(e) {
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	phase(2) // on version 0
+	updated := make(chan error, 1)
+	go func() {
+		_, err := c.UpdateWeights(t.Context(), fileRef(t, 1, 33), sdk.Plan{})
+		updated <- err
+	}()
+	phase(1) // while the update is in flight
+	require.NoError(t, <-updated)
+	phase(1) // after it
+
+	mixed, continued := 0, 0
+	for _, e := range eps {
+		if len(e.turns) > 2 {
+			vs := e.turns[2].Sample.WeightVersions()
+			if vs[0] != vs[len(vs)-1] {
+				mixed++
+			}
+			continued += e.turns[2].Sample.Continuations
+		}
+	}
+	t.Logf("turns during the update: %d of %d span both versions, %d continuations", mixed, episodes, continued)
+	for i, e := range eps {
+		require.NoError(t, e.err, "episode %d", i)
+		require.Len(t, e.turns, 4)
+		home := e.turns[0].Sample.Servers
+		require.Len(t, home, 1)
+		for k, tr := range e.turns {
+			assert.Equal(t, home, tr.Sample.Servers, "episode %d turn %d left its server", i, k)
+			vs := tr.Sample.WeightVersions()
+			require.Len(t, vs, 48)
+			for j := range vs {
+				switch {
+				case k < 2:
+					require.Equal(t, int64(0), vs[j], "episode %d turn %d", i, k)
+				case k == 3:
+					require.Equal(t, int64(1), vs[j], "episode %d turn %d", i, k)
+				case j > 0:
+					require.GreaterOrEqual(t, vs[j], vs[j-1], "episode %d turn %d goes back a version", i, k)
+				}
+			}
+		}
+		tj := e.s.Trajectory()
+		require.Equal(t, 4*48, tj.ModelTokens)
+		prev := int64(0)
+		for j, m := range tj.LossMask {
+			if m == 1 {
+				require.GreaterOrEqual(t, tj.Versions[j], prev, "episode %d's versions never go back", i)
+				prev = tj.Versions[j]
+			}
+		}
+		require.Equal(t, int64(1), prev)
+	}
 }
