@@ -125,6 +125,23 @@ func (m *Matrix) Row(dst []float32, r int) {
 	}
 }
 
+// Unpack writes W's effective weights into dst, row-major [Rows][Cols], widening each panel
+// once (Row per row would widen a panel PanelRows times): the float32 set a low-precision
+// model computes with, rebuilt on demand instead of kept.
+func (m *Matrix) Unpack(dst []float32) {
+	cols := m.Cols
+	panel := make([]float32, PanelRows*cols)
+	for p := range m.Panels() {
+		m.widenPanel(panel, p)
+		for i := range min(PanelRows, m.Rows-p*PanelRows) {
+			row := dst[(p*PanelRows+i)*cols : (p*PanelRows+i+1)*cols]
+			for k := range cols {
+				row[k] = panel[k*PanelRows+i]
+			}
+		}
+	}
+}
+
 // MatMul computes y[t][r] = Σ_k W[r][k]·x[t][k] for t < n: x is row-major [n][Cols], y is
 // row-major [n][Rows]. Work is split across pool by panels (load-balanced, see
 // ParallelChunks); the result does not depend on n, on the split or on which SIMD path runs

@@ -83,7 +83,15 @@ func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision)
 	if pool == nil {
 		pool = kernels.NewPool(1)
 	}
-	m := &Model{Config: c, Precision: prec, pool: pool, finalNorm: w.FinalNorm}
+	// At a low precision the model keeps nothing of w, not even its norms (which a set from
+	// Weights.Allocate would pin with the whole slab): the caller may drop w once packed.
+	norm := func(s []float32) []float32 {
+		if prec == kernels.F32 {
+			return s
+		}
+		return clone(s)
+	}
+	m := &Model{Config: c, Precision: prec, pool: pool, finalNorm: norm(w.FinalNorm)}
 	var err error
 	if m.embed, err = newEmbedding(w.Embed, h, prec); err != nil {
 		return nil, err
@@ -106,7 +114,7 @@ func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision)
 			old = reuse.layers[i]
 		}
 		pl := &m.layers[i]
-		pl.attnNorm, pl.ffnNorm = l.AttnNorm, l.FFNNorm
+		pl.attnNorm, pl.ffnNorm = norm(l.AttnNorm), norm(l.FFNNorm)
 		pack(&pl.qkv, old.qkv, h+2*kvd, h, l.Wq, l.Wk, l.Wv)
 		pack(&pl.wo, old.wo, h, h, l.Wo)
 		pack(&pl.gateUp, old.gateUp, 2*f, h, l.WGate, l.WUp)
@@ -197,6 +205,48 @@ func (m *Model) WeightBytes() int64 {
 // the model's precision; float32 shares the checkpoint's) and the RoPE tables.
 func (m *Model) ResidentBytes() int64 {
 	return m.WeightBytes() + m.embed.bytes() + int64(len(m.ropeCos)+len(m.ropeSin))*4
+}
+
+// Weights rebuilds, in a new float32 set, the weights m computes with: the effective weights
+// of its precision (Weights.Effective of the set it was packed from, bit for bit; at F32 the
+// set itself). It reads m only, so m must not be packed into (a retired model reused) while it
+// runs.
+func (m *Model) Weights() *Weights {
+	c := m.Config
+	h := c.HiddenSize
+	w := &Weights{Config: c}
+	w.Allocate()
+	// The stacked matrices unpack into one scratch, then split into the set's tensors.
+	var scratch []float32
+	unpack := func(mat *kernels.Matrix, parts ...[]float32) {
+		if len(parts) == 1 {
+			mat.Unpack(parts[0])
+			return
+		}
+		scratch = grow(scratch, mat.Rows*mat.Cols)
+		mat.Unpack(scratch)
+		off := 0
+		for _, p := range parts {
+			off += copy(p, scratch[off:])
+		}
+	}
+	for i := range w.Layers {
+		l, pl := &w.Layers[i], &m.layers[i]
+		copy(l.AttnNorm, pl.attnNorm)
+		copy(l.FFNNorm, pl.ffnNorm)
+		unpack(pl.qkv, l.Wq, l.Wk, l.Wv)
+		unpack(pl.wo, l.Wo)
+		unpack(pl.gateUp, l.WGate, l.WUp)
+		unpack(pl.down, l.WDown)
+	}
+	copy(w.FinalNorm, m.finalNorm)
+	for id := range c.VocabSize {
+		m.embed.row(w.Embed[id*h:(id+1)*h], id)
+	}
+	if !c.TieWordEmbeddings {
+		unpack(m.cls, w.LMHead)
+	}
+	return w
 }
 
 // KVLayout returns the pool layout this model needs for numBlocks blocks of blockSize tokens.

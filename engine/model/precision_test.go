@@ -194,3 +194,52 @@ func TestNewAsReusesOnlyTheSamePrecision(t *testing.T) {
 		require.NotSame(t, reused.cls, f32.cls, "%s: another precision packs into new memory", prec)
 	}
 }
+
+// TestModelWeightsAreTheEffectiveWeights: Model.Weights rebuilds, bit for bit, the effective
+// weights of the set a model was packed from, at every precision, tied or not; and a
+// low-precision model keeps no slice of that set (the caller may drop it).
+func TestModelWeightsAreTheEffectiveWeights(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		w, err := Preset("tiny", 3)
+		require.NoError(t, err)
+		if tied != w.Config.TieWordEmbeddings {
+			w.Config.TieWordEmbeddings = tied
+			if tied {
+				w.LMHead = nil
+			} else {
+				w.LMHead = append([]float32(nil), w.Embed...)
+				w.LMHead[5] += 0.25 // not the embedding
+			}
+		}
+		for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+			m, err := NewAs(w, nil, nil, prec)
+			require.NoError(t, err)
+			want, err := w.Effective(prec)
+			require.NoError(t, err)
+			got := m.Weights()
+			require.NoError(t, got.Check())
+			wt, gt := want.Tensors(), got.Tensors()
+			require.Len(t, gt, len(wt))
+			for i := range wt {
+				require.Equal(t, wt[i].Name, gt[i].Name)
+				require.Equal(t, bitsOf(*wt[i].Data), bitsOf(*gt[i].Data), "tied %v %s %s", tied, prec, wt[i].Name)
+			}
+			if prec == kernels.F32 {
+				continue
+			}
+			before := w.Layers[0].AttnNorm[0]
+			w.Layers[0].AttnNorm[0], w.FinalNorm[0] = 7, 7
+			require.NotEqual(t, float32(7), m.layers[0].attnNorm[0], "%s: the model shares the set's norms", prec)
+			require.NotEqual(t, float32(7), m.finalNorm[0], "%s: the model shares the set's final norm", prec)
+			w.Layers[0].AttnNorm[0], w.FinalNorm[0] = before, want.FinalNorm[0]
+		}
+	}
+}
+
+func bitsOf(s []float32) []uint32 {
+	out := make([]uint32, len(s))
+	for i, v := range s {
+		out[i] = math.Float32bits(v)
+	}
+	return out
+}
