@@ -326,13 +326,15 @@ type Engine struct {
 	metrics Metrics
 
 	// Owned by the Run goroutine.
-	kpool   *kernels.Pool
-	sched   *sched.Scheduler
-	blocks  *kvcache.Manager
-	kv      *kvcache.Storage
-	conn    kvconnector.Scheduler
-	worker  kvconnector.Worker
-	model   *model.Model
+	kpool  *kernels.Pool
+	sched  *sched.Scheduler
+	blocks *kvcache.Manager
+	kv     *kvcache.Storage
+	conn   kvconnector.Scheduler
+	worker kvconnector.Worker
+	model  *model.Model
+	// weights is the float32 set the serving model was packed from, kept at F32 only (see
+	// keep): at a lower precision Weights rebuilds it from the model instead.
 	weights *model.Weights
 	version int64
 	staged  *staged
@@ -375,7 +377,8 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger, in: make(chan message, 256), done: make(chan struct{}),
 		stop: make(chan struct{}), exited: make(chan struct{}),
-		reqs: map[string]*reqState{}, version: cfg.WeightVersion, weights: cfg.Weights, shape: cfg.Weights.Config}
+		reqs: map[string]*reqState{}, version: cfg.WeightVersion, shape: cfg.Weights.Config}
+	e.weights = e.keep(cfg.Weights)
 	e.kpool = kernels.NewPool(cfg.Workers)
 	m, err := model.NewAs(cfg.Weights, e.kpool, nil, cfg.Precision)
 	if err != nil {

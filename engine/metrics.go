@@ -179,6 +179,8 @@ func (e *Engine) StagedVersion() int64 { return e.metrics.stagedVersion.Load() }
 // count too, read last: Weights registers its copy on the engine goroutine while the set still
 // serves, so a commit that retires it comes after, and a reader that misses the registration
 // read the serving version before that commit.
+// At a precision below F32 the engine keeps no set once packed (Engine.Weights), so the
+// versions it reports only matter to a caller that reuses its sets at F32.
 func (e *Engine) VersionsInUse() []int64 {
 	staged := e.StagedVersion()
 	serving := e.Version()

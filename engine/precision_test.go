@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -90,4 +91,104 @@ func TestMemoryBudgetGivesFreedMemoryToKV(t *testing.T) {
 		_, err := New(cfg)
 		require.ErrorContains(t, err, "MemoryBytes")
 	}
+}
+
+// TestLowPrecisionKeepsNoFloat32Set: at bf16 and int8 the engine holds its packed models
+// only (the initial set and every update), Weights rebuilds the effective weights from the
+// serving model bit for bit, and a commit during that copy does not hand the model being
+// copied to the next stage as its spare (a torn copy).
+func TestLowPrecisionKeepsNoFloat32Set(t *testing.T) {
+	for _, prec := range []kernels.Precision{kernels.BF16, kernels.Int8} {
+		t.Run(prec.String(), func(t *testing.T) {
+			e, w1 := testEngine(t, func(c *Config) { c.Precision = prec })
+			ctx := ctxT(t)
+			require.Equal(t, prec, e.Precision())
+			one := w1.Config.ModelBytes(prec)
+			held := func() int64 {
+				t.Helper()
+				n, err := e.ResidentWeightBytes(ctx)
+				require.NoError(t, err)
+				return n
+			}
+			require.Equal(t, one, held(), "the packed model alone")
+			eff1, err := w1.Effective(prec)
+			require.NoError(t, err)
+			got, err := e.Weights(ctx)
+			require.NoError(t, err)
+			require.Equal(t, eff1, got, "the effective weights served")
+
+			w2, err := model.Preset("tiny", 2)
+			require.NoError(t, err)
+			require.NoError(t, e.StageWeights(ctx, w2, 2))
+			require.Equal(t, 2*one, held(), "serving and staged models, no float32 set")
+			_, err = e.CommitWeights(ctx, 2)
+			require.NoError(t, err)
+			require.Equal(t, 2*one, held(), "serving model and the retired one as spare")
+
+			// Retire version 2 while Weights copies it, then stage version 4 (which would
+			// pack into the spare): the copy is still version 2's effective weights.
+			w3, err := model.Preset("tiny", 3)
+			require.NoError(t, err)
+			w4, err := model.Preset("tiny", 4)
+			require.NoError(t, err)
+			e.beforeCopy = func() {
+				_, err := e.UpdateWeights(ctx, w3, 3, false)
+				require.NoError(t, err)
+				_, err = e.UpdateWeights(ctx, w4, 4, false)
+				require.NoError(t, err)
+			}
+			got, err = e.Weights(ctx)
+			require.NoError(t, err)
+			eff2, err := w2.Effective(prec)
+			require.NoError(t, err)
+			require.Equal(t, eff2, got, "the copy of version 2 is whole")
+			e.beforeCopy = nil
+			eff4, err := w4.Effective(prec)
+			require.NoError(t, err)
+			got, err = e.Weights(ctx)
+			require.NoError(t, err)
+			require.Equal(t, eff4, got)
+			p := prompt(9, 1)
+			s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(6)})
+			require.NoError(t, err)
+			res, err := s.Collect(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, referenceGreedy(t, eff4, p, 6), res.TokenIDs(), "version 4 serves")
+		})
+	}
+}
+
+// TestResidentWeightBytesPerPrecision: the weight memory an engine holds (its serving packed
+// model and, at f32 only, the float32 set beside it) on the stories15m shape, per precision,
+// and what a MemoryBytes budget then gives the KV pool. The figures are in
+// docs/precision.md ("Memory").
+func TestResidentWeightBytesPerPrecision(t *testing.T) {
+	w, err := model.Preset("stories15m", 1)
+	require.NoError(t, err)
+	const budget = 160 << 20
+	held := map[kernels.Precision]int64{}
+	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+		e, err := New(Config{Weights: w, MemoryBytes: budget, Precision: prec, Workers: 1})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(ctxT(t))
+		done := make(chan error, 1)
+		go func() { done <- e.Run(ctx) }()
+		held[prec], err = e.ResidentWeightBytes(ctx)
+		require.NoError(t, err)
+		blocks := e.blocks.NumBlocks()
+		cancel()
+		require.NoError(t, <-done)
+		model := w.Config.ModelBytes(prec)
+		if prec == kernels.F32 {
+			require.Greater(t, held[prec], model, "f32 keeps the set's matrices beside the packed ones")
+		} else {
+			require.Equal(t, model, held[prec], "%s: the packed model alone", prec)
+		}
+		t.Logf("%s: engine weight memory %.1f MiB (packed model %.1f MiB), %d KV blocks of 16 tokens in %d MiB",
+			prec, float64(held[prec])/(1<<20), float64(model)/(1<<20), blocks, budget>>20)
+	}
+	bf, i8 := float64(held[kernels.BF16])/float64(held[kernels.F32]), float64(held[kernels.Int8])/float64(held[kernels.F32])
+	t.Logf("over f32's: bf16 %.3f, int8 %.3f", bf, i8)
+	require.LessOrEqual(t, bf, 0.5, "bf16 holds at most half of f32's weight memory")
+	require.LessOrEqual(t, i8, 1.125/4+0.01, "int8 at most about 1.125/4 of it")
 }

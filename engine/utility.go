@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/kvconnector"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/sched"
@@ -371,10 +372,24 @@ func (e *Engine) StageWeights(ctx context.Context, w *model.Weights, version int
 		return err
 	}
 	_, err = controlCall(ctx, e, "update_weights.stage", func(_ context.Context, done func(struct{}, error)) {
-		done(struct{}{}, e.stage(m, w, version))
+		done(struct{}{}, e.stage(m, e.keep(w), version))
 	})
 	return err
 }
+
+// keep returns the float32 set w to keep beside its packed model: w itself at F32, where the
+// model shares its embedding and norms and keeping it costs the matrices once more, and nil
+// at a lower precision, where the packed model is all the engine holds (docs/precision.md,
+// "Memory"): keeping w would cost twice the model's own bytes at bf16.
+func (e *Engine) keep(w *model.Weights) *model.Weights {
+	if e.cfg.Precision != kernels.F32 {
+		return nil
+	}
+	return w
+}
+
+// Precision returns the precision the engine packs every weight set at (Config.Precision).
+func (e *Engine) Precision() kernels.Precision { return e.cfg.Precision }
 
 // DropStaged discards the staged set when it is version (it becomes the spare the next
 // stage packs into) and reports whether it did. A fleet whose desired version is below a
@@ -474,8 +489,11 @@ func (e *Engine) commit(version int64) (int64, error) {
 		return 0, fmt.Errorf("%w: version %d requested, %d is staged", ErrNotStaged, version, s.version)
 	}
 	e.staged = nil
-	if e.model != nil {
-		e.spare.Store(e.model) // at a step boundary: no forward uses it any more
+	// At a step boundary no forward uses the retired model any more; but a copy by Weights
+	// may be reading it (without a float32 set it copies from the model), and then it must
+	// not be packed into: it is dropped instead.
+	if e.model != nil && (e.weights != nil || !e.copies.has(e.version)) {
+		e.spare.Store(e.model)
 	}
 	e.model, e.weights, e.version = s.model, s.weights, s.version
 	e.sched.SetWeightVersion(s.version)
@@ -493,7 +511,7 @@ func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version in
 		return 0, err
 	}
 	return controlCall(ctx, e, "update_weights", func(_ context.Context, done func(int64, error)) {
-		if err := e.stage(m, w, version); err != nil {
+		if err := e.stage(m, e.keep(w), version); err != nil {
 			done(0, err)
 			return
 		}
@@ -506,26 +524,31 @@ func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version in
 }
 
 // Weights returns a copy of the serving weight set (nil after a level-2 sleep), e.g. for a
-// trainer that starts from the served policy. It is a copy because the serving model shares
-// memory with the set: writes to it would change what is served without a version bump and
-// race the forward pass. While the copy runs, VersionsInUse reports the set's version, so that
-// a caller recycling retired sets (weights.Recycler) does not load into it mid-copy even if a
-// commit retires it meanwhile. Its context bounds the copy's start only: once the engine
-// handed the set over, the copy completes.
+// trainer that starts from the served policy. At F32 it is a copy of the set the engine was
+// given, because the serving model shares memory with it: writes to it would change what is
+// served without a version bump and race the forward pass. At a lower precision the engine
+// keeps no float32 set, and the copy is rebuilt from the packed model: the effective weights
+// (model.Weights.Effective of the set it was given, bit for bit), which are what the engine
+// serves, rather than the values before rounding. While the copy runs, VersionsInUse
+// reports the set's version, so that a caller recycling retired sets (weights.Recycler) does
+// not load into it mid-copy even if a commit retires it meanwhile, and a commit does not
+// make the model being copied the spare the next stage packs into. Its context bounds the
+// copy's start only: once the engine handed the set over, the copy completes.
 func (e *Engine) Weights(ctx context.Context) (*model.Weights, error) {
 	type got struct {
 		w       *model.Weights
+		m       *model.Model
 		version int64
 	}
 	// Not withdrawable once sent: the loop registers the copy before it answers, and a caller
 	// that stopped waiting could not unregister it.
 	g, err := call(context.WithoutCancel(ctx), e, "weights", func(_ context.Context, done func(got, error)) {
-		if e.weights != nil {
+		if e.model != nil {
 			e.copies.start(e.version)
 		}
-		done(got{e.weights, e.version}, nil)
+		done(got{e.weights, e.model, e.version}, nil)
 	})
-	if err != nil || g.w == nil {
+	if err != nil || g.m == nil {
 		return nil, err
 	}
 	defer e.copies.end(g.version)
@@ -535,9 +558,45 @@ func (e *Engine) Weights(ctx context.Context) (*model.Weights, error) {
 	if e.beforeCopy != nil {
 		e.beforeCopy()
 	}
-	// The set is immutable once staged (only the caller that passed it in could write to it),
-	// so it is copied on the caller's goroutine, not the engine's.
+	// The set and the model are immutable once staged (only the caller that passed the set
+	// in could write to it), so they are copied on the caller's goroutine, not the engine's.
+	if g.w == nil {
+		return g.m.Weights(), nil
+	}
 	return g.w.Clone(), nil
+}
+
+// ResidentWeightBytes is the memory the engine's weights hold: the serving, staged and spare
+// packed models (model.Model.ResidentBytes) and, at F32, the float32 sets kept beside the
+// serving and staged ones, less what those share with their models (the embedding and the
+// norms). At bf16 or int8 it is the packed models alone: about half and 1.125/4 of the packed
+// f32 model, a quarter and 1.125/8 of what an f32 engine holds for its matrices.
+func (e *Engine) ResidentWeightBytes(ctx context.Context) (int64, error) {
+	return call(ctx, e, "resident_weight_bytes", func(_ context.Context, done func(int64, error)) {
+		n := residentBytes(e.model, e.weights)
+		if s := e.staged; s != nil {
+			n += residentBytes(s.model, s.weights)
+		}
+		done(n+residentBytes(e.spare.Load(), nil), nil)
+	})
+}
+
+// residentBytes is m's resident bytes plus those of w, the set it was packed from when kept,
+// that m does not share.
+func residentBytes(m *model.Model, w *model.Weights) int64 {
+	var n int64
+	if m != nil {
+		n = m.ResidentBytes()
+	}
+	if w == nil {
+		return n
+	}
+	for _, t := range w.Tensors() {
+		if len(t.Shape) == 2 && t.Name != "model.embed_tokens.weight" {
+			n += int64(len(*t.Data)) * 4 // the model shares the embedding and the norms
+		}
+	}
+	return n
 }
 
 // copyCount counts the copies by Weights in progress, by version.
@@ -553,6 +612,13 @@ func (c *copyCount) start(v int64) {
 		c.n = map[int64]int{}
 	}
 	c.n[v]++
+}
+
+// has reports whether a copy of version v is in progress.
+func (c *copyCount) has(v int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[v] > 0
 }
 
 func (c *copyCount) end(v int64) {

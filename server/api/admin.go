@@ -294,7 +294,9 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref, tweak func(*we
 	a.metrics.ObserveUpdate(ctx, "fetch", time.Since(start))
 	t := time.Now()
 	err = a.eng.StageWeights(ctx, w, ref.Version)
-	a.sets.Keep(w, ref.Version) // staged or not: the version decides when it is free
+	if a.recycles() {
+		a.sets.Keep(w, ref.Version) // staged or not: the version decides when it is free
+	}
 	if err != nil {
 		if errors.Is(err, engine.ErrInvalidArgument) {
 			return info, &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "shape_mismatch", Param: "source", Message: err.Error()}

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
 	"github.com/rolloutkit/rollout/engine/weights"
@@ -87,8 +88,8 @@ type Config struct {
 	// is required (a file source may omit it).
 	AllowUnverifiedWeights bool
 	// Weights, when set, is the set Engine was started with (at its serving version): the API
-	// owns it from then on (nobody else may read it once it is retired) and loads a later
-	// update into its memory (see API.sets).
+	// owns it from then on (nobody else may read it once it is retired) and, at F32, loads a
+	// later update into its memory (see API.sets); at a lower precision it drops it.
 	Weights *model.Weights
 	// NoSpareWeights turns off the spare weight sets New prepares in the background: one set
 	// of ModelConfig's shape (its parameter count × 4 bytes, 0.44 GB for stories110m), every
@@ -98,7 +99,8 @@ type Config struct {
 	// one before retired. Off, the first update (or two, without Weights) allocates new sets,
 	// which on a virtual machine makes its load and stage several times slower. The memory
 	// is what a server holds anyway from its second update on; a level-2 sleep gives
-	// it back.
+	// it back. At a precision below F32 only the packed spare is kept (the float32 set it
+	// was packed from is dropped, as every loaded set is: see API.recycles).
 	NoSpareWeights bool
 	// BodyReadTimeout bounds reading a request body (default 30s: 408 beyond); WriteTimeout
 	// bounds every write of a response (default 60s; a stream extends it per chunk).
@@ -167,7 +169,9 @@ type API struct {
 	// staged nor served (engine.Engine.VersionsInUse): versions only grow, so nothing reads
 	// it again. A failed load drops the set it was given. A sleep drops the free sets, and at
 	// level 2 the serving one too (ReleaseWeightSets). The packed spare the engine keeps
-	// aliases a retired set's embedding and norms, but is never run.
+	// aliases a retired set's embedding and norms, but is never run. Only at F32 (recycles):
+	// at a lower precision it stays empty and every load allocates, so no float32 set
+	// outlives its packing.
 	sets weights.Recycler
 	// spareReady is closed once the spare set of Config.NoSpareWeights is ready (or failed).
 	spareReady chan struct{}
@@ -264,7 +268,9 @@ func New(cfg Config) (*API, error) {
 			a.log.Warn("api: the chat template fails on a one-message user conversation", "error", err)
 		}
 	}
-	a.sets.Keep(cfg.Weights, cfg.Engine.Version())
+	if a.recycles() {
+		a.sets.Keep(cfg.Weights, cfg.Engine.Version())
+	}
 	a.spareReady = make(chan struct{})
 	if cfg.NoSpareWeights {
 		close(a.spareReady)
@@ -292,8 +298,16 @@ func (a *API) prepareSpare() {
 	if err := a.eng.PrepareSpare(context.Background(), w); err != nil {
 		a.log.Debug("api: no packed spare", "err", err)
 	}
-	a.sets.KeepFree(w)
+	if a.recycles() {
+		a.sets.KeepFree(w)
+	}
 }
+
+// recycles says whether the API keeps float32 sets for reuse (API.sets): at F32 only. At a
+// lower precision the engine keeps no float32 set once it packed one, so a kept set would be
+// the only float32 copy in the process, four (bf16) or seven (int8) times the packed model's
+// size in memory for the sake of an update's page faults: docs/precision.md, "Memory".
+func (a *API) recycles() bool { return a.eng.Precision() == kernels.F32 }
 
 // SpareReady is closed once the spare weight sets prepared at start-up are ready, failed, or
 // were not asked for (Config.NoSpareWeights). Until then a preparation call may still reach

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
 	"github.com/rolloutkit/rollout/engine/weights"
@@ -33,7 +34,13 @@ type recycleServer struct {
 
 func newRecycleServer(t *testing.T, spare bool) *recycleServer {
 	t.Helper()
-	e, w := enginetest.Run(t, engine.Config{})
+	return newRecycleServerAt(t, spare, kernels.F32)
+}
+
+// newRecycleServerAt is newRecycleServer with the engine at precision prec.
+func newRecycleServerAt(t *testing.T, spare bool, prec kernels.Precision) *recycleServer {
+	t.Helper()
+	e, w := enginetest.Run(t, engine.Config{Precision: prec})
 	a, err := New(Config{Engine: e, Tokenizer: tokenizer.NewByte(), ModelConfig: w.Config, Weights: w, NoSpareWeights: !spare, AdminToken: "adm"})
 	require.NoError(t, err)
 	srv := httptest.NewServer(a.Handler())
@@ -187,4 +194,32 @@ func TestFirstUpdateUsesTheSpare(t *testing.T) {
 	code, out = s.post(t, "/sleep?level=2", nil)
 	require.Equal(t, http.StatusOK, code, "%s", out)
 	assert.Empty(t, s.held(), "a level-2 sleep gives every set back (nothing staged)")
+}
+
+// TestLowPrecisionKeepsNoFloat32Sets: at bf16 and int8 the API keeps no float32 set, not the
+// initial one, not the start-up spare, not a loaded update, so none outlives its packing
+// (the engine keeps none either); the engine still serves, and Weights returns, the
+// effective weights of every update.
+func TestLowPrecisionKeepsNoFloat32Sets(t *testing.T) {
+	for _, prec := range []kernels.Precision{kernels.BF16, kernels.Int8} {
+		t.Run(prec.String(), func(t *testing.T) {
+			s := newRecycleServerAt(t, true, prec)
+			<-s.a.spareReady
+			assert.Empty(t, s.held(), "neither the initial set nor the spare")
+			want0, err := s.w0.Effective(prec)
+			require.NoError(t, err)
+			s.requireServing(t, want0)
+			for v := uint64(2); v <= 3; v++ {
+				uri, d, w := enginetest.Checkpoint(t, v)
+				s.update(t, map[string]any{"version": v, "source": uri, "sha256": d})
+				assert.Empty(t, s.held(), "version %d", v)
+				want, err := w.Effective(prec)
+				require.NoError(t, err)
+				s.requireServing(t, want)
+			}
+			n, err := s.e.ResidentWeightBytes(t.Context())
+			require.NoError(t, err)
+			assert.Equal(t, 2*s.w0.Config.ModelBytes(prec), n, "the serving model and the retired spare")
+		})
+	}
 }
