@@ -128,10 +128,17 @@ func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision)
 	if err := runPackJobs(jobs, runtime.GOMAXPROCS(0)); err != nil {
 		return nil, fmt.Errorf("model: packing weights: %w", err)
 	}
+	m.setRope(reuse)
+	return m, nil
+}
+
+// setRope sets m's RoPE tables: reuse's when it has them for m's config, else new ones.
+func (m *Model) setRope(reuse *Model) {
+	c := m.Config
 	if r := reuse; r != nil && r.Config.MaxPositionEmbeddings == c.MaxPositionEmbeddings &&
 		r.Config.RopeTheta == c.RopeTheta && r.Config.HeadDim() == c.HeadDim() {
 		m.ropeCos, m.ropeSin = r.ropeCos, r.ropeSin // the same tables
-		return m, nil
+		return
 	}
 	half := c.HeadDim() / 2
 	m.ropeCos = make([]float32, c.MaxPositionEmbeddings*half)
@@ -143,7 +150,6 @@ func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision)
 			m.ropeCos[p*half+i], m.ropeSin[p*half+i] = float32(co), float32(s)
 		}
 	}
-	return m, nil
 }
 
 // packJob packs one matrix into *dst (into old's memory when it has the shape).
