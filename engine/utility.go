@@ -641,9 +641,4 @@ func (c *copyCount) versions(vs []int64) []int64 {
 	return vs
 }
 
-func sameShape(a, b model.Config) bool {
-	return a.HiddenSize == b.HiddenSize && a.IntermediateSize == b.IntermediateSize &&
-		a.NumHiddenLayers == b.NumHiddenLayers && a.NumAttentionHeads == b.NumAttentionHeads &&
-		a.NumKeyValueHeads == b.NumKeyValueHeads && a.VocabSize == b.VocabSize &&
-		a.MaxPositionEmbeddings == b.MaxPositionEmbeddings && a.TieWordEmbeddings == b.TieWordEmbeddings
-}
+func sameShape(a, b model.Config) bool { return a.SameShape(b) }

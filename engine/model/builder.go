@@ -116,6 +116,23 @@ func NewBuilder(c Config, prec kernels.Precision, reuse *Model) (*Builder, error
 	return b, nil
 }
 
+// ErrShape is returned (wrapped) by Builder.SetConfig for a checkpoint of another shape.
+var ErrShape = errors.New("model: another shape")
+
+// SetConfig takes the configuration of the checkpoint being loaded, before its tensors: it
+// must have the builder's shape (Config.SameShape), else ErrShape; its other fields (RoPE
+// theta, norm epsilon, token ids) become the model's, as NewAs takes them from the set.
+func (b *Builder) SetConfig(c Config) error {
+	if !c.SameShape(b.m.Config) {
+		return fmt.Errorf("%w: the checkpoint has shape %+v, the model %+v", ErrShape, c, b.m.Config)
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	b.m.Config = c
+	return nil
+}
+
 // setPartLen sets the length of a part of a stacked matrix whose parts differ in size (q, k
 // and v with grouped-query attention).
 func (b *Builder) setPartLen(name string, n int) {

@@ -107,3 +107,12 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// SameShape reports whether a model of c and one of o have the same tensors, context and
+// tying: a weight set of one can be served where the other was.
+func (c Config) SameShape(o Config) bool {
+	return c.HiddenSize == o.HiddenSize && c.IntermediateSize == o.IntermediateSize &&
+		c.NumHiddenLayers == o.NumHiddenLayers && c.NumAttentionHeads == o.NumAttentionHeads &&
+		c.NumKeyValueHeads == o.NumKeyValueHeads && c.VocabSize == o.VocabSize &&
+		c.MaxPositionEmbeddings == o.MaxPositionEmbeddings && c.TieWordEmbeddings == o.TieWordEmbeddings
+}

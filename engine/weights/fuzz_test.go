@@ -45,7 +45,7 @@ func FuzzSafetensorsHeader(f *testing.F) {
 		}
 		require.Equal(t, dataLen, pos)
 		r := bytes.NewReader(data[h.dataStart():])
-		if err := readSTData(context.Background(), r, sha256.New(), h, dst); err != nil {
+		if err := readSTData(context.Background(), r, sha256.New(), h, dst, nil); err != nil {
 			require.ErrorIs(t, err, ErrBadCheckpoint)
 			return
 		}

@@ -113,7 +113,7 @@ func parseIndex(data []byte) (map[string]string, []string, error) {
 // LoadHF loads a Hugging Face checkpoint directory: config.json plus model.safetensors or,
 // when that is absent, model.safetensors.index.json and its shards.
 func LoadHF(dir string) (*model.Weights, error) {
-	w, _, err := loadHF(context.Background(), osOpener{}, dir, nil)
+	w, _, err := loadHF(context.Background(), osOpener{}, dir, nil, nil)
 	return w, err
 }
 
@@ -129,7 +129,7 @@ type openShard struct {
 // loadHF loads dir through op, decoding into reuse's tensors where they fit (see
 // Options.Reuse), and returns the weights and the checkpoint digest (see Digest), computed
 // over exactly the bytes that were parsed.
-func loadHF(ctx context.Context, op fileOpener, dir string, reuse *model.Weights) (*model.Weights, Info, error) {
+func loadHF(ctx context.Context, op fileOpener, dir string, reuse *model.Weights, sink Sink) (*model.Weights, Info, error) {
 	cfgBytes, err := readSmall(op, filepath.Join(dir, ConfigFile), maxJSONBytes)
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("%w: %w", ErrBadCheckpoint, err)
@@ -200,6 +200,11 @@ func loadHF(ctx context.Context, op fileOpener, dir string, reuse *model.Weights
 	}
 
 	w := &model.Weights{Config: cfg}
+	if sink != nil {
+		if err := sink.SetConfig(cfg); err != nil {
+			return nil, Info{}, fmt.Errorf("%w: %s: %w", ErrBadCheckpoint, dir, err)
+		}
+	}
 	dst := make(map[*openShard]map[string]*[]float32, len(shards))
 	add := func(name string, shape []int, p *[]float32) error {
 		s := shards[0]
@@ -230,7 +235,9 @@ func loadHF(ctx context.Context, op fileOpener, dir string, reuse *model.Weights
 	}
 	// Only now that the files hold every tensor at the config's shape: a config.json claiming
 	// a larger model than its files must fail above, not allocate that model first.
-	fill(w, reuseTensors(reuse))
+	if sink == nil {
+		fill(w, reuseTensors(reuse))
+	}
 	// A tied checkpoint may still carry lm_head.weight; accept it only if it is the embedding.
 	var tiedHead []float32
 	const lmHead = "lm_head.weight"
@@ -249,10 +256,13 @@ func loadHF(ctx context.Context, op fileOpener, dir string, reuse *model.Weights
 	}
 
 	for _, s := range shards {
-		if err := readSTData(ctx, s.r, s.sum, s.hdr, dst[s]); err != nil {
+		if err := readSTData(ctx, s.r, s.sum, s.hdr, dst[s], sink); err != nil {
 			return nil, Info{}, err
 		}
 		sums = append(sums, fileSum{s.name, s.sum.Sum(nil)})
+	}
+	if sink != nil {
+		return nil, Info{Format: FormatHF, Digest: listingDigest(sums), Bytes: total}, nil
 	}
 	if tiedHead != nil && !slices.Equal(tiedHead, w.Embed) {
 		return nil, Info{}, badf(dir, "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight")

@@ -83,6 +83,39 @@ type Options struct {
 	// returned, so nobody can use unverified tensors. It saves the page faults of fresh
 	// memory, which made a steady-state load several times slower than hashing the file.
 	Reuse *model.Weights
+	// Sink, when set, receives the tensors instead of a weight set, and Load returns nil
+	// weights: a Hugging Face checkpoint's tensors one at a time as they are decoded, each
+	// into memory the sink gives (so a bf16 checkpoint never exists as a float32 set), a
+	// llama2.c one's once it is loaded and verified. The sink sees a tensor before the
+	// digest is checked, so on failure whatever it built must be discarded. Reuse is
+	// ignored.
+	Sink Sink
+}
+
+// Sink receives a checkpoint's tensors one at a time by their Hugging Face names, as
+// model.Builder does. SetConfig gets the checkpoint's configuration before any tensor (an
+// error refuses the checkpoint), Buffer gives memory for n values, and Put takes over a
+// tensor's finite values in that memory (an error, such as a tensor the model does not
+// have or of another size, refuses the checkpoint).
+type Sink interface {
+	SetConfig(c model.Config) error
+	Buffer(n int) []float32
+	Put(name string, v []float32) error
+}
+
+// feed puts every tensor of w into sink (a llama2.c checkpoint, which is loaded whole).
+func feed(w *model.Weights, sink Sink) error {
+	if err := sink.SetConfig(w.Config); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadCheckpoint, err)
+	}
+	for _, t := range w.Tensors() {
+		buf := sink.Buffer(len(*t.Data))
+		copy(buf, *t.Data)
+		if err := sink.Put(t.Name, buf); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadCheckpoint, err)
+		}
+	}
+	return nil
 }
 
 // Checkpoint formats reported in Info.
@@ -136,11 +169,11 @@ func LoadWithInfo(ctx context.Context, ref Ref, opts Options) (*model.Weights, I
 		if (u.Host != "" && u.Host != "localhost") || u.Path == "" {
 			return nil, Info{}, fmt.Errorf("%w: %q: want file:///absolute/path", ErrUnsupportedSource, ref.URI)
 		}
-		w, info, err = loadLocal(ctx, filepath.FromSlash(u.Path), opts.Root, opts.Reuse)
+		w, info, err = loadLocal(ctx, filepath.FromSlash(u.Path), opts.Root, opts.Reuse, opts.Sink)
 	case hasScheme:
 		return nil, Info{}, fmt.Errorf("%w: scheme %q (want a path, file://, http:// or https://)", ErrUnsupportedSource, scheme)
 	default:
-		w, info, err = loadLocal(ctx, ref.URI, opts.Root, opts.Reuse)
+		w, info, err = loadLocal(ctx, ref.URI, opts.Root, opts.Reuse, opts.Sink)
 	}
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("weights: version %d from %s: %w", ref.Version, RedactURI(ref.URI), err)
@@ -148,6 +181,12 @@ func LoadWithInfo(ctx context.Context, ref Ref, opts Options) (*model.Weights, I
 	if ref.SHA256 != "" && !strings.EqualFold(ref.SHA256, info.Digest) {
 		return nil, Info{}, fmt.Errorf("%w: version %d from %s: sha256 %s, want %s",
 			ErrDigestMismatch, ref.Version, RedactURI(ref.URI), info.Digest, strings.ToLower(ref.SHA256))
+	}
+	if opts.Sink != nil && w != nil {
+		if err := feed(w, opts.Sink); err != nil {
+			return nil, Info{}, fmt.Errorf("weights: version %d from %s: %w", ref.Version, RedactURI(ref.URI), err)
+		}
+		w = nil
 	}
 	return w, info, nil
 }
@@ -177,7 +216,7 @@ func openerFor(path, root string) (fileOpener, string, func(), error) {
 }
 
 // loadLocal loads a directory (HF) or a .bin file (llama2.c), into reuse where it fits.
-func loadLocal(ctx context.Context, path, root string, reuse *model.Weights) (*model.Weights, Info, error) {
+func loadLocal(ctx context.Context, path, root string, reuse *model.Weights, sink Sink) (*model.Weights, Info, error) {
 	op, p, done, err := openerFor(path, root)
 	if err != nil {
 		return nil, Info{}, err
@@ -199,7 +238,7 @@ func loadLocal(ctx context.Context, path, root string, reuse *model.Weights) (*m
 	}
 	switch {
 	case st.IsDir():
-		return loadHF(ctx, op, p, reuse)
+		return loadHF(ctx, op, p, reuse, sink)
 	case st.Mode().IsRegular() && strings.HasSuffix(p, ".bin"):
 		return loadLlama2C(ctx, op, p, reuse)
 	}
@@ -225,7 +264,7 @@ func loadHTTP(ctx context.Context, raw, sha string, opts Options) (*model.Weight
 		srcs = append(srcs, source{base: mu, header: m.Header, peer: true})
 	}
 	srcs = append(srcs, source{base: u})
-	dl := &downloader{client: opts.HTTPClient, limit: opts.MaxDownloadBytes, srcs: srcs, observe: opts.Observe, reuse: opts.Reuse}
+	dl := &downloader{client: opts.HTTPClient, limit: opts.MaxDownloadBytes, srcs: srcs, observe: opts.Observe, reuse: opts.Reuse, sink: opts.Sink}
 	if dl.client == nil {
 		dl.client = NewHTTPClient(FetchPolicy{})
 	}
@@ -306,7 +345,7 @@ func (d *downloader) attempt(ctx context.Context, u *url.URL, dir string) (*mode
 	} else if err != nil {
 		return nil, Info{}, err
 	}
-	return loadHF(ctx, osOpener{}, dir, d.reuse)
+	return loadHF(ctx, osOpener{}, dir, d.reuse, d.sink)
 }
 
 func clearDir(dir string) error {
@@ -377,6 +416,7 @@ type downloader struct {
 	// reuse is Options.Reuse; an attempt that fails leaves it undefined, which the next
 	// attempt overwrites anyway.
 	reuse *model.Weights
+	sink  Sink
 }
 
 func (d *downloader) event(ctx context.Context, e FetchEvent) {

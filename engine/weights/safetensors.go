@@ -168,7 +168,7 @@ func parseSTHeader(js []byte, dataLen int64, file string) (*stHeader, error) {
 // requires r to be at EOF. Hashing runs on its own goroutine (hashPipe), F32 data on a
 // little-endian host is read straight into its tensor, and other dtypes go through a few
 // recycled chunk buffers, so a load costs about one pass of the hash.
-func readSTData(ctx context.Context, r io.Reader, sum hash.Hash, h *stHeader, dst map[string]*[]float32) error {
+func readSTData(ctx context.Context, r io.Reader, sum hash.Hash, h *stHeader, dst map[string]*[]float32, sink Sink) error {
 	hp := newHashPipe(sum)
 	defer hp.wait()
 	var largest int64
@@ -205,7 +205,12 @@ func readSTData(ctx context.Context, r io.Reader, sum hash.Hash, h *stHeader, ds
 			continue
 		}
 		es := int64(t.dtype.Size())
-		out := tensorFor(*p, int(n/es))
+		var out []float32
+		if sink != nil {
+			out = sink.Buffer(int(n / es))
+		} else {
+			out = tensorFor(*p, int(n/es))
+		}
 		raw := float32Bytes(out)
 		for off := int64(0); off < n; {
 			if err := ctx.Err(); err != nil {
@@ -213,8 +218,10 @@ func readSTData(ctx context.Context, r io.Reader, sum hash.Hash, h *stHeader, ds
 			}
 			c := min(n-off, chunkBytes)
 			seg := out[off/es : (off+c)/es]
-			if direct && t.dtype == F32 {
+			if direct && t.dtype == F32 && sink == nil {
 				// The tensor's own bytes: nothing writes them again, so they need no recycling.
+				// Not into a sink's memory, which the sink reuses once it has the tensor,
+				// maybe before the hash has read it.
 				if err := hp.readFull(r, raw[off:off+c], nil); err != nil {
 					return badf(h.file, "tensor %q: reading data: %v", t.name, err)
 				}
@@ -230,6 +237,12 @@ func readSTData(ctx context.Context, r io.Reader, sum hash.Hash, h *stHeader, ds
 				return badf(h.file, "tensor %q: element %d is %v", t.name, off/es+int64(i), seg[i])
 			}
 			off += c
+		}
+		if sink != nil {
+			if err := sink.Put(t.name, out); err != nil {
+				return badf(h.file, "tensor %q: %v", t.name, err)
+			}
+			continue
 		}
 		*p = out
 	}
