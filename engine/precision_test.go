@@ -192,3 +192,44 @@ func TestResidentWeightBytesPerPrecision(t *testing.T) {
 	require.LessOrEqual(t, bf, 0.5, "bf16 holds at most half of f32's weight memory")
 	require.LessOrEqual(t, i8, 1.125/4+0.01, "int8 at most about 1.125/4 of it")
 }
+
+// TestStageBuilt: a model built tensor by tensor (Builder) stages and serves as the set it
+// was built from would, Weights gives its effective weights, and an incomplete builder is
+// refused without touching what serves.
+func TestStageBuilt(t *testing.T) {
+	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16} {
+		t.Run(prec.String(), func(t *testing.T) {
+			e, _ := testEngine(t, func(c *Config) { c.Precision = prec })
+			ctx := ctxT(t)
+			b, err := e.Builder()
+			require.NoError(t, err)
+			require.ErrorIs(t, e.StageBuilt(ctx, b, 2), ErrInvalidArgument, "no tensor put")
+			require.ErrorIs(t, e.StageBuilt(ctx, nil, 2), ErrInvalidArgument)
+
+			w2, err := model.Preset("tiny", 2)
+			require.NoError(t, err)
+			b, err = e.Builder()
+			require.NoError(t, err)
+			require.NoError(t, b.SetConfig(w2.Config))
+			for _, ts := range w2.Tensors() {
+				buf := b.Buffer(ts.Len())
+				copy(buf, *ts.Data)
+				require.NoError(t, b.Put(ts.Name, buf))
+			}
+			require.NoError(t, e.StageBuilt(ctx, b, 2))
+			_, err = e.CommitWeights(ctx, 2)
+			require.NoError(t, err)
+			eff, err := w2.Effective(prec)
+			require.NoError(t, err)
+			got, err := e.Weights(ctx)
+			require.NoError(t, err)
+			require.Equal(t, eff, got)
+			p := prompt(7, 2)
+			s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(5)})
+			require.NoError(t, err)
+			res, err := s.Collect(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, referenceGreedy(t, eff, p, 5), res.TokenIDs())
+		})
+	}
+}

@@ -391,6 +391,38 @@ func (e *Engine) keep(w *model.Weights) *model.Weights {
 // Precision returns the precision the engine packs every weight set at (Config.Precision).
 func (e *Engine) Precision() kernels.Precision { return e.cfg.Precision }
 
+// Builder starts a model of the serving shape at the engine's precision, for a loader to
+// fill one tensor at a time (weights.Options.Sink) and StageBuilt to stage: no float32 set of
+// the update exists at any point. It packs into the retired spare when there is one (which
+// is then the builder's: a failed load drops it, as a failed pack does).
+func (e *Engine) Builder() (*model.Builder, error) {
+	b, err := model.NewBuilder(e.shape, e.cfg.Precision, e.spare.Swap(nil))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	return b, nil
+}
+
+// StageBuilt is StageWeights for a model built by b (Builder) once every tensor is in (else
+// ErrInvalidArgument): the engine keeps no float32 set of it, so Weights rebuilds one from
+// the model while it serves.
+func (e *Engine) StageBuilt(ctx context.Context, b *model.Builder, version int64) error {
+	if b == nil {
+		return fmt.Errorf("%w: nil builder", ErrInvalidArgument)
+	}
+	m, err := b.Model(e.kpool)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	if !sameShape(m.Config, e.shape) {
+		return fmt.Errorf("%w: built weights have shape %+v, the engine serves %+v", ErrInvalidArgument, m.Config, e.shape)
+	}
+	_, err = controlCall(ctx, e, "update_weights.stage", func(_ context.Context, done func(struct{}, error)) {
+		done(struct{}{}, e.stage(m, nil, version))
+	})
+	return err
+}
+
 // DropStaged discards the staged set when it is version (it becomes the spare the next
 // stage packs into) and reports whether it did. A fleet whose desired version is below a
 // staged one (staged by an update that then aborted) drops it before staging what it wants:
@@ -525,7 +557,7 @@ func (e *Engine) UpdateWeights(ctx context.Context, w *model.Weights, version in
 
 // Weights returns a copy of the serving weight set (nil after a level-2 sleep), e.g. for a
 // trainer that starts from the served policy. At F32 it is a copy of the set the engine was
-// given, because the serving model shares memory with it: writes to it would change what is
+// given (rebuilt from the model, exactly, for a set staged by StageBuilt), because the serving model shares memory with it: writes to it would change what is
 // served without a version bump and race the forward pass. At a lower precision the engine
 // keeps no float32 set, and the copy is rebuilt from the packed model: the effective weights
 // (model.Weights.Effective of the set it was given, bit for bit), which are what the engine

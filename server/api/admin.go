@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
 )
 
@@ -276,8 +277,19 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref, tweak func(*we
 		tweak(&opts)
 	}
 	// Into a set the engine no longer reads (the rule is at API.sets); a failed load leaves it
-	// undefined, and it is dropped with opts.
-	opts.Reuse = a.sets.Take(a.eng.VersionsInUse()...)
+	// undefined, and it is dropped with opts. Below F32, into the engine's packed model one
+	// tensor at a time instead, so that no float32 set of the update exists.
+	var b *model.Builder
+	if a.recycles() {
+		opts.Reuse = a.sets.Take(a.eng.VersionsInUse()...)
+	} else {
+		var err error
+		if b, err = a.eng.Builder(); err != nil {
+			span.End()
+			return weights.Info{}, err
+		}
+		opts.Sink = b
+	}
 	w, info, err := weights.LoadWithInfo(fctx, ref, opts)
 	span.SetAttributes(attribute.Int64("rollout.bytes", info.Bytes))
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(dctx), errFetchDeadline) {
@@ -293,7 +305,11 @@ func (a *API) fetchAndStage(ctx context.Context, ref weights.Ref, tweak func(*we
 	span.End()
 	a.metrics.ObserveUpdate(ctx, "fetch", time.Since(start))
 	t := time.Now()
-	err = a.eng.StageWeights(ctx, w, ref.Version)
+	if b != nil {
+		err = a.eng.StageBuilt(ctx, b, ref.Version)
+	} else {
+		err = a.eng.StageWeights(ctx, w, ref.Version)
+	}
 	if a.recycles() {
 		a.sets.Keep(w, ref.Version) // staged or not: the version decides when it is free
 	}

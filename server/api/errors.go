@@ -11,6 +11,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/sample"
 	"github.com/rolloutkit/rollout/engine/weights"
 )
@@ -91,6 +92,8 @@ func classify(err error) *Error {
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "source_refused", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrFetch) && errors.Is(err, fs.ErrNotExist):
 		return &Error{Status: http.StatusNotFound, Type: typeNotFound, Code: "source_not_found", Param: "source", Message: err.Error()}
+	case errors.Is(err, model.ErrShape):
+		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "shape_mismatch", Param: "source", Message: err.Error()}
 	case errors.Is(err, weights.ErrFetch), errors.Is(err, weights.ErrBadCheckpoint), errors.Is(err, weights.ErrUnsupportedFormat):
 		return &Error{Status: http.StatusUnprocessableEntity, Type: typeInvalidRequest, Code: "bad_checkpoint", Param: "source", Message: err.Error()}
 	}

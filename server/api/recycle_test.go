@@ -223,3 +223,23 @@ func TestLowPrecisionKeepsNoFloat32Sets(t *testing.T) {
 		})
 	}
 }
+
+// TestLowPrecisionUpdateOfAnotherShape: at bf16 an update loads into the engine's builder,
+// which refuses a checkpoint of another shape before reading its tensors: 422
+// shape_mismatch, and the old weights keep serving.
+func TestLowPrecisionUpdateOfAnotherShape(t *testing.T) {
+	s := newRecycleServerAt(t, false, kernels.BF16)
+	w, err := model.Preset("tiny", 2)
+	require.NoError(t, err)
+	w.Config.NumHiddenLayers++
+	w.Layers = nil
+	w.Allocate()
+	dir := t.TempDir()
+	require.NoError(t, weights.SaveHF(dir, w, weights.BF16))
+	code, out := s.post(t, "/update_weights", map[string]any{"version": 2, "source": "file://" + dir})
+	require.Equal(t, http.StatusUnprocessableEntity, code, "%s", out)
+	assert.Contains(t, out, "shape_mismatch")
+	want, err := s.w0.Effective(kernels.BF16)
+	require.NoError(t, err)
+	s.requireServing(t, want)
+}
