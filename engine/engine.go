@@ -51,10 +51,15 @@ const (
 
 // Config configures an Engine. Zero values take the documented defaults.
 type Config struct {
-	// Weights is the initial weight set (required) and WeightVersion its version. The engine
-	// serves it until a swap, and a level-2 sleep releases it (New does not keep Config.Weights).
+	// Weights is the initial weight set (this or Builder is required) and WeightVersion its
+	// version. The engine serves it until a swap, and a level-2 sleep releases it (New does
+	// not keep Config.Weights).
 	Weights       *model.Weights
 	WeightVersion int64
+	// Builder, instead of Weights, is a complete model.Builder at Precision holding the
+	// initial weights (a checkpoint loaded tensor by tensor, weights.LoadHFInto), so that no
+	// float32 set of them need exist; New takes its model.
+	Builder *model.Builder
 	// BlockSize is the KV block size in tokens (default DefaultBlockSize).
 	BlockSize int
 	// NumBlocks is the size of the KV pool including the null block; 0 derives it from
@@ -131,13 +136,26 @@ func invalidField(field, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrInvalidArgument, field, fmt.Sprintf(format, args...))
 }
 
+// modelConfig is the initial weights' model configuration.
+func (c Config) modelConfig() model.Config {
+	if c.Builder != nil {
+		return c.Builder.Config()
+	}
+	return c.Weights.Config
+}
+
 // Validate reports the first field New would refuse, as "engine: invalid argument: Field:
 // reason" (errors.Is ErrInvalidArgument). Zero values stand for their defaults and are valid;
 // a KV pool derived from KVBytes too small to hold a block, and one larger than the machine's
 // memory, are found by New only.
 func (c Config) Validate() error {
-	if c.Weights == nil {
-		return invalidField("Weights", "required")
+	switch {
+	case c.Weights == nil && c.Builder == nil:
+		return invalidField("Weights", "required (or Builder)")
+	case c.Weights != nil && c.Builder != nil:
+		return invalidField("Builder", "set with Weights: give one")
+	case c.Builder != nil && c.Builder.Precision() != c.Precision:
+		return invalidField("Builder", "packs at %s, Precision is %s", c.Builder.Precision(), c.Precision)
 	}
 	if c.BlockSize < 0 || c.BlockSize > maxBlockSize {
 		return invalidField("BlockSize", "%d tokens is outside 1..%d", c.BlockSize, maxBlockSize)
@@ -199,7 +217,7 @@ func (c *Config) defaults() error {
 	if c.Tracer == nil {
 		c.Tracer = noop.NewTracerProvider().Tracer("engine")
 	}
-	mc := c.Weights.Config
+	mc := c.modelConfig()
 	blockBytes := mc.KVBlockBytes(c.BlockSize)
 	field := "NumBlocks"
 	if c.NumBlocks == 0 && c.MemoryBytes > 0 {
@@ -377,10 +395,19 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger, in: make(chan message, 256), done: make(chan struct{}),
 		stop: make(chan struct{}), exited: make(chan struct{}),
-		reqs: map[string]*reqState{}, version: cfg.WeightVersion, shape: cfg.Weights.Config}
-	e.weights = e.keep(cfg.Weights)
+		reqs: map[string]*reqState{}, version: cfg.WeightVersion, shape: cfg.modelConfig()}
 	e.kpool = kernels.NewPool(cfg.Workers)
-	m, err := model.NewAs(cfg.Weights, e.kpool, nil, cfg.Precision)
+	var m *model.Model
+	var err error
+	if cfg.Builder != nil {
+		m, err = cfg.Builder.Model(e.kpool)
+		if err != nil {
+			err = invalidField("Builder", "%v", err)
+		}
+	} else {
+		e.weights = e.keep(cfg.Weights)
+		m, err = model.NewAs(cfg.Weights, e.kpool, nil, cfg.Precision)
+	}
 	if err != nil {
 		e.kpool.Close()
 		return nil, err
@@ -402,10 +429,10 @@ func New(cfg Config) (*Engine, error) {
 		return fail(err)
 	}
 	// A request may use the whole context unless the pool is smaller.
-	maxLen := min(cfg.Weights.Config.MaxPositionEmbeddings, (cfg.NumBlocks-1)*cfg.BlockSize)
+	maxLen := min(e.shape.MaxPositionEmbeddings, (cfg.NumBlocks-1)*cfg.BlockSize)
 	e.sched, err = sched.New(sched.Config{
 		MaxNumSeqs: cfg.MaxNumSeqs, MaxNumBatchedTokens: cfg.MaxBatchedTokens,
-		MaxModelLen: maxLen, EOSTokenIDs: []int{cfg.Weights.Config.EOSTokenID},
+		MaxModelLen: maxLen, EOSTokenIDs: []int{e.shape.EOSTokenID},
 	}, e.blocks, e.conn)
 	if err != nil {
 		return fail(err)
@@ -417,7 +444,7 @@ func New(cfg Config) (*Engine, error) {
 	e.metrics.weightVersion.Store(e.version)
 	// The engine owns the weights through e.weights and e.model only, so a level-2 sleep or a
 	// swap can release them; the config must not keep the initial set alive.
-	e.cfg.Weights = nil
+	e.cfg.Weights, e.cfg.Builder = nil, nil
 	return e, nil
 }
 

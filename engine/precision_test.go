@@ -233,3 +233,46 @@ func TestStageBuilt(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigBuilder: an engine starts from a complete Builder instead of a weight set (the
+// initial load of a bf16 server) and serves its model; a Builder beside Weights, at another
+// precision, or incomplete is refused.
+func TestConfigBuilder(t *testing.T) {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	build := func(prec kernels.Precision, complete bool) *model.Builder {
+		b, err := model.NewBuilder(w.Config, prec, nil)
+		require.NoError(t, err)
+		for _, ts := range w.Tensors() {
+			if !complete && ts.Name == "model.norm.weight" {
+				continue
+			}
+			buf := b.Buffer(ts.Len())
+			copy(buf, *ts.Data)
+			require.NoError(t, b.Put(ts.Name, buf))
+		}
+		return b
+	}
+	for _, cfg := range []Config{
+		{},
+		{Weights: w, Builder: build(kernels.BF16, true), Precision: kernels.BF16},
+		{Builder: build(kernels.BF16, true), Precision: kernels.Int8},
+		{Builder: build(kernels.BF16, false), Precision: kernels.BF16, NumBlocks: 16},
+	} {
+		_, err := New(cfg)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+	}
+	e, _ := testEngine(t, func(c *Config) { c.Weights, c.Builder, c.Precision = nil, build(kernels.BF16, true), kernels.BF16 })
+	ctx := ctxT(t)
+	n, err := e.ResidentWeightBytes(ctx)
+	require.NoError(t, err)
+	require.Equal(t, w.Config.ModelBytes(kernels.BF16), n)
+	eff, err := w.Effective(kernels.BF16)
+	require.NoError(t, err)
+	p := prompt(6, 3)
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(5)})
+	require.NoError(t, err)
+	res, err := s.Collect(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, referenceGreedy(t, eff, p, 5), res.TokenIDs())
+}

@@ -309,7 +309,7 @@ func isLocal(addr net.Addr) bool {
 }
 
 func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
-	m, err := load.Open(cfg.Model, cfg.Tokenizer)
+	m, err := load.OpenAs(cfg.Model, cfg.Tokenizer, cfg.Precision)
 	if err != nil {
 		return nil, fmt.Errorf("server: model %s: %w", cfg.Model, err)
 	}
@@ -318,7 +318,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, ln: ln, adm: adm, auth: cfg.fleetAuth()}
 	metrics := api.NewMetrics()
-	s.conn, err = newConnector(cfg, m.Weights.Config, cfg.Logger, cfg.TracerProvider, metrics.ObserveResetToFlush)
+	s.conn, err = newConnector(cfg, m.Config, cfg.Logger, cfg.TracerProvider, metrics.ObserveResetToFlush)
 	if err != nil {
 		return nil, err
 	}
@@ -329,7 +329,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 		steps = agent.NewStepClock(nil)
 		hooks.OnStep = steps.Hook(hooks.OnStep)
 	}
-	ecfg := engine.Config{Weights: m.Weights, WeightVersion: cfg.WeightVersion, BlockSize: cfg.BlockSize,
+	ecfg := engine.Config{Weights: m.Weights, Builder: m.Builder, WeightVersion: cfg.WeightVersion, BlockSize: cfg.BlockSize,
 		NumBlocks: cfg.KVBlocks, KVBytes: cfg.KVBytes, MemoryBytes: cfg.MemoryBytes, MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxBatchedTokens,
 		Workers: cfg.Workers, Precision: cfg.Precision, PrefaultKV: cfg.PrefaultKV, MaxQueued: cfg.MaxQueued, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
 	var connStats func() map[string]float64
@@ -345,8 +345,9 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 		// s.agent is set below, before anything can call /ready (the server is not running).
 		ready = func() error { return s.agent.Ready() }
 	}
-	// The API owns m.Weights from here on: nothing else keeps it, and an update reuses it.
-	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Weights.Config, Weights: m.Weights,
+	// The API owns m.Weights (nil below F32: m.Builder is the engine's) from here on:
+	// nothing else keeps it, and an update reuses it.
+	s.api, err = api.New(api.Config{Engine: s.eng, Tokenizer: m.Tokenizer, ModelConfig: m.Config, Weights: m.Weights,
 		ModelName: cfg.ModelName, ChatTemplate: m.ChatTemplate, BOSToken: m.BOSToken, EOSToken: m.EOSToken, APIKey: cfg.APIKey, AdminToken: cfg.AdminToken,
 		WeightsRoot: cfg.WeightsRoot, NoFileWeights: cfg.NoFileWeights, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue,
 		MaxBodyBytes: cfg.MaxBodyBytes, MaxBodyBytesInFlight: cfg.MaxBodyBytesInFlight,

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
 	"github.com/rolloutkit/rollout/engine/weights"
@@ -25,8 +26,13 @@ const DefaultSpec = "builtin:tiny"
 
 // Model is a resolved model: its weights, its tokenizer and where they came from.
 type Model struct {
-	Spec      string
+	Spec string
+	// Config is the model's configuration, with the tokenizer's special tokens.
+	Config model.Config
+	// Weights holds the weights, or, for a checkpoint directory opened by OpenAs below F32,
+	// Builder does (the engine's engine.Config.Builder) and Weights is nil.
 	Weights   *model.Weights
+	Builder   *model.Builder
 	Tokenizer tokenizer.Tokenizer
 	// ChatTemplate is the checkpoint's Jinja chat template (tokenizer_config.json's
 	// chat_template, or chat_template.jinja), empty when it has none.
@@ -39,6 +45,13 @@ type Model struct {
 // Open resolves spec. tokenizerPath, when not empty, overrides the tokenizer found beside the
 // checkpoint.
 func Open(spec, tokenizerPath string) (*Model, error) {
+	return OpenAs(spec, tokenizerPath, kernels.F32)
+}
+
+// OpenAs is Open for a model served at precision prec: below F32 a checkpoint directory is
+// loaded into a model.Builder one tensor at a time (Model.Builder), so that no float32 set of
+// it exists; builtin presets and llama2.c files, which are float32, load whole.
+func OpenAs(spec, tokenizerPath string, prec kernels.Precision) (*Model, error) {
 	m := &Model{Spec: spec}
 	var err error
 	switch {
@@ -47,25 +60,33 @@ func Open(spec, tokenizerPath string) (*Model, error) {
 	case spec == "":
 		return nil, fmt.Errorf("%w: empty", ErrBadSpec)
 	default:
-		err = m.openPath(spec)
+		err = m.openPath(spec, prec)
 	}
 	if err != nil {
 		return nil, err
 	}
+	if m.Weights != nil {
+		m.Config = m.Weights.Config
+	}
 	if tokenizerPath != "" {
-		if m.Tokenizer, err = tokenizer.Load(tokenizerPath, m.Weights.Config.VocabSize); err != nil {
+		if m.Tokenizer, err = tokenizer.Load(tokenizerPath, m.Config.VocabSize); err != nil {
 			return nil, fmt.Errorf("load: tokenizer %s: %w", tokenizerPath, err)
 		}
 	}
-	if m.Tokenizer.VocabSize() > m.Weights.Config.VocabSize {
-		return nil, fmt.Errorf("load: tokenizer has %d tokens but the model only %d", m.Tokenizer.VocabSize(), m.Weights.Config.VocabSize)
+	if m.Tokenizer.VocabSize() > m.Config.VocabSize {
+		return nil, fmt.Errorf("load: tokenizer has %d tokens but the model only %d", m.Tokenizer.VocabSize(), m.Config.VocabSize)
 	}
 	// A llama2.c .bin has no special-token fields (it implies 1 and 2): the tokenizer knows.
 	if b := m.Tokenizer.BOS(); b >= 0 {
-		m.Weights.Config.BOSTokenID = b
+		m.Config.BOSTokenID = b
 	}
 	if e := m.Tokenizer.EOS(); e >= 0 {
-		m.Weights.Config.EOSTokenID = e
+		m.Config.EOSTokenID = e
+	}
+	if m.Weights != nil {
+		m.Weights.Config = m.Config
+	} else if err := m.Builder.SetConfig(m.Config); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -98,13 +119,13 @@ func BuiltinTokenizer(c model.Config) (tokenizer.Tokenizer, error) {
 	return tokenizer.Synthetic(c.VocabSize)
 }
 
-func (m *Model) openPath(path string) error {
+func (m *Model) openPath(path string, prec kernels.Precision) error {
 	st, err := os.Stat(path)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBadSpec, err)
 	}
 	if st.IsDir() {
-		if m.Weights, err = weights.LoadHF(path); err != nil {
+		if err := m.openHF(path, prec); err != nil {
 			return err
 		}
 		var cc ChatConfig
@@ -118,9 +139,35 @@ func (m *Model) openPath(path string) error {
 		if m.Weights, err = weights.LoadLlama2C(path); err != nil {
 			return err
 		}
+		m.Config = m.Weights.Config
 		return m.tokenizerBeside(filepath.Dir(path), "tokenizer.bin", "tokenizer.json")
 	}
 	return fmt.Errorf("%w: %s is neither a checkpoint directory nor a llama2.c .bin file", ErrBadSpec, path)
+}
+
+// openHF loads the checkpoint directory path: whole at F32, into a Builder below.
+func (m *Model) openHF(path string, prec kernels.Precision) error {
+	if prec == kernels.F32 {
+		w, err := weights.LoadHF(path)
+		if err != nil {
+			return err
+		}
+		m.Weights, m.Config = w, w.Config
+		return nil
+	}
+	c, err := weights.ReadHFConfig(path)
+	if err != nil {
+		return err
+	}
+	b, err := model.NewBuilder(c, prec, nil)
+	if err != nil {
+		return fmt.Errorf("load: %s: %w", path, err)
+	}
+	if err := weights.LoadHFInto(path, b); err != nil {
+		return err
+	}
+	m.Builder, m.Config = b, b.Config()
+	return nil
 }
 
 // tokenizerBeside loads the first of names found in dir; with none, a byte-level vocabulary
@@ -129,7 +176,7 @@ func (m *Model) tokenizerBeside(dir string, names ...string) error {
 	for _, n := range names {
 		p := filepath.Join(dir, n)
 		if _, err := os.Stat(p); err == nil {
-			t, err := tokenizer.Load(p, m.Weights.Config.VocabSize)
+			t, err := tokenizer.Load(p, m.Config.VocabSize)
 			if err != nil {
 				return fmt.Errorf("load: tokenizer %s: %w", p, err)
 			}
@@ -137,7 +184,7 @@ func (m *Model) tokenizerBeside(dir string, names ...string) error {
 			return nil
 		}
 	}
-	if m.Weights.Config.VocabSize == model.TinyVocab {
+	if m.Config.VocabSize == model.TinyVocab {
 		m.Tokenizer = tokenizer.NewByte()
 		return nil
 	}

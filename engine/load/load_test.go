@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
 	"github.com/rolloutkit/rollout/engine/weights"
@@ -68,4 +69,35 @@ func writeFile(t *testing.T, path string, tok tokenizer.Tokenizer, write func(to
 	require.NoError(t, err)
 	require.NoError(t, write(tok, f))
 	require.NoError(t, f.Close())
+}
+
+// TestOpenAsLoadsIntoABuilder: below F32 a checkpoint directory opens into a model.Builder
+// (no float32 set), whose model is NewAs's of the checkpoint, with the tokenizer's special
+// tokens in its config; builtin presets and llama2.c files still load whole.
+func TestOpenAsLoadsIntoABuilder(t *testing.T) {
+	w, err := model.Preset("tiny", 4)
+	require.NoError(t, err)
+	hf := t.TempDir()
+	require.NoError(t, weights.SaveHF(hf, w, weights.BF16))
+	whole, err := Open(hf, "")
+	require.NoError(t, err)
+	for _, prec := range []kernels.Precision{kernels.BF16, kernels.Int8} {
+		m, err := OpenAs(hf, "", prec)
+		require.NoError(t, err)
+		require.Nil(t, m.Weights)
+		require.NotNil(t, m.Builder)
+		assert.Equal(t, whole.Config, m.Config)
+		assert.Equal(t, whole.Config, m.Builder.Config())
+		got, err := m.Builder.Model(nil)
+		require.NoError(t, err)
+		want, err := model.NewAs(whole.Weights, nil, nil, prec)
+		require.NoError(t, err)
+		assert.Equal(t, want.Weights(), got.Weights(), "%s", prec)
+	}
+	b, err := OpenAs("builtin:tiny", "", kernels.BF16)
+	require.NoError(t, err)
+	assert.NotNil(t, b.Weights)
+	assert.Nil(t, b.Builder)
+	_, err = OpenAs(t.TempDir(), "", kernels.BF16)
+	assert.Error(t, err, "an empty directory")
 }

@@ -18,6 +18,8 @@ var ErrIncomplete = errors.New("model: incomplete weights")
 // tensor's float32 values and hands it over (Put); the builder packs it and reuses the memory
 // for the next tensor of that size. It is not safe for concurrent use.
 type Builder struct {
+	cfg   Config
+	prec  kernels.Precision
 	m     *Model
 	reuse *Model
 	roles map[string]role
@@ -73,7 +75,7 @@ func NewBuilder(c Config, prec kernels.Precision, reuse *Model) (*Builder, error
 	}
 	h, f, kvd := c.HiddenSize, c.IntermediateSize, c.KVDim()
 	m := &Model{Config: c, Precision: prec, layers: make([]packedLayer, c.NumHiddenLayers), finalNorm: make([]float32, h)}
-	b := &Builder{m: m, reuse: reuse, roles: map[string]role{}, free: map[int][]float32{}}
+	b := &Builder{cfg: c, prec: prec, m: m, reuse: reuse, roles: map[string]role{}, free: map[int][]float32{}}
 	var old packedLayer
 	mat := func(dst **kernels.Matrix, oldm *kernels.Matrix, rows, cols int, names ...string) {
 		b.mats = append(b.mats, buildMat{dst: dst, old: oldm, rows: rows, cols: cols, parts: make([][]float32, len(names)), missing: len(names)})
@@ -123,15 +125,25 @@ var ErrShape = errors.New("model: another shape")
 // must have the builder's shape (Config.SameShape), else ErrShape; its other fields (RoPE
 // theta, norm epsilon, token ids) become the model's, as NewAs takes them from the set.
 func (b *Builder) SetConfig(c Config) error {
-	if !c.SameShape(b.m.Config) {
-		return fmt.Errorf("%w: the checkpoint has shape %+v, the model %+v", ErrShape, c, b.m.Config)
+	if b.m == nil {
+		return fmt.Errorf("%w: the builder's model was taken", ErrIncomplete)
+	}
+	if !c.SameShape(b.cfg) {
+		return fmt.Errorf("%w: the checkpoint has shape %+v, the model %+v", ErrShape, c, b.cfg)
 	}
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	b.m.Config = c
+	b.m.Config, b.cfg = c, c
 	return nil
 }
+
+// Config returns the model's configuration: the one NewBuilder was given, or the last
+// SetConfig's.
+func (b *Builder) Config() Config { return b.cfg }
+
+// Precision returns the precision the model is packed at.
+func (b *Builder) Precision() kernels.Precision { return b.prec }
 
 // setPartLen sets the length of a part of a stacked matrix whose parts differ in size (q, k
 // and v with grouped-query attention).
@@ -281,6 +293,9 @@ func (b *Builder) ScratchPeak() int64 { return b.peak }
 // Model returns the packed model once every tensor is in (else ErrIncomplete), running its
 // kernels on pool (nil: the caller alone). The builder must not be used again.
 func (b *Builder) Model(pool *kernels.Pool) (*Model, error) {
+	if b.m == nil {
+		return nil, fmt.Errorf("%w: the builder's model was taken", ErrIncomplete)
+	}
 	var missing []string
 	for name, r := range b.roles {
 		if r.kind != roleTiedHead {
@@ -296,6 +311,6 @@ func (b *Builder) Model(pool *kernels.Pool) (*Model, error) {
 	m := b.m
 	m.pool = pool
 	m.setRope(b.reuse)
-	b.free, b.m, b.reuse = nil, nil, nil
+	b.free, b.m, b.reuse, b.roles = nil, nil, nil, nil
 	return m, nil
 }

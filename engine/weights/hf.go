@@ -117,6 +117,30 @@ func LoadHF(dir string) (*model.Weights, error) {
 	return w, err
 }
 
+// ReadHFConfig reads the model configuration of a Hugging Face checkpoint directory (its
+// config.json), e.g. to start a model.Builder before loading the tensors into it (LoadHFInto).
+func ReadHFConfig(dir string) (model.Config, error) {
+	b, err := readSmall(osOpener{}, filepath.Join(dir, ConfigFile), maxJSONBytes)
+	if err != nil {
+		return model.Config{}, fmt.Errorf("%w: %w", ErrBadCheckpoint, err)
+	}
+	c, err := parseHFConfig(b)
+	if err != nil {
+		return model.Config{}, fmt.Errorf("%w: %s: %w", ErrBadCheckpoint, filepath.Join(dir, ConfigFile), err)
+	}
+	return c, nil
+}
+
+// LoadHFInto loads a Hugging Face checkpoint directory into sink one tensor at a time (see
+// Options.Sink): no float32 set of it exists.
+func LoadHFInto(dir string, sink Sink) error {
+	if sink == nil {
+		return fmt.Errorf("%w: nil sink", ErrInvalidRef)
+	}
+	_, _, err := loadHF(context.Background(), osOpener{}, dir, nil, sink)
+	return err
+}
+
 // openShard is a shard file with its validated header, positioned at its data section.
 type openShard struct {
 	name string
