@@ -404,9 +404,7 @@ func (e *Envelope) Canonical() []byte {
 	c.int(int64(e.V))
 	c.str(e.ID)
 	c.str(e.Fleet)
-	targets := slices.Clone(e.Targets)
-	slices.Sort(targets)
-	c.strs(targets)
+	c.strs(sortedTargets(e.Targets))
 	c.int(e.IssuedAt)
 	c.int(e.Deadline)
 	c.strMap(e.Trace)
@@ -518,8 +516,11 @@ func (e *Envelope) Encode() ([]byte, error) { return encode(e) }
 // DecodeEnvelope strictly decodes an envelope (signature and deadline are Verify's job).
 func DecodeEnvelope(b []byte) (*Envelope, error) {
 	var e Envelope
-	if err := decode(b, &e); err != nil {
-		return nil, err
+	if len(b) > MaxMessageBytes || !fastEnvelope(b, &e) {
+		e = Envelope{}
+		if err := decode(b, &e); err != nil {
+			return nil, err
+		}
 	}
 	if e.V != Version {
 		return nil, fmt.Errorf("%w: v=%d, want %d", ErrVersion, e.V, Version)
@@ -639,8 +640,11 @@ func (a *Ack) Encode() ([]byte, error) { return encode(a) }
 // DecodeAck strictly decodes an ack.
 func DecodeAck(b []byte) (*Ack, error) {
 	var a Ack
-	if err := decode(b, &a); err != nil {
-		return nil, err
+	if len(b) > MaxMessageBytes || !fastAck(b, &a) {
+		a = Ack{}
+		if err := decode(b, &a); err != nil {
+			return nil, err
+		}
 	}
 	if a.V != Version {
 		return nil, fmt.Errorf("%w: v=%d, want %d", ErrVersion, a.V, Version)

@@ -529,10 +529,10 @@ func (l *loop) heartbeat(ctx context.Context) {
 	l.write(ctx, &hb)
 }
 
-// build is the heartbeat of the engine as it is now.
+// build is the heartbeat of the engine as it is now, unsigned: write signs it.
 func (l *loop) build() protocol.Heartbeat {
 	l.core.Engine(l.a.engineState())
-	return l.core.Heartbeat(l.a.cfg.Now())
+	return l.core.heartbeat(l.a.cfg.Now())
 }
 
 // write writes hb and remembers what it said.
@@ -555,6 +555,7 @@ func beatFacts(hb *protocol.Heartbeat) facts {
 
 func (l *loop) writeHeartbeat(ctx context.Context, hb *protocol.Heartbeat) {
 	a := l.a
+	l.core.sign(hb)
 	raw, err := hb.Encode()
 	if err != nil {
 		a.log.Error("agent: encode heartbeat", "err", err)
@@ -773,7 +774,7 @@ func (l *loop) stop(ctx context.Context, runErr error) {
 		l.queueAcks(r)
 		l.pushAcks(bg)
 		if runErr == nil {
-			hb := l.core.Heartbeat(a.cfg.Now())
+			hb := l.core.heartbeat(a.cfg.Now())
 			l.writeHeartbeat(bg, &hb)
 		}
 	}
