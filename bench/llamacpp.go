@@ -10,6 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+
+	"github.com/rolloutkit/rollout/engine/gguf"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/tokenizer"
 )
 
 // ErrNoLlamaCpp means the peer cannot run here: no node binary or no node-llama-cpp package.
@@ -103,4 +107,76 @@ func (l *LlamaCpp) Run(ctx context.Context, path string, prompts [][]int, tokens
 		return LlamaCppRun{}, fmt.Errorf("bench: node-llama-cpp returned %d sequences for %d prompts", len(r.Tokens), len(prompts))
 	}
 	return r, nil
+}
+
+// PeerResult is one engine's figures at one precision on one preset's weights (seed 1, the
+// weights Decode and Concurrent run).
+type PeerResult struct {
+	Preset    string `json:"preset"`
+	Engine    string `json:"engine"`    // "rollout" or "llama.cpp"
+	Precision string `json:"precision"` // "f32", "f16", "q8_0", …
+	// Batch1TokensPerSec is greedy decode from BOS of one sequence (median of the runs).
+	Batch1TokensPerSec float64   `json:"batch1_tokens_per_s"`
+	Batch1Runs         []float64 `json:"batch1_runs,omitempty"`
+	// Sequences greedy sequences after 8-token prompts (benchPrompt, as Concurrent) decode
+	// together; AggregateTokensPerSec is all their tokens over the wall time (median).
+	Sequences             int       `json:"sequences"`
+	AggregateTokensPerSec float64   `json:"aggregate_tokens_per_s"`
+	AggregateRuns         []float64 `json:"aggregate_runs,omitempty"`
+	// GreedyMatch is how many leading batch-1 tokens equal rollout's f32 greedy tokens, of
+	// GreedyTokens.
+	GreedyMatch  int `json:"greedy_match"`
+	GreedyTokens int `json:"greedy_tokens"`
+}
+
+// LlamaCppFigures measures llama.cpp on w (the weights of preset, with its vocabulary tok)
+// exported as GGUF in each of types: batch-1 decode of tokens tokens from BOS and the
+// aggregate of seqs sequences, each repeats times, on threads threads. greedy are rollout's
+// f32 tokens from BOS, which the batch-1 run is compared with. The files go to a temporary
+// directory, one at a time (a 1B model in f32 is 5 GB).
+func LlamaCppFigures(ctx context.Context, peer *LlamaCpp, w *model.Weights, tok tokenizer.Tokenizer, preset string, types []gguf.Type,
+	greedy []int, tokens, seqs, threads, repeats int) ([]PeerResult, error) {
+	dir, err := os.MkdirTemp("", "rollout-peer-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	c := w.Config
+	prompts := make([][]int, seqs)
+	for i := range prompts {
+		prompts[i] = benchPrompt(8, i, c.VocabSize)
+	}
+	var out []PeerResult
+	for _, typ := range types {
+		path := filepath.Join(dir, preset+"-"+typ.String()+".gguf")
+		if err := gguf.WriteFile(path, w, tok, typ, preset); err != nil {
+			return nil, err
+		}
+		r := PeerResult{Preset: preset, Engine: "llama.cpp", Precision: typ.String(), Sequences: seqs, GreedyTokens: len(greedy)}
+		for i := range max(repeats, 1) {
+			one, err := peer.Run(ctx, path, [][]int{{c.BOSTokenID}}, tokens, threads)
+			if err != nil {
+				return nil, err
+			}
+			r.Batch1Runs = append(r.Batch1Runs, one.DecodeTokensPerSec)
+			if i == 0 {
+				for r.GreedyMatch < min(len(greedy), len(one.Tokens[0])) && one.Tokens[0][r.GreedyMatch] == greedy[r.GreedyMatch] {
+					r.GreedyMatch++
+				}
+			}
+			if seqs > 0 {
+				many, err := peer.Run(ctx, path, prompts, tokens, threads)
+				if err != nil {
+					return nil, err
+				}
+				r.AggregateRuns = append(r.AggregateRuns, many.AggregateTokensPerSec)
+			}
+		}
+		r.Batch1TokensPerSec, r.AggregateTokensPerSec = Median(r.Batch1Runs), Median(r.AggregateRuns)
+		out = append(out, r)
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

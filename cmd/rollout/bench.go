@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,7 +15,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rolloutkit/rollout/bench"
+	"github.com/rolloutkit/rollout/engine/gguf"
 	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
 )
@@ -41,6 +44,7 @@ func newBenchEngineCmd() *cobra.Command {
 		repeats  int
 
 		llama2cBin string
+		peer       peerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
@@ -68,6 +72,11 @@ func newBenchEngineCmd() *cobra.Command {
 			}
 			if !quick {
 				if err := engineFigures(cmd.Context(), &rep, presets, conc, concToks, workers, repeats, idleFor); err != nil {
+					return err
+				}
+			}
+			if peer.name != "" {
+				if err := peerFigures(cmd.Context(), pool, &rep, presets, peer, workers, repeats); err != nil {
 					return err
 				}
 			}
@@ -100,6 +109,7 @@ func newBenchEngineCmd() *cobra.Command {
 				return err
 			}
 			printEngineFigures(out, &rep)
+			printPeerFigures(out, &rep, peer, repeats)
 			return nil
 		},
 	}
@@ -117,7 +127,99 @@ func newBenchEngineCmd() *cobra.Command {
 	f.BoolVar(&quick, "quick", false, "only batch-1 decode, prefill and bandwidth")
 	f.IntVar(&repeats, "repeats", 3, "batch-1 decode runs per preset (alternating with llama2.c's) and rounds of the concurrency list; medians are reported")
 	f.StringVar(&llama2cBin, "llama2c", "", "a llama2.c run binary (gcc -Ofast -march=native -fopenmp run.c -lm) to measure the baseline in the same run")
+	f.StringVar(&peer.name, "peer", "", "measure a peer engine on the same weights, beside rollout: llamacpp (node-llama-cpp; make peer-install)")
+	f.StringVar(&peer.module, "peer-module", "", "node-llama-cpp package directory (default $"+bench.LlamaCppModuleEnv+", else bench/peer/node_modules/node-llama-cpp)")
+	f.StringSliceVar(&peer.types, "peer-types", gguf.Types(), "GGUF precisions the peer runs")
+	f.IntVar(&peer.tokens, "peer-tokens", 64, "greedy tokens per sequence in the side-by-side figures")
+	f.IntVar(&peer.seqs, "peer-sequences", 16, "concurrent sequences of the side-by-side aggregate figure (0: batch 1 only)")
+	f.IntVar(&peer.threads, "peer-threads", 0, "the peer's threads (default --workers; llama.cpp's threads spin at barriers, so more threads than free cores collapse its speed)")
 	return cmd
+}
+
+// peerFlags are the side-by-side benchmark's settings.
+type peerFlags struct {
+	name, module string
+	types        []string
+	tokens, seqs int
+	threads      int
+}
+
+// peerFigures measures, per preset, rollout (f32) and the peer at each of its precisions on
+// the same weights: batch 1 from BOS and peer.seqs sequences, peer.tokens tokens each.
+func peerFigures(ctx context.Context, pool *kernels.Pool, rep *bench.EngineReport, presets []string, peer peerFlags, workers, repeats int) error {
+	if peer.name != "llamacpp" {
+		return fmt.Errorf("--peer %q: want llamacpp", peer.name)
+	}
+	if peer.tokens <= 0 || peer.seqs < 0 {
+		return fmt.Errorf("--peer-tokens %d and --peer-sequences %d: want > 0 and >= 0", peer.tokens, peer.seqs)
+	}
+	var types []gguf.Type
+	for _, s := range peer.types {
+		t, err := gguf.ParseType(s)
+		if err != nil {
+			return err
+		}
+		types = append(types, t)
+	}
+	lc, err := bench.FindLlamaCpp(peer.module)
+	if err != nil {
+		return err
+	}
+	for _, p := range presets {
+		w, err := model.Preset(p, 1)
+		if err != nil {
+			return err
+		}
+		tok, err := load.BuiltinTokenizer(w.Config)
+		if err != nil {
+			return err
+		}
+		// Rollout's rows first, alternating nothing with the peer: each peer run is a process
+		// of its own that maps its file afresh, so order does not favour either side.
+		r := bench.PeerResult{Preset: p, Engine: "rollout", Precision: "f32", Sequences: peer.seqs}
+		var greedy []int
+		for i := range max(repeats, 1) {
+			d, err := bench.DecodeWeights(ctx, pool, w, p, peer.tokens, 8, rep.ReadBandwidthGBs)
+			if err != nil {
+				return err
+			}
+			r.Batch1Runs = append(r.Batch1Runs, d.DecodeTokensPerSec)
+			if i == 0 {
+				greedy = d.Greedy
+			}
+			if peer.seqs > 0 {
+				c, err := bench.Concurrent(ctx, w, p, peer.seqs, peer.tokens, workers)
+				if err != nil {
+					return err
+				}
+				r.AggregateRuns = append(r.AggregateRuns, c.TokensPerSec)
+			}
+		}
+		r.Batch1TokensPerSec, r.AggregateTokensPerSec = bench.Median(r.Batch1Runs), bench.Median(r.AggregateRuns)
+		r.GreedyMatch, r.GreedyTokens = len(greedy), len(greedy)
+		rep.Peers = append(rep.Peers, r)
+		threads := cmp.Or(peer.threads, workers)
+		rs, err := bench.LlamaCppFigures(ctx, lc, w, tok, p, types, greedy, peer.tokens, peer.seqs, threads, repeats)
+		if err != nil {
+			return err
+		}
+		rep.Peers = append(rep.Peers, rs...)
+	}
+	return nil
+}
+
+func printPeerFigures(out io.Writer, rep *bench.EngineReport, peer peerFlags, repeats int) {
+	if len(rep.Peers) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "\nside by side on the same weights (llama.cpp through node-llama-cpp; batch 1 from BOS, %d sequences after 8-token prompts; %d tokens each; medians of %d runs)\n",
+		peer.seqs, peer.tokens, max(repeats, 1))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "preset\tengine\tprecision\tbatch-1 tok/s\t%d seqs tok/s\tgreedy = rollout f32\n", peer.seqs)
+	for _, r := range rep.Peers {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%d/%d\n", r.Preset, r.Engine, r.Precision, r.Batch1TokensPerSec, r.AggregateTokensPerSec, r.GreedyMatch, r.GreedyTokens)
+	}
+	_ = tw.Flush()
 }
 
 // decodeFigures measures batch-1 decode repeats times, alternating with llama2.c's run when a
