@@ -51,6 +51,15 @@ func newBenchEngineCmd() *cobra.Command {
 		Short: "Model and engine throughput: batch-1 and concurrent decode, prefill, bandwidth, prefix cache, pause, idle CPU",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The peer is checked first: a missing install must not cost the whole benchmark.
+			var lc *bench.LlamaCpp
+			var peerTypes []gguf.Type
+			if peer.name != "" {
+				var err error
+				if lc, peerTypes, err = peer.resolve(); err != nil {
+					return err
+				}
+			}
 			pool := kernels.NewPool(workers)
 			defer pool.Close()
 			rep := bench.EngineReport{CPU: bench.DescribeCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
@@ -75,8 +84,8 @@ func newBenchEngineCmd() *cobra.Command {
 					return err
 				}
 			}
-			if peer.name != "" {
-				if err := peerFigures(cmd.Context(), pool, &rep, presets, peer, workers, repeats); err != nil {
+			if lc != nil {
+				if err := peerFigures(cmd.Context(), pool, &rep, presets, lc, peerTypes, peer, workers, repeats); err != nil {
 					return err
 				}
 			}
@@ -144,27 +153,33 @@ type peerFlags struct {
 	threads      int
 }
 
-// peerFigures measures, per preset, rollout (f32) and the peer at each of its precisions on
-// the same weights: batch 1 from BOS and peer.seqs sequences, peer.tokens tokens each.
-func peerFigures(ctx context.Context, pool *kernels.Pool, rep *bench.EngineReport, presets []string, peer peerFlags, workers, repeats int) error {
+// resolve checks the flags and finds the peer.
+func (peer peerFlags) resolve() (*bench.LlamaCpp, []gguf.Type, error) {
 	if peer.name != "llamacpp" {
-		return fmt.Errorf("--peer %q: want llamacpp", peer.name)
+		return nil, nil, fmt.Errorf("--peer %q: want llamacpp", peer.name)
 	}
-	if peer.tokens <= 0 || peer.seqs < 0 {
-		return fmt.Errorf("--peer-tokens %d and --peer-sequences %d: want > 0 and >= 0", peer.tokens, peer.seqs)
+	if peer.tokens <= 0 || peer.seqs < 0 || peer.threads < 0 {
+		return nil, nil, fmt.Errorf("--peer-tokens %d, --peer-sequences %d, --peer-threads %d: want > 0, >= 0, >= 0", peer.tokens, peer.seqs, peer.threads)
 	}
 	var types []gguf.Type
 	for _, s := range peer.types {
 		t, err := gguf.ParseType(s)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		types = append(types, t)
 	}
 	lc, err := bench.FindLlamaCpp(peer.module)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
+	return lc, types, nil
+}
+
+// peerFigures measures, per preset, rollout (f32) and the peer at each of its precisions on
+// the same weights: batch 1 from BOS and peer.seqs sequences, peer.tokens tokens each.
+func peerFigures(ctx context.Context, pool *kernels.Pool, rep *bench.EngineReport, presets []string, lc *bench.LlamaCpp, types []gguf.Type,
+	peer peerFlags, workers, repeats int) error {
 	for _, p := range presets {
 		w, err := model.Preset(p, 1)
 		if err != nil {
@@ -233,10 +248,15 @@ func decodeFigures(ctx context.Context, pool *kernels.Pool, preset string, token
 		}
 		defer l2c.Close()
 	}
+	// One weight set for every repeat: generating the 1B shape takes longer than decoding it.
+	w, err := model.Preset(preset, 1)
+	if err != nil {
+		return bench.DecodeResult{}, err
+	}
 	var r bench.DecodeResult
 	var runs, base, pre []float64
 	for i := range max(repeats, 1) {
-		d, err := bench.Decode(ctx, pool, preset, tokens, prefill, bw)
+		d, err := bench.DecodeWeights(ctx, pool, w, preset, tokens, prefill, bw)
 		if err != nil {
 			return bench.DecodeResult{}, err
 		}

@@ -45,3 +45,21 @@ func TestModelGGUF(t *testing.T) {
 		require.NotEmpty(t, e.String(), "%v", args)
 	}
 }
+
+// TestBenchPeerRefusals: a peer that is not installed, or not known, fails the command with
+// a message naming what to do, before any figure is measured with it.
+func TestBenchPeerRefusals(t *testing.T) {
+	base := []string{"bench", "engine", "--quick", "--presets", "tiny", "--tokens", "4", "--repeats", "1", "--bandwidth-bytes", "1048576"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--peer", "llamacpp", "--peer-module", filepath.Join(t.TempDir(), "none")}, "npm install"},
+		{[]string{"--peer", "vllm"}, "want llamacpp"},
+		{[]string{"--peer", "llamacpp", "--peer-types", "q4_k"}, "q4_k"},
+	} {
+		var o, e bytes.Buffer
+		require.NotEqual(t, 0, run(t.Context(), append(base, c.args...), &o, &e), "%v", c.args)
+		require.Contains(t, e.String(), c.want, "%v", c.args)
+	}
+}
