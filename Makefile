@@ -30,8 +30,12 @@ help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-build: ## Build the CLI into bin/rollout
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rollout
+# Builds a person waits on say what they compile and how far along they are (a line that
+# updates on a terminal, one line before and after in logs): tools/buildprogress.sh.
+GOBUILD_PROGRESS := GO=$(GO) tools/buildprogress.sh
+
+build: ## Build the CLI into bin/rollout (progress on stderr)
+	@$(GOBUILD_PROGRESS) . $(BIN) ./cmd/rollout -ldflags '$(LDFLAGS)'
 
 test: ## Run all tests (default build), the engine tests with GOEXPERIMENT=simd and with -tags purego, and the tools module's
 	$(GO) test -timeout 15m $(TESTFLAGS) ./...
@@ -76,8 +80,8 @@ lint-arch: ## The dependency rules of docs/architecture.md (internal/archtest)
 JAEGER := bin/jaeger
 
 e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --otel otlp, rollout fleet update and rl-loop steps, checked via Jaeger's HTTP API
-	GOEXPERIMENT= $(GO) -C tools build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
-	$(GO) build -o bin/rl-loop ./examples/rl-loop
+	@GOEXPERIMENT= $(GOBUILD_PROGRESS) tools $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
+	@$(GOBUILD_PROGRESS) . bin/rl-loop ./examples/rl-loop
 	ROLLOUT_BIN=$(abspath $(BIN)) JAEGER_BIN=$(abspath $(JAEGER)) RL_LOOP_BIN=$(abspath bin/rl-loop) E2E_TRACE_OUT=$(abspath bin/e2e-trace.txt) \
 		$(GO) -C tools test -tags e2e -count=1 -v -timeout 10m ./e2e/
 
@@ -113,7 +117,7 @@ bench-kernels: ## bench engine (BENCH_KERNELS_FLAGS, default --quick) with the d
 	for b in default simd; do echo "== $$b build"; bin/rollout-$$b bench engine $(BENCH_KERNELS_FLAGS); echo; done
 
 demo: ## GRPO on an embedded 2-server fleet (examples/rl-loop): held-out accuracy rises from chance to >= 0.9
-	$(GO) build -o bin/rl-loop ./examples/rl-loop
+	@$(GOBUILD_PROGRESS) . bin/rl-loop ./examples/rl-loop
 	bin/rl-loop --steps $(DEMO_STEPS) --out rl-loop-out
 
 fuzz: ## Run every Fuzz target briefly: FUZZTIME executions each (a count: a duration hits golang/go#75804, a spurious "context deadline exceeded" in go1.26)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/trainer"
-	"github.com/rolloutkit/rollout/trainer/weightstore"
+	"github.com/rolloutkit/rollout/weightstore"
 )
 
 // Example shows one iteration of an RL loop around the trainer: train on scored samples,
@@ -39,10 +39,8 @@ func Example() {
 	if err != nil {
 		panic(err) // ErrEmptyBatch here; ErrGroupTooSmall, ErrInvalidSample for bad batches
 	}
-	if _, err := store.Publish(ctx, tr.Version(), tr.Weights()); err != nil {
-		panic(err)
-	}
-	ref, err := srv.Ref(tr.Version()) // weights.Ref{Version, URI: http://.../vN/, SHA256}
+	// The sdk.WeightsRef{Version, URI: http://.../vN/, SHA256} for sdk.Client.UpdateWeights.
+	ref, err := srv.Publish(ctx, tr.Version(), tr.Weights())
 	if err != nil {
 		panic(err)
 	}

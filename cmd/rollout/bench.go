@@ -62,10 +62,19 @@ func newBenchEngineCmd() *cobra.Command {
 			}
 			pool := kernels.NewPool(workers)
 			defer pool.Close()
+			steps := engineSteps(len(presets), repeats, quick, idleFor > 0)
+			if lc != nil {
+				steps += len(presets) * (1 + len(peerTypes)) // rollout's side, then each peer file
+			}
+			pr := newProgress(cmd.ErrOrStderr(), "bench engine", steps)
+			defer pr.done()
 			rep := bench.EngineReport{CPU: bench.DescribeCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
+			pr.step("streaming read bandwidth (%d MiB)", bwBytes>>20)
 			rep.ReadBandwidthGBs = kernels.StreamReadBandwidth(pool, bwBytes)
+			pr.step("peak FMA rate")
 			rep.PeakGFLOPs = kernels.PeakFMA(pool, peakPass)
 			for _, p := range presets {
+				pr.step("batched matmul, %s FFN shape, %d tokens", p, matmulN)
 				mm, err := batchedMatMul(pool, p, matmulN, rep.PeakGFLOPs)
 				if err != nil {
 					return err
@@ -73,22 +82,23 @@ func newBenchEngineCmd() *cobra.Command {
 				rep.MatMul = append(rep.MatMul, mm)
 			}
 			for _, p := range presets {
-				r, err := decodeFigures(cmd.Context(), pool, p, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
+				r, err := decodeFigures(cmd.Context(), pr, pool, p, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
 				if err != nil {
 					return err
 				}
 				rep.Decode = append(rep.Decode, r)
 			}
 			if !quick {
-				if err := engineFigures(cmd.Context(), &rep, presets, conc, concToks, workers, repeats, idleFor); err != nil {
+				if err := engineFigures(cmd.Context(), pr, &rep, presets, conc, concToks, workers, repeats, idleFor); err != nil {
 					return err
 				}
 			}
 			if lc != nil {
-				if err := peerFigures(cmd.Context(), pool, &rep, presets, lc, peerTypes, peer, workers, repeats); err != nil {
+				if err := peerFigures(cmd.Context(), pr, pool, &rep, presets, lc, peerTypes, peer, workers, repeats); err != nil {
 					return err
 				}
 			}
+			pr.done()
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
@@ -145,6 +155,20 @@ func newBenchEngineCmd() *cobra.Command {
 	return cmd
 }
 
+// engineSteps is the number of progress steps of bench engine: bandwidth, FMA, and per preset
+// a matmul and each decode run; unless quick, per preset the concurrency rounds and the
+// weight update, then prefix TTFT, pause and idle CPU. It must match the step calls below.
+func engineSteps(presets, repeats int, quick, idle bool) int {
+	n := 2 + presets*(1+max(repeats, 1))
+	if !quick {
+		n += presets*2 + 2
+		if idle {
+			n++
+		}
+	}
+	return n
+}
+
 // peerFlags are the side-by-side benchmark's settings.
 type peerFlags struct {
 	name, module string
@@ -178,7 +202,7 @@ func (peer peerFlags) resolve() (*bench.LlamaCpp, []gguf.Type, error) {
 
 // peerFigures measures, per preset, rollout (f32) and the peer at each of its precisions on
 // the same weights: batch 1 from BOS and peer.seqs sequences, peer.tokens tokens each.
-func peerFigures(ctx context.Context, pool *kernels.Pool, rep *bench.EngineReport, presets []string, lc *bench.LlamaCpp, types []gguf.Type,
+func peerFigures(ctx context.Context, pr *progress, pool *kernels.Pool, rep *bench.EngineReport, presets []string, lc *bench.LlamaCpp, types []gguf.Type,
 	peer peerFlags, workers, repeats int) error {
 	for _, p := range presets {
 		w, err := model.Preset(p, 1)
@@ -191,6 +215,7 @@ func peerFigures(ctx context.Context, pool *kernels.Pool, rep *bench.EngineRepor
 		}
 		// Rollout's rows first, alternating nothing with the peer: each peer run is a process
 		// of its own that maps its file afresh, so order does not favour either side.
+		pr.step("side by side, %s: rollout f32, %d runs", p, max(repeats, 1))
 		r := bench.PeerResult{Preset: p, Engine: "rollout", Precision: "f32", Sequences: peer.seqs}
 		var greedy []int
 		for i := range max(repeats, 1) {
@@ -214,11 +239,14 @@ func peerFigures(ctx context.Context, pool *kernels.Pool, rep *bench.EngineRepor
 		r.GreedyMatch, r.GreedyTokens = len(greedy), len(greedy)
 		rep.Peers = append(rep.Peers, r)
 		threads := cmp.Or(peer.threads, workers)
-		rs, err := bench.LlamaCppFigures(ctx, lc, w, tok, p, types, greedy, peer.tokens, peer.seqs, threads, repeats)
-		if err != nil {
-			return err
+		for _, t := range types {
+			pr.step("side by side, %s: llama.cpp %s, %d runs", p, t, max(repeats, 1))
+			rs, err := bench.LlamaCppFigures(ctx, lc, w, tok, p, []gguf.Type{t}, greedy, peer.tokens, peer.seqs, threads, repeats)
+			if err != nil {
+				return err
+			}
+			rep.Peers = append(rep.Peers, rs...)
 		}
-		rep.Peers = append(rep.Peers, rs...)
 	}
 	return nil
 }
@@ -239,7 +267,7 @@ func printPeerFigures(out io.Writer, rep *bench.EngineReport, peer peerFlags, re
 
 // decodeFigures measures batch-1 decode repeats times, alternating with llama2.c's run when a
 // binary is given, so both see the same machine conditions; it reports medians.
-func decodeFigures(ctx context.Context, pool *kernels.Pool, preset string, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
+func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
 	var l2c *bench.Llama2C
 	if llama2cBin != "" {
 		var err error
@@ -256,6 +284,11 @@ func decodeFigures(ctx context.Context, pool *kernels.Pool, preset string, token
 	var r bench.DecodeResult
 	var runs, base, pre []float64
 	for i := range max(repeats, 1) {
+		with := ""
+		if l2c != nil {
+			with = ", then llama2.c's"
+		}
+		pr.step("batch-1 decode, %s, %d tokens, run %d of %d%s", preset, tokens, i+1, max(repeats, 1), with)
 		d, err := bench.DecodeWeights(ctx, pool, w, preset, tokens, prefill, bw)
 		if err != nil {
 			return bench.DecodeResult{}, err
@@ -297,17 +330,19 @@ func batchedMatMul(pool *kernels.Pool, preset string, n int, peak float64) (benc
 // engineFigures adds the engine-level figures: aggregate decode at each concurrency, prefix
 // cache TTFT, pause latency and idle CPU; the concurrency list runs repeats rounds
 // (bench.ConcurrentRounds).
-func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []string, conc []int, tokens, workers, repeats int, idle time.Duration) error {
+func engineFigures(ctx context.Context, pr *progress, rep *bench.EngineReport, presets []string, conc []int, tokens, workers, repeats int, idle time.Duration) error {
 	for _, p := range presets {
 		w, err := model.Preset(p, 1)
 		if err != nil {
 			return err
 		}
+		pr.step("concurrent decode, %s, %v requests, %d rounds", p, conc, max(repeats, 1))
 		rs, err := bench.ConcurrentRounds(ctx, w, p, conc, tokens, workers, repeats, rep.PeakGFLOPs)
 		if err != nil {
 			return err
 		}
 		rep.Concurrent = append(rep.Concurrent, rs...)
+		pr.step("weight update, %s, 32 requests decoding", p)
 		u, err := weightUpdate(ctx, p, workers)
 		if err != nil {
 			return err
@@ -325,17 +360,20 @@ func engineFigures(ctx context.Context, rep *bench.EngineReport, presets []strin
 	if err != nil {
 		return err
 	}
-	pr, err := bench.PrefixTTFT(ctx, w, "stories15m@2048", 1024, workers)
+	pr.step("prefix-cache TTFT, 1024-token shared prefix, hit vs miss")
+	pt, err := bench.PrefixTTFT(ctx, w, "stories15m@2048", 1024, workers)
 	if err != nil {
 		return err
 	}
-	rep.Prefix = &pr
+	rep.Prefix = &pt
+	pr.step("Pause(keep, clear_cache) with 32 running")
 	pl, err := bench.PauseLatency(ctx, w, 32, workers)
 	if err != nil {
 		return err
 	}
 	rep.Pause = &pl
 	if idle > 0 {
+		pr.step("idle engine CPU for %s", idle)
 		ir, err := bench.IdleCPU(ctx, w, idle, workers)
 		if err != nil {
 			return err

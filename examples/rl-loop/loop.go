@@ -29,7 +29,7 @@ import (
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
 	"github.com/rolloutkit/rollout/trainer"
-	"github.com/rolloutkit/rollout/trainer/weightstore"
+	"github.com/rolloutkit/rollout/weightstore"
 )
 
 // config is the loop's configuration (flags in main.go).
@@ -337,17 +337,11 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 
 	plan := sdk.Plan{Policy: sdk.Policy(cfg.Policy), Mode: sdk.PauseMode(cfg.Mode)}
 	publish := func(v int64) (sdk.WeightsRef, error) {
-		if _, err := store.Get(v); errors.Is(err, weightstore.ErrNotFound) {
-			if _, err := store.Publish(ctx, v, tr.Weights()); err != nil {
-				return sdk.WeightsRef{}, err
-			}
-		}
 		base := cfg.StoreURL
 		if base == "" {
 			base = ws.URL()
 		}
-		ref, err := store.Ref(base, v)
-		return sdk.WeightsRef{Version: ref.Version, URI: ref.URI, SHA256: ref.SHA256}, err
+		return store.PublishRef(ctx, base, v, tr.Weights())
 	}
 
 	// A fleet another run left at a later version: reset it to this run's weights, adopt

@@ -25,7 +25,7 @@ import (
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/protocol"
-	"github.com/rolloutkit/rollout/trainer/weightstore"
+	"github.com/rolloutkit/rollout/weightstore"
 )
 
 // Knobs of a run.
@@ -321,7 +321,7 @@ func (h *harness) publish(tr *trainer, v int64) (sdk.WeightsRef, error) {
 	if err != nil {
 		return sdk.WeightsRef{}, fmt.Errorf("faults: publish %d: %w", v, err)
 	}
-	ref := sdk.WeightsRef{Version: v, URI: tr.url + e.Path, SHA256: e.SHA256}
+	ref := e.Ref(tr.url)
 	tr.published[v] = ref
 	h.rec.Publish(tr.name, v, e.SHA256)
 	h.digests.Published(tr.name, v, e.SHA256)

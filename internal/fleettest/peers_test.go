@@ -18,7 +18,7 @@ import (
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/protocol"
-	"github.com/rolloutkit/rollout/trainer/weightstore"
+	"github.com/rolloutkit/rollout/weightstore"
 )
 
 // origin is the trainer's weight server of a peer test: a weight store served over HTTP,
@@ -99,7 +99,7 @@ func (o *origin) publish(t *testing.T, v int64, seed uint64) (sdk.WeightsRef, in
 	require.NoError(t, err)
 	e, err := o.store.Publish(t.Context(), v, w)
 	require.NoError(t, err)
-	return sdk.WeightsRef{Version: v, URI: o.url + e.Path, SHA256: e.SHA256}, e.Bytes
+	return e.Ref(o.url), e.Bytes
 }
 
 // Four real servers, a binary tree under one origin child: the origin sends exactly one

@@ -316,100 +316,117 @@ func (s *scanner) int64Map() (map[string]int64, bool) {
 	return out, ok
 }
 
-// once tracks which fields an object named, so a repeated one gives up.
-type once uint32
+// fields reads an object's members into a struct, each name at most once.
+type fields struct {
+	s    *scanner
+	seen uint32
+}
 
-func (o *once) first(bit uint) bool {
-	if *o&(1<<bit) != 0 {
+// first marks member bit as read, false when it was read before.
+func (f *fields) first(bit uint) bool {
+	if f.seen&(1<<bit) != 0 {
 		return false
 	}
-	*o |= 1 << bit
+	f.seen |= 1 << bit
 	return true
+}
+
+func (f *fields) str(bit uint, dst *string) bool {
+	if !f.first(bit) {
+		return false
+	}
+	v, ok := f.s.str()
+	*dst = v
+	return ok
+}
+
+func (f *fields) int64(bit uint, dst *int64) bool {
+	if !f.first(bit) {
+		return false
+	}
+	v, ok := f.s.int64()
+	*dst = v
+	return ok
+}
+
+func (f *fields) int(bit uint, dst *int) bool {
+	var v int64
+	ok := f.int64(bit, &v)
+	*dst = int(v)
+	return ok
+}
+
+func (f *fields) boolean(bit uint, dst *bool) bool {
+	if !f.first(bit) {
+		return false
+	}
+	v, ok := f.s.boolean()
+	*dst = v
+	return ok
+}
+
+func (f *fields) float64(bit uint, dst *float64) bool {
+	if !f.first(bit) {
+		return false
+	}
+	v, ok := f.s.float64()
+	*dst = v
+	return ok
+}
+
+func (f *fields) raw(bit uint, dst *json.RawMessage) bool {
+	if !f.first(bit) {
+		return false
+	}
+	v, ok := f.s.raw()
+	*dst = v
+	return ok
 }
 
 // fastEnvelope decodes what Envelope.Encode writes; false means "ask the standard decoder".
 func fastEnvelope(b []byte, e *Envelope) bool {
 	s := scanner{b: b}
-	var seen once
+	f := fields{s: &s}
 	ok := s.object(func(name []byte) bool {
-		var ok bool
 		switch string(name) {
 		case "v":
-			if !seen.first(0) {
-				return false
-			}
-			var v int64
-			v, ok = s.int64()
-			e.V = int(v)
+			return f.int(0, &e.V)
 		case "id":
-			if !seen.first(1) {
-				return false
-			}
-			e.ID, ok = s.str()
+			return f.str(1, &e.ID)
 		case "fleet":
-			if !seen.first(2) {
-				return false
-			}
-			e.Fleet, ok = s.str()
+			return f.str(2, &e.Fleet)
 		case "targets":
-			if !seen.first(3) {
-				return false
+			var ok bool
+			if f.first(3) {
+				e.Targets, ok = s.strings()
 			}
-			e.Targets, ok = s.strings()
+			return ok
 		case "issued_at":
-			if !seen.first(4) {
-				return false
-			}
-			e.IssuedAt, ok = s.int64()
+			return f.int64(4, &e.IssuedAt)
 		case "deadline":
-			if !seen.first(5) {
-				return false
-			}
-			e.Deadline, ok = s.int64()
+			return f.int64(5, &e.Deadline)
 		case "trace":
-			if !seen.first(6) {
-				return false
+			var ok bool
+			if f.first(6) {
+				e.Trace, ok = s.stringMap()
 			}
-			e.Trace, ok = s.stringMap()
+			return ok
 		case "kind":
-			if !seen.first(7) {
-				return false
-			}
-			var k string
-			k, ok = s.str()
-			e.Kind = Kind(k)
+			return f.str(7, (*string)(&e.Kind))
 		case "body":
-			if !seen.first(8) {
-				return false
-			}
-			e.Body, ok = s.raw()
+			return f.raw(8, &e.Body)
 		case "epoch":
-			if !seen.first(9) {
-				return false
-			}
-			e.Epoch, ok = s.int64()
+			return f.int64(9, &e.Epoch)
 		case "fleet_wide":
-			if !seen.first(10) {
-				return false
-			}
-			e.FleetWide, ok = s.boolean()
+			return f.boolean(10, &e.FleetWide)
 		case "desired":
-			if !seen.first(11) {
-				return false
-			}
-			e.Desired, ok = s.raw()
+			return f.raw(11, &e.Desired)
 		case "macs":
-			if !seen.first(12) {
-				return false
-			}
-			e.MACs, ok = s.str()
+			return f.str(12, &e.MACs)
 		case "sig":
-			if !seen.first(13) {
-				return false
-			}
-			e.Sig, ok = s.str()
+			return f.str(13, &e.Sig)
 		}
-		return ok
+		return false
 	})
 	return ok && s.atEnd()
 }
@@ -417,50 +434,25 @@ func fastEnvelope(b []byte, e *Envelope) bool {
 // fastAck decodes what Ack.Encode writes; false means "ask the standard decoder".
 func fastAck(b []byte, a *Ack) bool {
 	s := scanner{b: b}
-	var seen once
-	str := func(bit uint, dst *string) bool {
-		if !seen.first(bit) {
-			return false
-		}
-		v, ok := s.str()
-		*dst = v
-		return ok
-	}
-	i64 := func(bit uint, dst *int64) bool {
-		if !seen.first(bit) {
-			return false
-		}
-		v, ok := s.int64()
-		*dst = v
-		return ok
-	}
+	f := fields{s: &s}
 	ok := s.object(func(name []byte) bool {
 		switch string(name) {
 		case "v":
-			var v int64
-			ok := i64(0, &v)
-			a.V = int(v)
-			return ok
+			return f.int(0, &a.V)
 		case "command_id":
-			return str(1, &a.CommandID)
+			return f.str(1, &a.CommandID)
 		case "server_id":
-			return str(2, &a.ServerID)
+			return f.str(2, &a.ServerID)
 		case "kind":
-			var k string
-			ok := str(3, &k)
-			a.Kind = Kind(k)
-			return ok
+			return f.str(3, (*string)(&a.Kind))
 		case "result":
-			var r string
-			ok := str(4, &r)
-			a.Result = Result(r)
-			return ok
+			return f.str(4, (*string)(&a.Result))
 		case "code":
-			return str(5, &a.Code)
+			return f.str(5, &a.Code)
 		case "error":
-			return str(6, &a.Error)
+			return f.str(6, &a.Error)
 		case "phases":
-			if !seen.first(7) {
+			if !f.first(7) {
 				return false
 			}
 			a.Phases = []Phase{}
@@ -471,26 +463,21 @@ func fastAck(b []byte, a *Ack) bool {
 				return ok
 			})
 		case "weight_version":
-			return i64(8, &a.WeightVersion)
+			return f.int64(8, &a.WeightVersion)
 		case "staged_version":
-			return i64(9, &a.StagedVersion)
+			return f.int64(9, &a.StagedVersion)
 		case "weight_sha256":
-			return str(10, &a.WeightSHA256)
+			return f.str(10, &a.WeightSHA256)
 		case "last_token_before":
-			return i64(11, &a.LastTokenBefore)
+			return f.int64(11, &a.LastTokenBefore)
 		case "first_token_after":
-			return i64(12, &a.FirstTokenAfter)
+			return f.int64(12, &a.FirstTokenAfter)
 		case "duplicate":
-			if !seen.first(13) {
-				return false
-			}
-			var ok bool
-			a.Duplicate, ok = s.boolean()
-			return ok
+			return f.boolean(13, &a.Duplicate)
 		case "at":
-			return i64(14, &a.At)
+			return f.int64(14, &a.At)
 		case "sig":
-			return str(15, &a.Sig)
+			return f.str(15, &a.Sig)
 		}
 		return false
 	})
@@ -498,36 +485,24 @@ func fastAck(b []byte, a *Ack) bool {
 }
 
 func fastPhase(s *scanner, p *Phase) bool {
-	var seen once
+	f := fields{s: s}
 	return s.object(func(name []byte) bool {
-		var ok bool
 		switch string(name) {
 		case "name":
-			if !seen.first(0) {
-				return false
-			}
-			p.Name, ok = s.str()
+			return f.str(0, &p.Name)
 		case "ok":
-			if !seen.first(1) {
-				return false
-			}
-			p.OK, ok = s.boolean()
+			return f.boolean(1, &p.OK)
 		case "error":
-			if !seen.first(2) {
-				return false
-			}
-			p.Error, ok = s.str()
+			return f.str(2, &p.Error)
 		case "seconds":
-			if !seen.first(3) {
-				return false
-			}
-			p.Seconds, ok = s.float64()
+			return f.float64(3, &p.Seconds)
 		case "detail":
-			if !seen.first(4) {
-				return false
+			var ok bool
+			if f.first(4) {
+				p.Detail, ok = s.int64Map()
 			}
-			p.Detail, ok = s.int64Map()
+			return ok
 		}
-		return ok
+		return false
 	})
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
-	"github.com/rolloutkit/rollout/trainer/weightstore"
+	"github.com/rolloutkit/rollout/weightstore"
 )
 
 // gatedStore serves a weight store, holding every request for version 1's files until
@@ -72,7 +72,7 @@ func TestSentinelFailoverDuringUpdateWeights(t *testing.T) {
 	t.Cleanup(release)
 	refs := map[int64]sdk.WeightsRef{}
 	for _, e := range store.Versions() {
-		refs[e.Version] = sdk.WeightsRef{Version: e.Version, URI: "http://" + ln.Addr().String() + e.Path, SHA256: e.SHA256}
+		refs[e.Version] = e.Ref("http://" + ln.Addr().String())
 	}
 	require.Len(t, refs, 2)
 

@@ -1,5 +1,5 @@
 // Package peer is a rollout server's side of peer weight distribution: the read-only
-// /weights/vN/<file> route that serves the versions the server holds (a trainer/weightstore
+// /weights/vN/<file> route that serves the versions the server holds (a weightstore
 // directory, so the same code as `rollout weights serve`, digest-checked when each version is
 // adopted) and relays the version it is fetching to its children as the bytes arrive. Every
 // request carries the version's token (protocol.PeerToken, an HMAC of the fleet secret).

@@ -18,7 +18,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine/weights"
 	"github.com/rolloutkit/rollout/sdk/protocol"
-	"github.com/rolloutkit/rollout/trainer/weightstore"
+	"github.com/rolloutkit/rollout/weightstore"
 )
 
 // Route is the path prefix of the peer route: /weights/vN/<file>.

@@ -14,7 +14,7 @@ import (
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
 	"github.com/rolloutkit/rollout/sdk/protocol"
-	"github.com/rolloutkit/rollout/trainer/weightstore"
+	"github.com/rolloutkit/rollout/weightstore"
 )
 
 var secret = []byte("peer-test-secret-0123456789abcdef-0123")

@@ -65,9 +65,11 @@ func TestPublishServeLoad(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, sv.Close(ctx)) }()
 
-	ref, err := sv.Ref(2)
+	sref, err := sv.Ref(2)
 	require.NoError(t, err)
-	require.Equal(t, sv.URL()+"/v2/", ref.URI)
+	require.Equal(t, sv.URL()+"/v2/", sref.URI)
+	// What a server does with the ref it is sent.
+	ref := weights.Ref{Version: sref.Version, URI: sref.URI, SHA256: sref.SHA256}
 	got, info, err := weights.LoadWithInfo(ctx, ref, weights.Options{RequireDigest: true, TempDir: t.TempDir(), HTTPClient: loopback})
 	require.NoError(t, err)
 	require.Equal(t, e2.SHA256, info.Digest)
@@ -81,6 +83,21 @@ func TestPublishServeLoad(t *testing.T) {
 
 	_, err = sv.Ref(9)
 	require.ErrorIs(t, err, ErrNotFound)
+
+	// Publish: trained weights to a ref in one call; again for the same version, the same ref.
+	w3 := tinyWeights(t, 3)
+	r3, err := sv.Publish(ctx, 3, w3)
+	require.NoError(t, err)
+	e3, err := st.Get(3)
+	require.NoError(t, err)
+	require.Equal(t, e3.Ref(sv.URL()), r3)
+	require.Equal(t, sv.URL()+"/v3/", r3.URI)
+	require.NoError(t, r3.Validate())
+	again, err := sv.Publish(ctx, 3, w2)
+	require.NoError(t, err)
+	require.Equal(t, r3, again, "a published version is not rewritten")
+	_, err = sv.Publish(ctx, -1, w3)
+	require.ErrorIs(t, err, ErrInvalidVersion)
 }
 
 // TestHandler covers the index, another process publishing into the same directory, files

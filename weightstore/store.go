@@ -16,6 +16,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // Sentinel errors callers branch on; returned errors wrap them with details.
@@ -292,14 +293,35 @@ func (s *Store) Latest() (Entry, bool) {
 	return vs[len(vs)-1], true
 }
 
-// Ref is the weights.Ref of version v served under baseURL (e.g. "http://host:port"): the
-// URI /update_weights fetches and the digest it verifies.
-func (s *Store) Ref(baseURL string, v int64) (weights.Ref, error) {
+// Ref is the ref of version v served under baseURL (e.g. "http://host:port", or
+// "file:///dir" for servers that read the store's directory): the URI a server's
+// update fetches and the digest it verifies. protocol.WeightsRef is sdk.WeightsRef, so the
+// result goes straight to sdk.Client.UpdateWeights. Errors: ErrNotFound.
+func (s *Store) Ref(baseURL string, v int64) (protocol.WeightsRef, error) {
 	e, err := s.Get(v)
 	if err != nil {
-		return weights.Ref{}, err
+		return protocol.WeightsRef{}, err
 	}
-	return weights.Ref{Version: v, URI: strings.TrimSuffix(baseURL, "/") + e.Path, SHA256: e.SHA256}, nil
+	return e.Ref(baseURL), nil
+}
+
+// PublishRef publishes w as version v (see Publish) unless the store already holds v, and
+// returns its ref under baseURL (see Ref): the one call from trained weights to an update.
+// A version already present is not rewritten, so a loop that restarts after publishing
+// but before updating gets the same ref again. Errors: ErrInvalidVersion, and the
+// failures of writing the checkpoint.
+func (s *Store) PublishRef(ctx context.Context, baseURL string, v int64, w *model.Weights) (protocol.WeightsRef, error) {
+	if _, err := s.Get(v); errors.Is(err, ErrNotFound) {
+		if _, err := s.Publish(ctx, v, w); err != nil && !errors.Is(err, ErrVersionExists) {
+			return protocol.WeightsRef{}, err
+		}
+	}
+	return s.Ref(baseURL, v)
+}
+
+// Ref is the entry's ref under baseURL (see Store.Ref).
+func (e Entry) Ref(baseURL string) protocol.WeightsRef {
+	return protocol.WeightsRef{Version: e.Version, URI: strings.TrimSuffix(baseURL, "/") + e.Path, SHA256: e.SHA256}
 }
 
 // Prune removes all but the newest keep versions (keep >= 1), oldest first.

@@ -14,7 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rolloutkit/rollout/engine/weights"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // Handler serves the store over HTTP (GET and HEAD):
@@ -153,8 +154,15 @@ func Serve(addr string, store *Store) (*Server, error) {
 // URL is the server's base URL, http://host:port.
 func (sv *Server) URL() string { return "http://" + sv.ln.Addr().String() }
 
-// Ref is the weights.Ref of version v on this server (see Store.Ref).
-func (sv *Server) Ref(v int64) (weights.Ref, error) { return sv.store.Ref(sv.URL(), v) }
+// Ref is the ref of version v on this server (see Store.Ref). Errors: ErrNotFound.
+func (sv *Server) Ref(v int64) (protocol.WeightsRef, error) { return sv.store.Ref(sv.URL(), v) }
+
+// Publish publishes w as version v in the server's store, unless it holds v already, and
+// returns its ref on this server (see Store.PublishRef): trained weights to the argument of
+// sdk.Client.UpdateWeights in one call.
+func (sv *Server) Publish(ctx context.Context, v int64, w *model.Weights) (protocol.WeightsRef, error) {
+	return sv.store.PublishRef(ctx, sv.URL(), v, w)
+}
 
 // Close stops the server, letting in-flight downloads finish until ctx ends.
 func (sv *Server) Close(ctx context.Context) error {
