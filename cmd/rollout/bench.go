@@ -255,12 +255,24 @@ func printPeerFigures(out io.Writer, rep *bench.EngineReport, peer peerFlags, re
 	if len(rep.Peers) == 0 {
 		return
 	}
-	fmt.Fprintf(out, "\nside by side on the same weights (llama.cpp through node-llama-cpp; batch 1 from BOS, %d sequences after 8-token prompts; %d tokens each; medians of %d runs)\n",
-		peer.seqs, peer.tokens, max(repeats, 1))
+	many := ""
+	if peer.seqs > 0 {
+		many = fmt.Sprintf(", %d sequences after 8-token prompts", peer.seqs)
+	}
+	fmt.Fprintf(out, "\nside by side on the same weights (llama.cpp through node-llama-cpp; batch 1 from BOS%s; %d tokens each; medians of %d runs)\n",
+		many, peer.tokens, max(repeats, 1))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "preset\tengine\tprecision\tbatch-1 tok/s\t%d seqs tok/s\tgreedy = rollout f32\n", peer.seqs)
+	head := "preset\tengine\tprecision\tbatch-1 tok/s"
+	if peer.seqs > 0 {
+		head += fmt.Sprintf("\t%d seqs tok/s", peer.seqs)
+	}
+	fmt.Fprintln(tw, head+"\tgreedy = rollout f32")
 	for _, r := range rep.Peers {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%d/%d\n", r.Preset, r.Engine, r.Precision, r.Batch1TokensPerSec, r.AggregateTokensPerSec, r.GreedyMatch, r.GreedyTokens)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f", r.Preset, r.Engine, r.Precision, r.Batch1TokensPerSec)
+		if peer.seqs > 0 {
+			fmt.Fprintf(tw, "\t%.1f", r.AggregateTokensPerSec)
+		}
+		fmt.Fprintf(tw, "\t%d/%d\n", r.GreedyMatch, r.GreedyTokens)
 	}
 	_ = tw.Flush()
 }

@@ -431,3 +431,42 @@ func TestHFConfigLargerThanFilesFailsBeforeAllocating(t *testing.T) {
 	assert.Contains(t, err.Error(), "config implies")
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "bytes allocated by the refused load")
 }
+
+// The config.json files of the two checkpoints the large presets are shaped like, as
+// published (Llama-3.2-1B and Qwen2.5-0.5B).
+const (
+	llama32Config = `{
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256}`
+	qwen25Config = `{
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+  "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+  "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+  "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936}`
+)
+
+// TestRealConfigsMatchPresets: the published configs load, and describe the model their
+// presets build (all but the special token ids, which are the synthetic vocabulary's).
+func TestRealConfigsMatchPresets(t *testing.T) {
+	for preset, js := range map[string]string{"llama3.2-1b-shape": llama32Config, "qwen2.5-0.5b-shape": qwen25Config} {
+		got, err := parseHFConfig([]byte(js))
+		require.NoError(t, err, preset)
+		want, err := model.PresetConfig(preset)
+		require.NoError(t, err)
+		got.BOSTokenID, got.EOSTokenID = want.BOSTokenID, want.EOSTokenID
+		got.TorchDtype = want.TorchDtype
+		require.Equal(t, want, got, preset)
+	}
+}
