@@ -119,12 +119,12 @@ func TestLlamaCppGreedyMatches(t *testing.T) {
 	}
 }
 
-// TestLlamaCppLoadsEveryType: the f16 and q8_0 files load and decode too; their tokens are
+// TestLlamaCppLoadsEveryType: the bf16, f16 and q8_0 files load and decode too; their tokens are
 // not rollout's f32 ones, so only their count is checked.
 func TestLlamaCppLoadsEveryType(t *testing.T) {
 	peer := findPeer(t)
 	m := peerModels(t)["qwen2"]
-	for _, typ := range []gguf.Type{gguf.F16, gguf.Q8_0} {
+	for _, typ := range []gguf.Type{gguf.BF16, gguf.F16, gguf.Q8_0} {
 		path := filepath.Join(t.TempDir(), typ.String()+".gguf")
 		require.NoError(t, gguf.WriteFile(path, m.w, m.tok, typ, "qwen2"))
 		got, err := peer.Run(t.Context(), path, [][]int{{m.w.Config.BOSTokenID}, {m.w.Config.BOSTokenID}}, 4, 1)

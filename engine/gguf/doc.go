@@ -9,7 +9,7 @@
 // model with q/k/v biases is written as "qwen2", which rotates halves (no permutation) and
 // has the bias tensors.
 //
-// Matrices are written as F32, F16 or Q8_0 (blocks of 32 weights sharing an f16 scale,
+// Matrices are written as F32, BF16, F16 or Q8_0 (blocks of 32 weights sharing an f16 scale,
 // quantized exactly as ggml's quantize_row_q8_0_ref does); norms, biases and rope_freqs stay
 // F32, and a matrix whose rows do not split into 32-weight blocks falls back to F16, as the
 // converter does. The vocabulary goes into the tokenizer.ggml.* keys: a byte-level BPE

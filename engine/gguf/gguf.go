@@ -15,6 +15,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
+	"github.com/rolloutkit/rollout/engine/weights"
 )
 
 // ErrUnsupported is returned (wrapped) for a tensor type, model or vocabulary that has no GGUF
@@ -29,16 +30,19 @@ const (
 	F32  Type = 0
 	F16  Type = 1
 	Q8_0 Type = 8
+	BF16 Type = 30
 )
 
 // Types lists the names ParseType accepts, in the order of increasing compression.
-func Types() []string { return []string{"f32", "f16", "q8_0"} }
+func Types() []string { return []string{"f32", "bf16", "f16", "q8_0"} }
 
-// ParseType parses "f32", "f16" or "q8_0".
+// ParseType parses "f32", "bf16", "f16" or "q8_0".
 func ParseType(s string) (Type, error) {
 	switch strings.ToLower(s) {
 	case "f32":
 		return F32, nil
+	case "bf16":
+		return BF16, nil
 	case "f16":
 		return F16, nil
 	case "q8_0":
@@ -54,6 +58,8 @@ func (t Type) String() string {
 		return "f32"
 	case F16:
 		return "f16"
+	case BF16:
+		return "bf16"
 	case Q8_0:
 		return "q8_0"
 	}
@@ -65,6 +71,8 @@ func (t Type) fileType() uint32 {
 	switch t {
 	case F16:
 		return 1 // MOSTLY_F16
+	case BF16:
+		return 32 // MOSTLY_BF16
 	case Q8_0:
 		return 7 // MOSTLY_Q8_0
 	}
@@ -77,7 +85,7 @@ const q8Block = 32
 // rowBytes is the size of one row of cols weights stored as t.
 func (t Type) rowBytes(cols int) int64 {
 	switch t {
-	case F16:
+	case F16, BF16:
 		return 2 * int64(cols)
 	case Q8_0:
 		return int64(cols/q8Block) * (2 + q8Block)
@@ -192,7 +200,7 @@ func tensors(w *model.Weights, typ Type) []tensor {
 // general.name. Tensors are converted a row at a time, so memory use does not grow with the
 // model.
 func Write(out io.Writer, w *model.Weights, tok tokenizer.Tokenizer, typ Type, name string) error {
-	if typ != F32 && typ != F16 && typ != Q8_0 {
+	if typ != F32 && typ != F16 && typ != BF16 && typ != Q8_0 {
 		return fmt.Errorf("%w: tensor type %v", ErrUnsupported, typ)
 	}
 	if err := w.Check(); err != nil {
@@ -303,6 +311,10 @@ func appendRow(dst []byte, t Type, x []float32) []byte {
 	case F16:
 		for _, v := range x {
 			dst = binary.LittleEndian.AppendUint16(dst, float16.Fromfloat32(v).Bits())
+		}
+	case BF16:
+		for _, v := range x {
+			dst = binary.LittleEndian.AppendUint16(dst, weights.Float32ToBF16(v)) // ggml rounds alike
 		}
 	case Q8_0:
 		for b := 0; b+q8Block <= len(x); b += q8Block {

@@ -55,7 +55,7 @@ func cases(t *testing.T) map[string]struct {
 // tensor's bytes against the weights they came from.
 func TestWriteParses(t *testing.T) {
 	for name, tc := range cases(t) {
-		for _, typ := range []Type{F32, F16, Q8_0} {
+		for _, typ := range []Type{F32, BF16, F16, Q8_0} {
 			t.Run(fmt.Sprint(name, "/", typ), func(t *testing.T) {
 				path := filepath.Join(t.TempDir(), "m.gguf")
 				require.NoError(t, WriteFile(path, tc.w, tc.tok, typ, name))
@@ -127,6 +127,10 @@ func checkData(t *testing.T, w *model.Weights, wt tensor, data []byte) {
 				got, exp = math.Float32frombits(binary.LittleEndian.Uint32(row[4*j:])), x[j]
 			case F16:
 				got, exp = float16.Frombits(binary.LittleEndian.Uint16(row[2*j:])).Float32(), float16.Fromfloat32(x[j]).Float32()
+			case BF16:
+				got = math.Float32frombits(uint32(binary.LittleEndian.Uint16(row[2*j:])) << 16)
+				exp = bf16Round(x[j])
+				require.LessOrEqual(t, math.Abs(float64(got-x[j])), math.Abs(float64(x[j]))/256, "%s[%d][%d]", wt.name, r, j)
 			case Q8_0:
 				blk := row[(j/q8Block)*(2+q8Block):]
 				d := float16.Frombits(binary.LittleEndian.Uint16(blk)).Float32()
@@ -251,4 +255,15 @@ func TestWriteRefuses(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, s, typ.String())
 	}
+}
+
+// bf16Round is x rounded to bfloat16, ties to even, spelt out apart from the writer's: the
+// discarded low 16 bits decide, above half rounding up, at half to the even neighbour.
+func bf16Round(x float32) float32 {
+	u := math.Float32bits(x)
+	hi, lo := u>>16, u&0xffff
+	if lo > 0x8000 || lo == 0x8000 && hi&1 == 1 {
+		hi++
+	}
+	return math.Float32frombits(hi << 16)
 }
