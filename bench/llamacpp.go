@@ -123,8 +123,8 @@ type PeerResult struct {
 	Sequences             int       `json:"sequences"`
 	AggregateTokensPerSec float64   `json:"aggregate_tokens_per_s"`
 	AggregateRuns         []float64 `json:"aggregate_runs,omitempty"`
-	// GreedyMatch is how many leading batch-1 tokens equal rollout's f32 greedy tokens, of
-	// GreedyTokens.
+	// GreedyMatch is how many leading batch-1 tokens equal rollout's greedy tokens at the
+	// reference precision (f32 unless told otherwise), of GreedyTokens.
 	GreedyMatch  int `json:"greedy_match"`
 	GreedyTokens int `json:"greedy_tokens"`
 }
@@ -132,7 +132,7 @@ type PeerResult struct {
 // LlamaCppFigures measures llama.cpp on w (the weights of preset, with its vocabulary tok)
 // exported as GGUF in each of types: batch-1 decode of tokens tokens from BOS and the
 // aggregate of seqs sequences, each repeats times, on threads threads. greedy are rollout's
-// f32 tokens from BOS, which the batch-1 run is compared with. The files go to a temporary
+// tokens from BOS (at f32, as a rule), which the batch-1 run is compared with. The files go to a temporary
 // directory, one at a time (a 1B model in f32 is 5 GB).
 func LlamaCppFigures(ctx context.Context, peer *LlamaCpp, w *model.Weights, tok tokenizer.Tokenizer, preset string, types []gguf.Type,
 	greedy []int, tokens, seqs, threads, repeats int) ([]PeerResult, error) {

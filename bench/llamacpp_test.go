@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rolloutkit/rollout/engine/gguf"
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
 )
@@ -144,4 +145,31 @@ func top2(x []float32) (int, float64) {
 		}
 	}
 	return best, float64(x[best] - x[second])
+}
+
+// TestLlamaCppFigures: the side-by-side figures of a preset, with the f32 peer reproducing
+// rollout's greedy tokens from BOS.
+func TestLlamaCppFigures(t *testing.T) {
+	peer := findPeer(t)
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	d, err := DecodeWeights(t.Context(), nil, w, "tiny", kernels.F32, 8, 8, 0)
+	require.NoError(t, err)
+	require.Len(t, d.Greedy, 8)
+	rs, err := LlamaCppFigures(t.Context(), peer, w, tokenizer.NewByte(), "tiny", []gguf.Type{gguf.F32, gguf.Q8_0}, d.Greedy, 8, 2, 1, 1)
+	require.NoError(t, err)
+	require.Len(t, rs, 2)
+	require.Equal(t, "f32", rs[0].Precision)
+	require.Equal(t, 8, rs[0].GreedyMatch, "llama.cpp's f32 greedy tokens are rollout's")
+	for _, r := range rs {
+		require.Positive(t, r.Batch1TokensPerSec)
+		require.Positive(t, r.AggregateTokensPerSec)
+		require.Equal(t, 2, r.Sequences)
+	}
+}
+
+func TestFindLlamaCppMissing(t *testing.T) {
+	_, err := FindLlamaCpp(filepath.Join(t.TempDir(), "node-llama-cpp"))
+	require.ErrorIs(t, err, ErrNoLlamaCpp)
+	require.ErrorContains(t, err, LlamaCppModuleEnv, "the error says how to point at an install")
 }

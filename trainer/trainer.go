@@ -219,6 +219,11 @@ type StepStats struct {
 	// their arithmetic.
 	MismatchMeanAbs float64 `json:"mismatch_mean_abs"`
 	MismatchMax     float64 `json:"mismatch_max"`
+	// MismatchKL estimates KL(rollout‖trainer) per on-policy token, the k3 estimator r−1−ln r
+	// with r = exp(trainer − rollout logprob) over tokens the rollout sampled (unbiased, ≥ 0):
+	// the policy gap a rollout at a lower weight precision than the trainer's opens, which the
+	// objective's ratio r corrects for (see Config.ClipLow).
+	MismatchKL float64 `json:"mismatch_kl"`
 	// TokensPerSec is the input tokens (prompt and completion) run through forward and
 	// backward per second of Step.
 	TokensPerSec float64 `json:"tokens_per_sec"`
@@ -467,7 +472,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 	norm := 1 / float64(st.Tokens)
 	t.g.zero()
 	var clipped, truncated, inputTokens int
-	var mismatch float64
+	var mismatch, mismatchKL float64
 	// Samples with a zero advantage have no policy gradient (only a KL one, when enabled):
 	// packing them last puts them in micro-batches of their own, whose backward pass is
 	// skipped, while their forward still feeds the loss and mismatch statistics.
@@ -546,6 +551,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 					d := math.Abs(logp - roll)
 					mismatch += d
 					st.MismatchMax = max(st.MismatchMax, d)
+					mismatchKL += math.Expm1(logp-roll) - (logp - roll)
 				}
 				k++
 			}
@@ -561,6 +567,7 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 	st.Entropy /= float64(st.Tokens)
 	if st.OnPolicyTokens > 0 {
 		st.MismatchMeanAbs = mismatch / float64(st.OnPolicyTokens)
+		st.MismatchKL = mismatchKL / float64(st.OnPolicyTokens)
 		st.ClipFraction = float64(clipped) / float64(st.OnPolicyTokens)
 	}
 	if st.StaleTokens > 0 {

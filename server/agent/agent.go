@@ -724,13 +724,16 @@ func (l *loop) ackSpan(ctx context.Context, p pendingAck) (context.Context, trac
 	if p.trace.Parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, p.trace.Parent)
 	}
-	links := make([]trace.Link, 0, len(p.trace.Links))
-	for _, sc := range p.trace.Links {
-		links = append(links, trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "original")}})
+	ctx, span := l.a.cfg.Tracer.Start(ctx, SpanAck, trace.WithSpanKind(trace.SpanKindProducer))
+	if !span.IsRecording() {
+		return ctx, span
 	}
-	return l.a.cfg.Tracer.Start(ctx, SpanAck, trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(links...),
-		trace.WithAttributes(attribute.String("rollout.command_id", p.ack.CommandID), attribute.String("rollout.server_id", l.a.cfg.ServerID),
-			attribute.String("rollout.result", string(p.ack.Result)), attribute.Bool("rollout.duplicate", p.trace.Duplicate)))
+	for _, sc := range p.trace.Links {
+		span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "original")}})
+	}
+	span.SetAttributes(attribute.String("rollout.command_id", p.ack.CommandID), attribute.String("rollout.server_id", l.a.cfg.ServerID),
+		attribute.String("rollout.result", string(p.ack.Result)), attribute.Bool("rollout.duplicate", p.trace.Duplicate))
+	return ctx, span
 }
 
 // start runs w on its own goroutine; the loop keeps heartbeating meanwhile. Convergence
