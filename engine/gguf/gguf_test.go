@@ -120,6 +120,10 @@ func checkData(t *testing.T, w *model.Weights, wt tensor, data []byte) {
 		}
 		x := src[sr*wt.cols : (sr+1)*wt.cols]
 		row := data[r*rb : (r+1)*rb]
+		var q8 []float32
+		if wt.typ == Q8_0 {
+			q8 = Q8Dequantize(x)
+		}
 		for j := range wt.cols {
 			var got, exp float32
 			switch wt.typ {
@@ -134,7 +138,7 @@ func checkData(t *testing.T, w *model.Weights, wt tensor, data []byte) {
 			case Q8_0:
 				blk := row[(j/q8Block)*(2+q8Block):]
 				d := float16.Frombits(binary.LittleEndian.Uint16(blk)).Float32()
-				got, exp = d*float32(int8(blk[2+j%q8Block])), Q8Dequantize(x)[j]
+				got, exp = d*float32(int8(blk[2+j%q8Block])), q8[j]
 				// Independently of Q8Dequantize: within half a step of the weight, plus the
 				// scale's f16 rounding (2^-11 relative) over up to 127 steps.
 				require.LessOrEqual(t, math.Abs(float64(got-x[j])), float64(d)*(0.5+127.0/2048)+1e-7, "%s[%d][%d]", wt.name, r, j)
