@@ -271,3 +271,37 @@ func bf16Round(x float32) float32 {
 	}
 	return math.Float32frombits(hi << 16)
 }
+
+// TestVocabularyPadding: a model whose vocabulary is larger than its tokenizer's (as real
+// checkpoints pad theirs to a multiple of 64 or 128) gets one token per embedding row, the
+// extra ones unused, and the specials are control tokens.
+func TestVocabularyPadding(t *testing.T) {
+	c, err := model.PresetConfig("tiny")
+	require.NoError(t, err)
+	c.VocabSize = 600
+	w, err := model.Random(c, 1)
+	require.NoError(t, err)
+	syn, err := tokenizer.Synthetic(512)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "p.gguf")
+	require.NoError(t, WriteFile(path, w, syn, F32, "padded"))
+	gf, err := parser.ParseGGUFFile(path)
+	require.NoError(t, err)
+	toks, ok := gf.Header.MetadataKV.Get("tokenizer.ggml.tokens")
+	require.True(t, ok)
+	types, ok := gf.Header.MetadataKV.Get("tokenizer.ggml.token_type")
+	require.True(t, ok)
+	names, kinds := toks.ValueArray().ValuesString(), types.ValueArray().ValuesInt32()
+	require.Len(t, names, 600)
+	require.Len(t, kinds, 600)
+	require.Equal(t, "[PAD599]", names[599])
+	require.Equal(t, typeUnused, kinds[599])
+	require.Equal(t, typeNormal, kinds[300])
+	require.Equal(t, typeControl, kinds[syn.BOS()])
+	require.Equal(t, typeControl, kinds[syn.EOS()])
+	seen := map[string]bool{}
+	for _, n := range names {
+		require.False(t, seen[n], "token %q twice: llama.cpp maps text to one id", n)
+		seen[n] = true
+	}
+}
