@@ -23,7 +23,7 @@ TESTFLAGS ?=
 FUZZTIME ?= 100000x
 DEMO_STEPS ?= 300
 
-.PHONY: help build bench-kernels bench-peer peer-install test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e faults faults-ci fuzz clean
+.PHONY: help build bench-kernels bench-peer peer-install compose-soak test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e faults faults-ci fuzz clean
 
 help: ## List the targets
 	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); GOEXPERIMENT=simd selects the archsimd kernels)"
@@ -97,6 +97,14 @@ faults: ## Fault harness soak: 1000 faults on 3 rollout serve + redis-server, ch
 faults-ci: ## Fault harness, CI length: 200 faults in about 5 minutes (FAULTS_SEED=n replays)
 	@mkdir -p bin
 	ROLLOUT_FAULTS=200 $(FAULTS_ENV) $(GO) test -count=1 -v -run '^TestFaults$$' -timeout 15m ./internal/faults/
+
+# docker-compose.yml's Redis, servers and loop as processes (no Docker daemon): the file's
+# commands and arguments, ports mapped to free ones; servers and the loop are killed and
+# restarted mid-run. make test runs it for one minute.
+COMPOSE_SOAK ?= 10m
+
+compose-soak: ## docker-compose.yml's stack without Docker for COMPOSE_SOAK (10m), servers and the loop restarted mid-run
+	ROLLOUT_COMPOSE_SOAK=$(COMPOSE_SOAK) $(GO) -C tools test -count=1 -v -run '^TestComposeSoak$$' -timeout 60m ./compose/
 
 bench: build ## Run the engine benchmark (bin/rollout bench engine)
 	$(BIN) bench engine

@@ -71,14 +71,14 @@ func ControlRoundTrip(ctx context.Context, transport string, b bus.Bus, n, round
 	defer c.Close()
 	ids := f.IDs()
 	for range 5 { // warm the connections
-		if err := c.Resume(ctx, sdk.Targets(ids...)); err != nil {
+		if _, err := c.Resume(ctx, sdk.Targets(ids...)); err != nil {
 			return r, err
 		}
 	}
 	lat := make([]time.Duration, 0, rounds)
 	for range rounds {
 		t0 := time.Now()
-		if err := c.Resume(ctx, sdk.Targets(ids...)); err != nil {
+		if _, err := c.Resume(ctx, sdk.Targets(ids...)); err != nil {
 			return r, err
 		}
 		lat = append(lat, time.Since(t0))

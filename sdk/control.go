@@ -80,7 +80,6 @@ type CallOption func(*callConfig)
 type callConfig struct {
 	targets []string
 	timeout time.Duration
-	results *[]ServerResult
 	pub     pubOpts
 }
 
@@ -101,9 +100,6 @@ func Targets(ids ...string) CallOption {
 // Timeout bounds how long the call waits for every target's ack (default
 // Options.CommandTimeout). The command's deadline on the servers is the same.
 func Timeout(d time.Duration) CallOption { return func(c *callConfig) { c.timeout = d } }
-
-// Results stores every target's result in *dst, whether or not the call failed.
-func Results(dst *[]ServerResult) CallOption { return func(c *callConfig) { c.results = dst } }
 
 // ServerResult is how one command ended on one server.
 type ServerResult struct {
@@ -150,10 +146,17 @@ func errText(err error) string {
 // notification, and its acks report each server's pause. With targets it pauses those
 // servers alone and the desired state is untouched (they stay paused until a targeted
 // Resume).
-func (c *Client) Pause(ctx context.Context, o PauseOptions, opts ...CallOption) error {
+//
+// It returns every target's result, also with an error once the command was sent. Errors:
+// ErrInvalid (a bad mode or option), ErrNoServers (no live server, or a target that is
+// not one), ErrConflict (the desired state changed under the call), ErrBadSecret, ErrClosed,
+// a *FleetError wrapping ErrPartial when some targets failed (errors.Is also finds their
+// ErrTimeout, ErrRejected or ErrFailed), or the context's error. The other control calls
+// return the same.
+func (c *Client) Pause(ctx context.Context, o PauseOptions, opts ...CallOption) ([]ServerResult, error) {
 	cmd := protocol.Pause{Mode: o.Mode.orDefault(), ClearCache: o.ClearCache}
 	if err := cmd.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return c.runState(ctx, "pause", cmd, callOpts(opts), func(d *protocol.DesiredState) {
 		d.Paused, d.PauseMode = true, cmd.Mode
@@ -161,19 +164,21 @@ func (c *Client) Pause(ctx context.Context, o PauseOptions, opts ...CallOption) 
 }
 
 // Resume lets the targets schedule again. Without targets it clears the fleet's pause in the
-// desired state first, so every server resumes, also one that misses the command.
-func (c *Client) Resume(ctx context.Context, opts ...CallOption) error {
+// desired state first, so every server resumes, also one that misses the command. Results
+// and errors as for Pause.
+func (c *Client) Resume(ctx context.Context, opts ...CallOption) ([]ServerResult, error) {
 	return c.runState(ctx, "resume", protocol.Resume{}, callOpts(opts), func(d *protocol.DesiredState) {
 		d.Paused, d.PauseMode = false, ""
 	})
 }
 
 // Sleep pauses the targets and releases memory (level 1: KV cache; 2: also the weights).
-// Without targets the desired state records the sleep first, as for Pause.
-func (c *Client) Sleep(ctx context.Context, o SleepOptions, opts ...CallOption) error {
+// Without targets the desired state records the sleep first, as for Pause. Results and
+// errors as for Pause.
+func (c *Client) Sleep(ctx context.Context, o SleepOptions, opts ...CallOption) ([]ServerResult, error) {
 	cmd := protocol.Sleep{Level: o.Level, Mode: string(o.Mode)}
 	if err := cmd.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return c.runState(ctx, "sleep", cmd, callOpts(opts), func(d *protocol.DesiredState) {
 		if cmd.Level > 0 {
@@ -190,11 +195,11 @@ func (c *Client) Sleep(ctx context.Context, o SleepOptions, opts ...CallOption) 
 // WakeUp restores what Sleep released (Tags: "weights", "kv_cache"; empty: everything).
 // Without targets, a wake of everything clears the desired state's sleep first, as Resume
 // does the pause; a partial wake (one tag: the weights before an update, say) leaves the
-// fleet recorded as asleep until the rest wakes.
-func (c *Client) WakeUp(ctx context.Context, o WakeOptions, opts ...CallOption) error {
+// fleet recorded as asleep until the rest wakes. Results and errors as for Pause.
+func (c *Client) WakeUp(ctx context.Context, o WakeOptions, opts ...CallOption) ([]ServerResult, error) {
 	cmd := protocol.Wake{Tags: slices.Clone(o.Tags)}
 	if err := cmd.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	cfg := callOpts(opts)
 	change := func(d *protocol.DesiredState) { d.Sleep = 0 }
@@ -207,18 +212,18 @@ func (c *Client) WakeUp(ctx context.Context, o WakeOptions, opts ...CallOption) 
 // runState runs a run-state command. Fleet-wide (no targets) with a change, it writes the
 // desired state first and sends the command with that epoch: a server reads the record
 // before it acts, and a command the record has since superseded changes nothing.
-func (c *Client) runState(ctx context.Context, op string, cmd any, cfg callConfig, change func(*protocol.DesiredState)) error {
+func (c *Client) runState(ctx context.Context, op string, cmd any, cfg callConfig, change func(*protocol.DesiredState)) ([]ServerResult, error) {
 	if len(cfg.targets) == 0 && change != nil {
 		if err := c.checkOpen(ctx); err != nil {
-			return err
+			return nil, err
 		}
 		d, err := c.updateDesired(ctx, func(d *protocol.DesiredState) error { change(d); return nil })
 		if err != nil {
-			return err
+			return nil, err
 		}
 		raw, err := d.Encode()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		cfg.pub = pubOpts{epoch: d.Epoch, fleetWide: true, desired: raw}
 	}
@@ -226,17 +231,17 @@ func (c *Client) runState(ctx context.Context, op string, cmd any, cfg callConfi
 }
 
 // ResetCache resets the targets' prefix cache (and with ResetExternal the offloaded KV). A
-// server acks ok only when everything was cleared.
-func (c *Client) ResetCache(ctx context.Context, o ResetOptions, opts ...CallOption) error {
+// server acks ok only when everything was cleared. Results and errors as for Pause.
+func (c *Client) ResetCache(ctx context.Context, o ResetOptions, opts ...CallOption) ([]ServerResult, error) {
 	return c.control(ctx, "reset", protocol.Reset{ResetExternal: o.ResetExternal, ResetRunning: o.ResetRunning}, callOpts(opts))
 }
 
 // Abort finishes the named requests (empty: all) with finish reason abort. Generate does not
-// continue a sample the caller aborted.
-func (c *Client) Abort(ctx context.Context, o AbortOptions, opts ...CallOption) error {
+// continue a sample the caller aborted. Results and errors as for Pause.
+func (c *Client) Abort(ctx context.Context, o AbortOptions, opts ...CallOption) ([]ServerResult, error) {
 	for _, id := range o.RequestIDs {
 		if id == "" {
-			return invalid("empty request id")
+			return nil, invalid("empty request id")
 		}
 	}
 	ids := c.aborts.record(o.RequestIDs)
@@ -253,33 +258,31 @@ func callOpts(opts []CallOption) callConfig {
 	return cfg
 }
 
-// control runs one command on the configured targets and waits for their acks.
-func (c *Client) control(ctx context.Context, op string, cmd any, cfg callConfig) (err error) {
+// control runs one command on the configured targets and waits for their acks; it
+// returns every target's result, with an error too.
+func (c *Client) control(ctx context.Context, op string, cmd any, cfg callConfig) (results []ServerResult, err error) {
 	ctx, span := c.tracer.Start(ctx, "sdk."+op, trace.WithSpanKind(trace.SpanKindClient))
 	defer func() { endSpan(span, err) }()
 	if err := c.checkOpen(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	timeout := cfg.timeout
 	if timeout == 0 {
 		timeout = c.opts.CommandTimeout
 	}
 	if timeout < 0 {
-		return invalid("timeout %s must be > 0", timeout)
+		return nil, invalid("timeout %s must be > 0", timeout)
 	}
 	targets, err := c.resolveTargets(ctx, cfg.targets, false)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	span.SetAttributes(attribute.StringSlice("rollout.targets", targets))
-	results, err := c.roundTrip(ctx, targets, cmd, timeout, cfg)
-	if cfg.results != nil {
-		*cfg.results = results
-	}
+	results, err = c.roundTrip(ctx, targets, cmd, timeout, cfg)
 	if err != nil {
-		return err
+		return results, err
 	}
-	return fleetErr(op, ErrPartial, results)
+	return results, fleetErr(op, ErrPartial, results)
 }
 
 // fleetErr is nil when every result is ok, else a *FleetError.

@@ -89,6 +89,21 @@ type SamplingParams struct {
 	IgnoreEOS bool `json:"ignore_eos,omitempty"`
 }
 
+// FinishReason says why a sample ended; the constants are the protocol's, which the servers
+// use too.
+type FinishReason = protocol.FinishReason
+
+// Finish reasons of a Sample.
+const (
+	// FinishStop: the model produced EOS or a stop token.
+	FinishStop = protocol.FinishStop
+	// FinishLength: the sample reached MaxTokens.
+	FinishLength = protocol.FinishLength
+	// FinishAbort: the caller aborted the request (Abort); Generate continues samples the
+	// servers aborted for a pause.
+	FinishAbort = protocol.FinishAbort
+)
+
 // GenerateRequest is one prompt and how many samples of it to generate.
 type GenerateRequest struct {
 	PromptTokenIDs []int
@@ -128,8 +143,9 @@ type TokenLogprob struct {
 // Sample is one whole generated sequence.
 type Sample struct {
 	Tokens []Token `json:"tokens"`
-	// FinishReason is "stop", "length" or "abort" (only when the caller aborted it).
-	FinishReason string `json:"finish_reason"`
+	// FinishReason is FinishStop, FinishLength or FinishAbort (only when the caller
+	// aborted it).
+	FinishReason FinishReason `json:"finish_reason"`
 	// Servers are the servers that generated the sample's tokens, in order (more than one
 	// when it was continued elsewhere).
 	Servers []string `json:"servers"`
@@ -339,7 +355,7 @@ type genCall struct {
 
 // needsContinuation reports whether a pause (not the caller) cut s short.
 func (g *genCall) needsContinuation(s *Sample) bool {
-	return s.FinishReason == "abort" && len(s.Tokens) < g.req.Sampling.MaxTokens && !g.c.aborts.aborted(g.req.RequestID, g.snap)
+	return s.FinishReason == FinishAbort && len(s.Tokens) < g.req.Sampling.MaxTokens && !g.c.aborts.aborted(g.req.RequestID, g.snap)
 }
 
 // continueSample resubmits sample i (prompt + its tokens) until it finishes.
@@ -369,15 +385,15 @@ func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *Gen
 		if len(out.Outputs) != 1 {
 			return fmt.Errorf("sdk: server %s returned %d outputs for a continuation", server, len(out.Outputs))
 		}
-		if o := out.Outputs[0]; len(o.TokenIDs) == 0 && o.FinishReason == "abort" {
+		if o := out.Outputs[0]; len(o.TokenIDs) == 0 && o.FinishReason == FinishAbort {
 			stuck++
 		} else {
 			stuck = 0
 		}
 		appendOutput(s, out.Outputs[0], server)
 	}
-	if s.FinishReason == "abort" && len(s.Tokens) >= g.req.Sampling.MaxTokens {
-		s.FinishReason = "length" // aborted exactly at its last token
+	if s.FinishReason == FinishAbort && len(s.Tokens) >= g.req.Sampling.MaxTokens {
+		s.FinishReason = FinishLength // aborted exactly at its last token
 	}
 	return nil
 }
@@ -385,19 +401,15 @@ func (g *genCall) continueSample(ctx context.Context, i int, s *Sample, res *Gen
 func appendOutput(s *Sample, o wireOutput, server string) {
 	for j, id := range o.TokenIDs {
 		t := Token{ID: id, Logprob: math.Inf(-1)}
-		if j < len(o.Logprobs) && o.Logprobs[j] != nil {
-			t.Logprob = *o.Logprobs[j]
+		if j < len(o.Logprobs) {
+			t.Logprob = float64(o.Logprobs[j]) // null on the wire is already -Inf
 		}
 		if j < len(o.WeightVersions) {
 			t.WeightVersion = o.WeightVersions[j]
 		}
 		if j < len(o.TopLogprobs) {
 			for _, tl := range o.TopLogprobs[j] {
-				lp := math.Inf(-1)
-				if tl.Logprob != nil {
-					lp = *tl.Logprob
-				}
-				t.Top = append(t.Top, TokenLogprob{Token: tl.Token, Logprob: lp})
+				t.Top = append(t.Top, TokenLogprob{Token: tl.Token, Logprob: float64(tl.Logprob)})
 			}
 		}
 		s.Tokens = append(s.Tokens, t)
@@ -409,36 +421,14 @@ func appendOutput(s *Sample, o wireOutput, server string) {
 	}
 }
 
-// The native /generate wire shapes.
-type wireRequest struct {
-	PromptTokenIDs []int          `json:"prompt_token_ids"`
-	N              int            `json:"n"`
-	Sampling       SamplingParams `json:"sampling"`
-	RequestID      string         `json:"request_id,omitempty"`
-	CacheSalt      string         `json:"cache_salt,omitempty"`
-	MinVersion     int64          `json:"min_version,omitempty"`
-}
+// The native /generate wire shapes are protocol's, shared with the server.
+type (
+	wireRequest  = protocol.GenerateRequest[SamplingParams]
+	wireResponse = protocol.GenerateResponse
+	wireOutput   = protocol.GenerateOutput
+)
 
-type wireTop struct {
-	Token   int      `json:"token"`
-	Logprob *float64 `json:"logprob"`
-}
-
-type wireOutput struct {
-	TokenIDs        []int       `json:"token_ids"`
-	Logprobs        []*float64  `json:"logprobs"`
-	TopLogprobs     [][]wireTop `json:"top_logprobs"`
-	WeightVersions  []int64     `json:"weight_versions"`
-	FinishReason    string      `json:"finish_reason"`
-	NumCachedTokens int         `json:"num_cached_tokens"`
-}
-
-type wireResponse struct {
-	RequestID     string       `json:"request_id"`
-	WeightVersion int64        `json:"weight_version"`
-	Outputs       []wireOutput `json:"outputs"`
-}
-
+// wireError is the servers' JSON error shape (docs/http-api.md).
 type wireError struct {
 	Error struct {
 		Message string `json:"message"`

@@ -62,18 +62,17 @@ func (g *fakeGen) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	resp := wireResponse{RequestID: req.RequestID, WeightVersion: g.version}
 	for range req.N {
-		o := wireOutput{FinishReason: "length"}
+		o := wireOutput{FinishReason: FinishLength}
 		n := req.Sampling.MaxTokens
 		switch {
 		case abortAt < 0:
-			n, o.FinishReason = 0, "abort"
+			n, o.FinishReason = 0, FinishAbort
 		case abortAt > 0 && abortAt < n:
-			n, o.FinishReason = abortAt, "abort"
+			n, o.FinishReason = abortAt, FinishAbort
 		}
 		for j := range n {
-			lp := -0.5
 			o.TokenIDs = append(o.TokenIDs, len(req.PromptTokenIDs)+j)
-			o.Logprobs = append(o.Logprobs, &lp)
+			o.Logprobs = append(o.Logprobs, -0.5)
 			o.WeightVersions = append(o.WeightVersions, g.version)
 		}
 		resp.Outputs = append(resp.Outputs, o)
@@ -111,7 +110,7 @@ func TestGenerateGroupGoesToOneServer(t *testing.T) {
 		assert.Equal(t, []int{3, 4, 5, 6, 7}, s.TokenIDs())
 		assert.Equal(t, []int64{2, 2, 2, 2, 2}, s.WeightVersions())
 		assert.Equal(t, -0.5, s.Logprobs()[0])
-		assert.Equal(t, "length", s.FinishReason)
+		assert.Equal(t, FinishLength, s.FinishReason)
 	}
 	total := 0
 	for _, g := range gens {
@@ -164,7 +163,7 @@ func TestGenerateContinuesAbortedSample(t *testing.T) {
 	reqs := gens[0].got()
 	require.Len(t, reqs, 3, "the group, then one continuation per aborted sample")
 	for _, s := range res.Samples {
-		assert.Equal(t, "length", s.FinishReason)
+		assert.Equal(t, FinishLength, s.FinishReason)
 		assert.Equal(t, 1, s.Continuations)
 		// Two tokens from the first request, then four continuing after prompt+2 tokens.
 		assert.Equal(t, []int{2, 3, 4, 5, 6, 7}, s.TokenIDs())
@@ -187,7 +186,7 @@ func TestGenerateDoesNotContinueCallerAbort(t *testing.T) {
 	gens[0].mu.Unlock()
 	res, err := c.Generate(t.Context(), GenerateRequest{PromptTokenIDs: []int{1}, Sampling: SamplingParams{MaxTokens: 4}})
 	require.NoError(t, err)
-	assert.Equal(t, "abort", res.Samples[0].FinishReason)
+	assert.Equal(t, FinishAbort, res.Samples[0].FinishReason)
 	assert.Equal(t, 0, res.Continuations)
 	assert.Len(t, gens[0].got(), 1)
 }

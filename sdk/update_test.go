@@ -184,10 +184,10 @@ func TestUpdateWeightsBadInput(t *testing.T) {
 	require.NoError(t, s.sub.Close())
 	// Control calls target the servers of the last refresh: the agents are gone, so nobody
 	// hears the command.
-	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}, Targets("a")), ErrNoServers)
+	require.ErrorIs(t, errOf(c.Pause(t.Context(), PauseOptions{}, Targets("a"))), ErrNoServers)
 	_, err = c.Status(t.Context())
 	require.NoError(t, err)
-	require.ErrorIs(t, c.Pause(t.Context(), PauseOptions{}), ErrNoServers)
+	require.ErrorIs(t, errOf(c.Pause(t.Context(), PauseOptions{})), ErrNoServers)
 }
 
 func TestDesiredStateRebuiltAfterLoss(t *testing.T) {
@@ -196,7 +196,7 @@ func TestDesiredStateRebuiltAfterLoss(t *testing.T) {
 	require.NoError(t, err)
 	// Redis restarted empty: the desired state is gone, the servers remember its epoch.
 	require.NoError(t, b.Delete(t.Context(), protocol.Names{Fleet: "f"}.Desired()))
-	require.NoError(t, c.Pause(t.Context(), PauseOptions{}))
+	require.NoError(t, errOf(c.Pause(t.Context(), PauseOptions{})))
 	d, err := c.DesiredState(t.Context())
 	require.NoError(t, err)
 	require.NotNil(t, d)

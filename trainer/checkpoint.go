@@ -2,9 +2,7 @@ package trainer
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -33,18 +31,24 @@ type checkpointState struct {
 
 // Save writes a checkpoint to dir: the current weights in the engine's HF safetensors layout
 // (weights.SaveHF, float32) plus the AdamW moments and the step count under StateDir.
+//
+// A crash at any moment leaves a complete checkpoint, the new one or the one before: Save
+// writes everything beside dir (dir+".tmp", the marker last), then moves the old checkpoint
+// to dir+".prev", the new one to dir, and removes the old; HasCheckpoint and Resume fall
+// back to dir+".prev" when dir is not complete. A loop killed mid-save (docker-compose's
+// rl-loop, on a crash or a restart) so resumes instead of finding no checkpoint at all.
 func (t *Trainer) Save(dir string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return ErrClosed
 	}
-	sd := filepath.Join(dir, StateDir)
-	// Remove the marker first, so a crash mid-save does not leave old state beside new weights.
-	if err := os.Remove(filepath.Join(sd, StateFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	tmp, prev := dir+".tmp", dir+".prev"
+	if err := os.RemoveAll(tmp); err != nil {
 		return fmt.Errorf("trainer: save: %w", err)
 	}
-	if err := weights.SaveHF(dir, t.p.weights(), weights.F32); err != nil {
+	sd := filepath.Join(tmp, StateDir)
+	if err := weights.SaveHF(tmp, t.p.weights(), weights.F32); err != nil {
 		return fmt.Errorf("trainer: save weights: %w", err)
 	}
 	if err := weights.SaveHF(filepath.Join(sd, adamMDir), t.opt.m.weights(), weights.F32); err != nil {
@@ -57,20 +61,53 @@ func (t *Trainer) Save(dir string) error {
 	if err != nil {
 		return fmt.Errorf("trainer: save: %w", err)
 	}
-	tmp := filepath.Join(sd, StateFile+".tmp")
-	if err := os.WriteFile(tmp, js, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(sd, StateFile), js, 0o644); err != nil {
 		return fmt.Errorf("trainer: save: %w", err)
 	}
-	if err := os.Rename(tmp, filepath.Join(sd, StateFile)); err != nil {
+	switch {
+	case complete(dir):
+		// The current checkpoint becomes the fallback until the new one is in place.
+		if err := os.RemoveAll(prev); err != nil {
+			return fmt.Errorf("trainer: save: %w", err)
+		}
+		if err := os.Rename(dir, prev); err != nil {
+			return fmt.Errorf("trainer: save: %w", err)
+		}
+	default:
+		// Nothing complete at dir (a first save, or a crash left prev as the only
+		// checkpoint): keep prev until the new one is in place.
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("trainer: save: %w", err)
+		}
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return fmt.Errorf("trainer: save: %w", err)
+	}
+	if err := os.RemoveAll(prev); err != nil {
 		return fmt.Errorf("trainer: save: %w", err)
 	}
 	return nil
 }
 
-// HasCheckpoint reports whether dir holds a complete checkpoint written by Save.
-func HasCheckpoint(dir string) bool {
+// complete reports whether dir holds a checkpoint whose marker Save wrote.
+func complete(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, StateDir, StateFile))
 	return err == nil
+}
+
+// checkpointDir is where the checkpoint named dir is: dir, or the previous one Save left
+// at dir+".prev" when a crash stopped it between moving the old checkpoint and the new.
+func checkpointDir(dir string) string {
+	if !complete(dir) && complete(dir+".prev") {
+		return dir + ".prev"
+	}
+	return dir
+}
+
+// HasCheckpoint reports whether dir holds a complete checkpoint written by Save (or its
+// previous one, see Save).
+func HasCheckpoint(dir string) bool {
+	return complete(checkpointDir(dir))
 }
 
 // Resume starts a Trainer from a checkpoint written by Save: the weights, the AdamW moments,
@@ -83,6 +120,7 @@ func Resume(dir string, cfg Config) (*Trainer, error) {
 	if cfg.KLCoef > 0 && cfg.Reference == nil {
 		return nil, fmt.Errorf("%w: resuming with kl_coef %v needs Config.Reference (the checkpoint holds only the trained weights)", ErrInvalidConfig, cfg.KLCoef)
 	}
+	dir = checkpointDir(dir)
 	js, err := os.ReadFile(filepath.Join(dir, StateDir, StateFile))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrBadCheckpoint, dir, err)

@@ -3,6 +3,7 @@ package trainer
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -367,4 +368,48 @@ func TestKLReference(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, st.KL, 0.0)
 	require.Greater(t, st.Time.Reference, time.Duration(0))
+}
+
+// TestSaveSurvivesACrash: wherever a crash stops Save, a complete checkpoint remains, the
+// new one or the one before, and the next Save cleans up after the crash.
+func TestSaveSurvivesACrash(t *testing.T) {
+	w := randomWeights(t, tinyConfig(true), 3)
+	cfg := Config{Workers: 1, Version: 1}
+	tr, err := New(w, cfg)
+	require.NoError(t, err)
+	defer tr.Close()
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	require.NoError(t, tr.Save(dir))
+	_, err = tr.Step(t.Context(), testSamples(t, tr, 1))
+	require.NoError(t, err)
+
+	resumedSteps := func() int {
+		t.Helper()
+		require.True(t, HasCheckpoint(dir))
+		r, err := Resume(dir, cfg)
+		require.NoError(t, err)
+		defer r.Close()
+		return r.Steps()
+	}
+	// A crash while the new checkpoint is being written: the old one is untouched.
+	require.NoError(t, os.MkdirAll(filepath.Join(dir+".tmp", StateDir), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir+".tmp", "model.safetensors"), []byte("half"), 0o644))
+	require.Equal(t, 0, resumedSteps())
+
+	// A crash between moving the old checkpoint aside and moving the new one in.
+	require.NoError(t, os.Rename(dir, dir+".prev"))
+	require.Equal(t, 0, resumedSteps(), "the previous checkpoint is found")
+
+	// The next save puts the new checkpoint in place and removes what the crashes left.
+	require.NoError(t, tr.Save(dir))
+	require.Equal(t, 1, resumedSteps())
+	for _, leftover := range []string{dir + ".tmp", dir + ".prev"} {
+		_, err := os.Stat(leftover)
+		require.ErrorIs(t, err, os.ErrNotExist, leftover)
+	}
+	// And again over a complete checkpoint.
+	require.NoError(t, tr.Save(dir))
+	require.Equal(t, 1, resumedSteps())
+	_, err = os.Stat(dir + ".prev")
+	require.ErrorIs(t, err, os.ErrNotExist)
 }

@@ -197,8 +197,8 @@ func (f *controlFlags) register(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&f.timeout, "timeout", sdk.DefaultCommandTimeout, "how long to wait for every target's ack")
 }
 
-func (f *controlFlags) opts(results *[]sdk.ServerResult) []sdk.CallOption {
-	o := []sdk.CallOption{sdk.Timeout(f.timeout), sdk.Results(results)}
+func (f *controlFlags) opts() []sdk.CallOption {
+	o := []sdk.CallOption{sdk.Timeout(f.timeout)}
 	if len(f.targets) > 0 {
 		o = append(o, sdk.Targets(f.targets...))
 	}
@@ -241,10 +241,9 @@ func resultView(r sdk.ServerResult) serverResultView {
 // control runs one command through call and prints its per-server results. A failure with
 // results (some targets failed) prints them and then returns the error, so the exit code is 1;
 // a failure without (bad flags, no servers) is just the error.
-func (fc *fleetCmd) control(cmd *cobra.Command, name string, f controlFlags, call func(context.Context, *sdk.Client, []sdk.CallOption) error) error {
+func (fc *fleetCmd) control(cmd *cobra.Command, name string, f controlFlags, call func(context.Context, *sdk.Client, []sdk.CallOption) ([]sdk.ServerResult, error)) error {
 	return fc.withClient(cmd, func(ctx context.Context, c *sdk.Client) error {
-		var results []sdk.ServerResult
-		err := call(ctx, c, f.opts(&results))
+		results, err := call(ctx, c, f.opts())
 		if err != nil && len(results) == 0 {
 			return fmt.Errorf("fleet %s: %w", name, err)
 		}
@@ -306,7 +305,7 @@ func (fc *fleetCmd) pauseCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return fc.control(cmd, "pause", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) error {
+			return fc.control(cmd, "pause", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
 				return c.Pause(ctx, sdk.PauseOptions{Mode: m, ClearCache: clearCache}, o...)
 			})
 		},
@@ -332,7 +331,7 @@ func (fc *fleetCmd) resumeCmd() *cobra.Command {
 		Short: "Let the fleet schedule again (and clear a fleet pause from the desired state)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return fc.control(cmd, "resume", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) error {
+			return fc.control(cmd, "resume", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
 				return c.Resume(ctx, o...)
 			})
 		},
@@ -359,7 +358,7 @@ func (fc *fleetCmd) sleepCmd() *cobra.Command {
 			if level < 0 || level > 2 {
 				return fmt.Errorf("--level %d: want 0, 1 or 2", level)
 			}
-			return fc.control(cmd, "sleep", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) error {
+			return fc.control(cmd, "sleep", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
 				return c.Sleep(ctx, sdk.SleepOptions{Level: level, Mode: m}, o...)
 			})
 		},
@@ -385,7 +384,7 @@ func (fc *fleetCmd) wakeCmd() *cobra.Command {
 					return fmt.Errorf("--tags %q: want weights and/or kv_cache", t)
 				}
 			}
-			return fc.control(cmd, "wake", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) error {
+			return fc.control(cmd, "wake", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
 				return c.WakeUp(ctx, sdk.WakeOptions{Tags: tags}, o...)
 			})
 		},
@@ -405,7 +404,7 @@ func (fc *fleetCmd) resetCmd() *cobra.Command {
 		Short: "Reset the fleet's prefix cache (--reset-external: also the offloaded KV); a server fails unless everything was cleared",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return fc.control(cmd, "reset", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) error {
+			return fc.control(cmd, "reset", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
 				return c.ResetCache(ctx, sdk.ResetOptions{ResetExternal: resetExternal, ResetRunning: resetRun}, o...)
 			})
 		},

@@ -44,7 +44,7 @@ func runGenerateFleet(ctx context.Context, cmd *cobra.Command, o generateOpts, p
 	elapsed := time.Since(start).Seconds()
 	s := out.Samples[0]
 	res := generateResult{Model: "fleet:" + o.conn.fleet, PromptTokenIDs: tok.Tokens, TokenIDs: s.TokenIDs(),
-		WeightVersions: s.WeightVersions(), FinishReason: s.FinishReason}
+		WeightVersions: s.WeightVersions(), FinishReason: string(s.FinishReason)}
 	for _, lp := range s.Logprobs() {
 		v := float32(lp)
 		if math.IsInf(lp, -1) || lp < -math.MaxFloat32 {
@@ -112,8 +112,8 @@ func tokenizeOnFleet(ctx context.Context, c *sdk.Client, apiKey, prompt string, 
 
 // textTokens drops the final stop token from the ids to detokenize, as the text of
 // /v1/completions does not contain it.
-func textTokens(ids []int, finish string) []int {
-	if finish == "stop" && len(ids) > 0 {
+func textTokens(ids []int, finish sdk.FinishReason) []int {
+	if finish == sdk.FinishStop && len(ids) > 0 {
 		return ids[:len(ids)-1]
 	}
 	return ids

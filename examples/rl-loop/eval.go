@@ -68,7 +68,7 @@ func evaluate(ctx context.Context, c *sdk.Client, tk *task, samp sdk.SamplingPar
 			s := g.Samples[0]
 			ids := s.TokenIDs()
 			it := evalItem{Prompt: p.Text, PromptTokenIDs: p.Prompt, Expected: text(p.Answer), ExpectedTokenIDs: p.Answer,
-				CompletionTokenIDs: ids, Completion: tk.render(ids), FinishReason: s.FinishReason, Correct: tk.correct(p, ids),
+				CompletionTokenIDs: ids, Completion: tk.render(ids), FinishReason: string(s.FinishReason), Correct: tk.correct(p, ids),
 				Greedy: true, MaxTokens: maxTokens}
 			if len(ids) > 0 {
 				it.Version = s.WeightVersions()[0]

@@ -249,7 +249,9 @@ func (u *update) wait() (*sdk.UpdateResult, error) {
 	if u.err != nil {
 		return u.res, u.err
 	}
-	if u.res.Outcome != sdk.OutcomeCommitted {
+	// Degraded is --policy quorum:K met: the servers that missed the update are out of
+	// rotation until they converge by themselves, and training goes on.
+	if u.res.Outcome != sdk.OutcomeCommitted && u.res.Outcome != sdk.OutcomeDegraded {
 		return u.res, fmt.Errorf("update to version %d: %s (%s)", u.res.Version, u.res.Outcome, u.res.Reason)
 	}
 	return u.res, nil
@@ -456,7 +458,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 			distinct := map[string]bool{}
 			for _, s := range res.Samples {
 				ids := s.TokenIDs()
-				rec.Finish[s.FinishReason]++
+				rec.Finish[string(s.FinishReason)]++
 				nSamples++
 				distinct[fmt.Sprint(ids)] = true
 				if len(ids) == 0 {

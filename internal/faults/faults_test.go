@@ -715,13 +715,13 @@ func (h *harness) control(e Event, id, why string) error {
 	var err error
 	switch e.Kind {
 	case OpPause, OpPauseServer:
-		err = c.Pause(ctx, sdk.PauseOptions{Mode: sdk.PauseMode(e.Mode)}, opts...)
+		_, err = c.Pause(ctx, sdk.PauseOptions{Mode: sdk.PauseMode(e.Mode)}, opts...)
 	case OpResume, OpResumeServer:
-		err = c.Resume(ctx, opts...)
+		_, err = c.Resume(ctx, opts...)
 	case OpSleep:
-		err = c.Sleep(ctx, sdk.SleepOptions{Level: e.Level, Mode: sdk.PauseMode(e.Mode)}, opts...)
+		_, err = c.Sleep(ctx, sdk.SleepOptions{Level: e.Level, Mode: sdk.PauseMode(e.Mode)}, opts...)
 	case OpWake:
-		err = c.WakeUp(ctx, sdk.WakeOptions{}, opts...)
+		_, err = c.WakeUp(ctx, sdk.WakeOptions{}, opts...)
 	}
 	h.rec.Complete(op, err, nil)
 	if err == nil && e.Kind == OpResumeServer {

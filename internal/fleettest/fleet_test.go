@@ -386,7 +386,7 @@ func TestRedisRestartMidTransaction(t *testing.T) {
 	}
 	// The SDK reconnected too: generation and control calls work again.
 	l.waitProgress(t, 4)
-	require.NoError(t, c.Resume(t.Context()))
+	require.NoError(t, errOf(c.Resume(t.Context())))
 	if errs := l.errors(); len(errs) > 0 {
 		t.Logf("%d Generate calls failed while Redis was down, e.g. %v", len(errs), errs[0])
 	}

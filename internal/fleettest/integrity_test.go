@@ -112,9 +112,9 @@ func TestPauseThenResumeQuicklyConverges(t *testing.T) {
 	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "pause-resume", Args: offloadArgs})
 	c := dial(t, f)
 	for range 5 {
-		require.NoError(t, c.Pause(t.Context(), sdk.PauseOptions{Mode: sdk.PauseKeep, ClearCache: true}))
+		require.NoError(t, errOf(c.Pause(t.Context(), sdk.PauseOptions{Mode: sdk.PauseKeep, ClearCache: true})))
 		time.Sleep(500 * time.Millisecond) // the reported race window, not a result-deciding wait
-		require.NoError(t, c.Resume(t.Context()))
+		require.NoError(t, errOf(c.Resume(t.Context())))
 	}
 	for _, p := range f.Procs {
 		f.WaitFor(p, 10*time.Second, "running in rotation", func(hb *protocol.Heartbeat) bool {
@@ -132,7 +132,7 @@ func TestLostResumeConverges(t *testing.T) {
 	skipShort(t)
 	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "lost-resume", Args: offloadArgs})
 	c := dial(t, f)
-	require.NoError(t, c.Pause(t.Context(), sdk.PauseOptions{}))
+	require.NoError(t, errOf(c.Pause(t.Context(), sdk.PauseOptions{})))
 	for _, p := range f.Procs {
 		f.WaitFor(p, 10*time.Second, "paused", func(hb *protocol.Heartbeat) bool { return hb != nil && hb.State == protocol.StatePaused })
 	}

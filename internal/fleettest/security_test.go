@@ -278,10 +278,10 @@ func TestFloodOfForgedCommandsCostsLittle(t *testing.T) {
 		assert.GreaterOrEqual(t, refusedLines(p), 1, "%s says it refused messages", p.ID)
 	}
 	c := dial(t, f)
-	require.NoError(t, c.Pause(t.Context(), sdk.PauseOptions{}))
+	require.NoError(t, errOf(c.Pause(t.Context(), sdk.PauseOptions{})))
 	for _, p := range f.Procs {
 		f.WaitFor(p, 30*time.Second, "paused", func(hb *protocol.Heartbeat) bool { return hb.State == protocol.StatePaused })
 	}
-	require.NoError(t, c.Resume(t.Context()))
+	require.NoError(t, errOf(c.Resume(t.Context())))
 	assertServing(t, f, 0)
 }

@@ -337,7 +337,7 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 		}
 		return err
 	}
-	wasPaused := st.State != "running"
+	wasPaused := st.State != protocol.StateRunning
 	// Whether the server was generating: after a pause that aborted its requests, their
 	// clients resubmit (the SDK continues each sample), so the first token after the resume
 	// is worth waiting for even when nothing waits at the resume itself.
@@ -354,7 +354,7 @@ func (a *Agent) commit(ctx context.Context, c protocol.Commit, stayPaused bool) 
 	}); err != nil {
 		// A pause cut short by the deadline may still have taken effect in the engine: undo
 		// it rather than leave the server paused by a commit that did not happen.
-		if !wasPaused && !stayPaused && eng.State().State == "paused" {
+		if !wasPaused && !stayPaused && eng.State().State == protocol.StatePaused {
 			_ = step("resume", func(*phase) error { return eng.Resume(cut) })
 		}
 		return res

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -74,12 +73,6 @@ func TestTextProcStopStrings(t *testing.T) {
 	assert.Empty(t, d)
 	d, _ = p.push(0xa9)
 	assert.Equal(t, "é", d)
-}
-
-func TestLogprobJSON(t *testing.T) {
-	b, err := json.Marshal([]logprob{-0.5, logprob(math.Inf(-1)), logprob(float32(math.NaN()))})
-	require.NoError(t, err)
-	assert.Equal(t, "[-0.5,null,null]", string(b))
 }
 
 func testAPI(t *testing.T, cfg Config) *API {

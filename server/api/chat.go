@@ -11,6 +11,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/sample"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // chatRequest is POST /v1/chat/completions; the sampling fields are sample.Params' JSON names.
@@ -42,16 +43,16 @@ type chatMsgOut struct {
 }
 
 type chatTop struct {
-	Token   string  `json:"token"`
-	Logprob logprob `json:"logprob"`
-	Bytes   []int   `json:"bytes"`
+	Token   string           `json:"token"`
+	Logprob protocol.Logprob `json:"logprob"`
+	Bytes   []int            `json:"bytes"`
 }
 
 type chatTokenLogprob struct {
-	Token       string    `json:"token"`
-	Logprob     logprob   `json:"logprob"`
-	Bytes       []int     `json:"bytes"`
-	TopLogprobs []chatTop `json:"top_logprobs"`
+	Token       string           `json:"token"`
+	Logprob     protocol.Logprob `json:"logprob"`
+	Bytes       []int            `json:"bytes"`
+	TopLogprobs []chatTop        `json:"top_logprobs"`
 }
 
 type chatLogprobs struct {
@@ -186,9 +187,9 @@ func (a *API) handleChat(c *gin.Context) {
 func (a *API) chatLogprobs(toks []engine.Token) *chatLogprobs {
 	lp := &chatLogprobs{Content: make([]chatTokenLogprob, len(toks))}
 	for i, t := range toks {
-		e := chatTokenLogprob{Token: tokenText(a.tok, t.ID), Logprob: logprob(t.Logprob), Bytes: tokenBytes(a, t.ID), TopLogprobs: []chatTop{}}
+		e := chatTokenLogprob{Token: tokenText(a.tok, t.ID), Logprob: protocol.Logprob(t.Logprob), Bytes: tokenBytes(a, t.ID), TopLogprobs: []chatTop{}}
 		for _, tl := range t.Top {
-			e.TopLogprobs = append(e.TopLogprobs, chatTop{Token: tokenText(a.tok, tl.Token), Logprob: logprob(tl.Logprob), Bytes: tokenBytes(a, tl.Token)})
+			e.TopLogprobs = append(e.TopLogprobs, chatTop{Token: tokenText(a.tok, tl.Token), Logprob: protocol.Logprob(tl.Logprob), Bytes: tokenBytes(a, tl.Token)})
 		}
 		lp.Content[i] = e
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/sample"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // readJSON reads the body (bounded by bodyLimit) and decodes it into v. Invalid UTF-8 is
@@ -84,44 +84,6 @@ func jsonType(t reflect.Type) string {
 		return "an object"
 	}
 	return "another type"
-}
-
-// logprob is a float32 logprob that encodes -Inf and NaN (a token outside the processed
-// distribution) as JSON null.
-type logprob float32
-
-// MarshalJSON implements json.Marshaler.
-func (l logprob) MarshalJSON() ([]byte, error) {
-	f := float64(l)
-	if math.IsInf(f, 0) || math.IsNaN(f) {
-		return []byte("null"), nil
-	}
-	return strconv.AppendFloat(nil, f, 'g', -1, 32), nil
-}
-
-// logprobList encodes a whole list of logprobs in one call: encoding/json calls a per-element
-// MarshalJSON once per token and re-validates each result, which dominated the cost of long
-// responses.
-type logprobList []logprob
-
-// MarshalJSON implements json.Marshaler.
-func (l logprobList) MarshalJSON() ([]byte, error) {
-	if l == nil {
-		return []byte("null"), nil
-	}
-	b := make([]byte, 0, 2+12*len(l))
-	b = append(b, '[')
-	for i, v := range l {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		if f := float64(v); math.IsInf(f, 0) || math.IsNaN(f) {
-			b = append(b, "null"...)
-		} else {
-			b = strconv.AppendFloat(b, f, 'g', -1, 32)
-		}
-	}
-	return append(b, ']'), nil
 }
 
 // genSpec is what a route asks the engine for: every prompt n times.
@@ -540,10 +502,10 @@ func idsOf(toks []engine.Token) []int {
 	return v
 }
 
-func logprobsOf(toks []engine.Token) logprobList {
-	v := make(logprobList, len(toks))
+func logprobsOf(toks []engine.Token) protocol.Logprobs {
+	v := make(protocol.Logprobs, len(toks))
 	for i, t := range toks {
-		v[i] = logprob(t.Logprob)
+		v[i] = protocol.Logprob(t.Logprob)
 	}
 	return v
 }

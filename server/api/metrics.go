@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // Metrics is the server's Prometheus registry: histograms fed by engine hooks and the API,
@@ -196,7 +197,7 @@ var connectorHelp = map[string]string{
 	"safety_violations_total":       "Transfers that touched a released or reassigned block or slot.",
 }
 
-var engineStates = []string{"running", "paused", "sleeping", "updating"}
+var engineStates = []string{protocol.StateRunning, protocol.StatePaused, protocol.StateSleeping, protocol.StateUpdating}
 
 type engineCollector struct{ a *API }
 

@@ -9,35 +9,13 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/rolloutkit/rollout/engine/sample"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
-// generateRequest is the native POST /generate.
-type generateRequest struct {
-	PromptTokenIDs []int         `json:"prompt_token_ids"`
-	N              int           `json:"n"`
-	Sampling       sample.Params `json:"sampling"`
-	RequestID      string        `json:"request_id"`
-	CacheSalt      string        `json:"cache_salt"`
-	MinVersion     int64         `json:"min_version"`
-}
-
-type generateOutput struct {
-	TokenIDs        []int                   `json:"token_ids"`
-	Logprobs        logprobList             `json:"logprobs"`
-	TopLogprobs     [][]sample.TokenLogprob `json:"top_logprobs,omitempty"`
-	WeightVersions  []int64                 `json:"weight_versions"`
-	FinishReason    string                  `json:"finish_reason"`
-	NumCachedTokens int                     `json:"num_cached_tokens"`
-}
-
-type generateResponse struct {
-	RequestID     string           `json:"request_id"`
-	WeightVersion int64            `json:"weight_version"`
-	Outputs       []generateOutput `json:"outputs"`
-}
-
+// handleGenerate serves the native POST /generate, whose wire types sdk/protocol defines for
+// both sides.
 func (a *API) handleGenerate(c *gin.Context) {
-	req := generateRequest{N: 1, Sampling: sample.Defaults()}
+	req := protocol.GenerateRequest[sample.Params]{N: 1, Sampling: sample.Defaults()}
 	if err := readJSON(c, &req); err != nil {
 		writeError(c, err)
 		return
@@ -72,14 +50,18 @@ func (a *API) handleGenerate(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
-	resp := generateResponse{RequestID: id, WeightVersion: a.responseVersion(run.choices), Outputs: make([]generateOutput, len(run.choices))}
+	resp := protocol.GenerateResponse{RequestID: id, WeightVersion: a.responseVersion(run.choices), Outputs: make([]protocol.GenerateOutput, len(run.choices))}
 	for i, ch := range run.choices {
-		o := generateOutput{TokenIDs: idsOf(ch.tokens), Logprobs: logprobsOf(ch.tokens), WeightVersions: versionsOf(ch.tokens),
-			FinishReason: string(ch.finish), NumCachedTokens: ch.cached}
+		o := protocol.GenerateOutput{TokenIDs: idsOf(ch.tokens), Logprobs: logprobsOf(ch.tokens), WeightVersions: versionsOf(ch.tokens),
+			FinishReason: protocol.FinishReason(ch.finish), NumCachedTokens: ch.cached}
 		if spec.params.Logprobs > 0 {
-			o.TopLogprobs = make([][]sample.TokenLogprob, len(ch.tokens))
+			o.TopLogprobs = make([][]protocol.TopLogprob, len(ch.tokens))
 			for j, t := range ch.tokens {
-				o.TopLogprobs[j] = t.Top
+				top := make([]protocol.TopLogprob, len(t.Top))
+				for k, tl := range t.Top {
+					top[k] = protocol.TopLogprob{Token: tl.Token, Logprob: protocol.Logprob(tl.Logprob)}
+				}
+				o.TopLogprobs[j] = top
 			}
 		}
 		resp.Outputs[i] = o
@@ -192,7 +174,7 @@ func (a *API) notReady() string {
 		return "shutting down"
 	case a.updating.Load():
 		return "updating weights"
-	case m.State != "running":
+	case m.State != protocol.StateRunning:
 		return "engine is " + m.State
 	}
 	if a.cfg.Ready != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/sample"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // completionRequest is POST /v1/completions. The sampling fields are sample.Params' own JSON
@@ -51,10 +52,10 @@ type promptDetails struct {
 }
 
 type completionLogprobs struct {
-	Tokens        []string             `json:"tokens"`
-	TokenLogprobs logprobList          `json:"token_logprobs"`
-	TopLogprobs   []map[string]logprob `json:"top_logprobs"`
-	TextOffset    []int                `json:"text_offset"`
+	Tokens        []string                      `json:"tokens"`
+	TokenLogprobs protocol.Logprobs             `json:"token_logprobs"`
+	TopLogprobs   []map[string]protocol.Logprob `json:"top_logprobs"`
+	TextOffset    []int                         `json:"text_offset"`
 }
 
 type completionChoice struct {
@@ -314,15 +315,15 @@ func (a *API) decodeLossy(ids []int) string {
 }
 
 func (a *API) completionLogprobs(toks []engine.Token, offsets []int, base int) *completionLogprobs {
-	lp := &completionLogprobs{Tokens: make([]string, len(toks)), TokenLogprobs: make(logprobList, len(toks)),
-		TopLogprobs: make([]map[string]logprob, len(toks)), TextOffset: make([]int, len(toks))}
+	lp := &completionLogprobs{Tokens: make([]string, len(toks)), TokenLogprobs: make(protocol.Logprobs, len(toks)),
+		TopLogprobs: make([]map[string]protocol.Logprob, len(toks)), TextOffset: make([]int, len(toks))}
 	for i, t := range toks {
 		lp.Tokens[i] = tokenText(a.tok, t.ID)
-		lp.TokenLogprobs[i] = logprob(t.Logprob)
+		lp.TokenLogprobs[i] = protocol.Logprob(t.Logprob)
 		if len(t.Top) > 0 {
-			m := make(map[string]logprob, len(t.Top))
+			m := make(map[string]protocol.Logprob, len(t.Top))
 			for _, e := range t.Top {
-				m[tokenText(a.tok, e.Token)] = logprob(e.Logprob)
+				m[tokenText(a.tok, e.Token)] = protocol.Logprob(e.Logprob)
 			}
 			lp.TopLogprobs[i] = m
 		}

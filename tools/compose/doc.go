@@ -6,7 +6,10 @@
 // the test runs, and readable only by its user, no private-address opt-in for weight fetches);
 // that exemplars go from Prometheus (whose configuration Prometheus's own loader reads) to
 // Jaeger in Grafana; and that the image builds the default kernels, starts with its default
-// command and gets a small build context.
+// command and gets a small build context. TestComposeSoak (soak_test.go) runs the file's
+// Redis, servers and loop as processes with the same binaries and arguments where no Docker
+// daemon exists, restarts servers and the loop mid-run, and checks that the run keeps going;
+// ROLLOUT_COMPOSE_SOAK sets its length (one minute by default, ten in make compose-soak).
 // It lives in the tools module so that compose-go's and Prometheus's dependencies stay out of
 // the main module that importers of the SDK inherit.
 package compose
