@@ -86,8 +86,14 @@ func newBenchEngineCmd() *cobra.Command {
 				rep.MatMul = append(rep.MatMul, mm)
 			}
 			for _, p := range presets {
+				// One weight set for every precision and repeat: generating the 1B shape takes
+				// longer than decoding it.
+				w, err := model.Preset(p, 1)
+				if err != nil {
+					return err
+				}
 				for _, prec := range precs {
-					r, err := decodeFigures(cmd.Context(), pr, pool, p, prec, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
+					r, err := decodeFigures(cmd.Context(), pr, pool, p, w, prec, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
 					if err != nil {
 						return err
 					}
@@ -307,7 +313,7 @@ func printPeerFigures(out io.Writer, rep *bench.EngineReport, peer peerFlags, re
 
 // decodeFigures measures batch-1 decode repeats times, alternating with llama2.c's run when a
 // binary is given, so both see the same machine conditions; it reports medians.
-func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, prec kernels.Precision, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
+func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, w *model.Weights, prec kernels.Precision, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
 	var l2c *bench.Llama2C
 	if llama2cBin != "" && prec == kernels.F32 { // llama2.c reads float32 weights only
 		var err error
@@ -315,11 +321,6 @@ func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset
 			return bench.DecodeResult{}, err
 		}
 		defer l2c.Close()
-	}
-	// One weight set for every repeat: generating the 1B shape takes longer than decoding it.
-	w, err := model.Preset(preset, 1)
-	if err != nil {
-		return bench.DecodeResult{}, err
 	}
 	var r bench.DecodeResult
 	var runs, base, pre []float64
