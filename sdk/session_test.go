@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/sdk/toolcall"
 )
 
@@ -106,7 +107,7 @@ func TestSessionContinuesAbortedTurn(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, turn.Sample.Continuations)
 	assert.Len(t, turn.Sample.Tokens, 5)
-	assert.Equal(t, "length", turn.Sample.FinishReason)
+	assert.Equal(t, protocol.FinishLength, turn.Sample.FinishReason)
 	assert.Equal(t, 5, s.Trajectory().ModelTokens)
 }
 
