@@ -173,3 +173,28 @@ func TestFindLlamaCppMissing(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoLlamaCpp)
 	require.ErrorContains(t, err, LlamaCppModuleEnv, "the error says how to point at an install")
 }
+
+// TestLlamaCppGreedyLargeShapes runs the realistic presets themselves through llama.cpp (f32
+// GGUF, greedy from BOS) when ROLLOUT_PEER_LARGE=1: 2 and 5 GB files and a few GB of memory
+// each, so only on request.
+//
+//	ROLLOUT_PEER_LARGE=1 go test -run LargeShapes -v -timeout 30m ./bench/
+func TestLlamaCppGreedyLargeShapes(t *testing.T) {
+	if os.Getenv("ROLLOUT_PEER_LARGE") != "1" {
+		t.Skip("set ROLLOUT_PEER_LARGE=1 to export the 0.5B and 1B presets to llama.cpp")
+	}
+	peer := findPeer(t)
+	for _, preset := range []string{"qwen2.5-0.5b-shape", "llama3.2-1b-shape"} {
+		t.Run(preset, func(t *testing.T) {
+			w, err := model.Preset(preset, 1)
+			require.NoError(t, err)
+			d, err := DecodeWeights(t.Context(), nil, w, preset, kernels.F32, 6, 1, 0)
+			require.NoError(t, err)
+			tok, err := tokenizer.Synthetic(w.Config.VocabSize)
+			require.NoError(t, err)
+			rs, err := LlamaCppFigures(t.Context(), peer, w, tok, preset, []gguf.Type{gguf.F32}, d.Greedy, 6, 0, 1, 1)
+			require.NoError(t, err)
+			require.Equal(t, len(d.Greedy), rs[0].GreedyMatch, "llama.cpp's greedy tokens from BOS are rollout's")
+		})
+	}
+}
