@@ -163,6 +163,9 @@ func (v *serverView) apply() {
 // desired state (created on a fresh fleet) and every heartbeat pass the signature check with
 // Secret. It fails fast on a bad URL, an unreachable Redis, an empty fleet name, a short
 // secret or a wrong one (ErrBadSecret).
+//
+// Errors: ErrInvalid (a bad option: fleet name, secret, URL, durations), ErrBadSecret,
+// bus.ErrUnavailable wrapped (Redis unreachable), or the context's error.
 func Dial(ctx context.Context, o Options) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -371,6 +374,8 @@ func (c *Client) cachedDesired() *protocol.DesiredState {
 }
 
 // DesiredState returns the fleet's verified desired state (nil when none was ever written).
+// Errors: ErrBadSecret (the record fails the signature check), ErrClosed, a bus error, or
+// the context's error.
 func (c *Client) DesiredState(ctx context.Context) (*protocol.DesiredState, error) {
 	if err := c.checkOpen(ctx); err != nil {
 		return nil, err
@@ -684,6 +689,8 @@ type ServerStatus struct {
 }
 
 // Status reads every live server's heartbeat (verified with the fleet secret), sorted by id.
+// Errors: ErrBadSecret, ErrClosed, a bus error, or the context's error; no live server is
+// an empty list, not an error.
 func (c *Client) Status(ctx context.Context) ([]ServerStatus, error) {
 	if err := c.checkOpen(ctx); err != nil {
 		return nil, err
