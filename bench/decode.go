@@ -15,7 +15,9 @@ import (
 
 // DecodeResult is one model's batch-1 figures.
 type DecodeResult struct {
-	Preset             string  `json:"preset"`
+	Preset string `json:"preset"`
+	// Precision is the weights' storage (kernels.Precision): WeightBytes counts it.
+	Precision          string  `json:"precision"`
 	Params             int64   `json:"params"`
 	WeightBytes        int64   `json:"weight_bytes"`
 	Tokens             int     `json:"tokens"`
@@ -66,15 +68,15 @@ func Median(v []float64) float64 {
 // (-Ofast -march=native -fopenmp, 2 threads; docs/perf.md).
 var llama2c = map[string][2]float64{"stories15m": {690, 800}, "stories110m": {47, 55}}
 
-// Decode measures batch-1 greedy decode of tokens tokens from BOS on a random preset, and a
-// prefill of prefill tokens in one chunk.
-func Decode(ctx context.Context, pool *kernels.Pool, preset string, tokens, prefill int, bandwidthGBs float64) (DecodeResult, error) {
+// Decode measures batch-1 greedy decode of tokens tokens from BOS on a random preset with its
+// weights stored at prec, and a prefill of prefill tokens in one chunk.
+func Decode(ctx context.Context, pool *kernels.Pool, preset string, prec kernels.Precision, tokens, prefill int, bandwidthGBs float64) (DecodeResult, error) {
 	w, err := model.Preset(preset, 1)
 	if err != nil {
 		return DecodeResult{}, err
 	}
 	freshHeap()
-	m, err := model.New(w, pool)
+	m, err := model.NewAs(w, pool, nil, prec)
 	if err != nil {
 		return DecodeResult{}, err
 	}
@@ -124,7 +126,7 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, tokens, pref
 	}
 	pre := time.Since(start).Seconds()
 
-	r := DecodeResult{Preset: preset, Params: c.NumParams(), WeightBytes: m.WeightBytes(), Tokens: tokens,
+	r := DecodeResult{Preset: preset, Precision: prec.String(), Params: c.NumParams(), WeightBytes: m.WeightBytes(), Tokens: tokens,
 		DecodeTokensPerSec: float64(tokens) / dec, PrefillTokens: prefill, PrefillTokensPerSec: float64(prefill) / pre,
 		Llama2CTokensPerSec: llama2c[preset]}
 	r.WeightGBPerSec = r.DecodeTokensPerSec * float64(r.WeightBytes) / 1e9

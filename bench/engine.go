@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/sample"
 )
@@ -46,6 +47,7 @@ func benchPrompt(n, salt, vocab int) []int {
 // ConcurrentResult is aggregate greedy decode throughput at one concurrency.
 type ConcurrentResult struct {
 	Preset       string  `json:"preset"`
+	Precision    string  `json:"precision"`
 	Concurrency  int     `json:"concurrency"`
 	Tokens       int     `json:"tokens_per_request"`
 	TokensPerSec float64 `json:"tokens_per_s"`
@@ -62,10 +64,10 @@ type ConcurrentResult struct {
 }
 
 // Concurrent measures aggregate decode tokens/s with c concurrent greedy requests of tokens
-// tokens each (8-token prompts), through the real engine.
-func Concurrent(ctx context.Context, w *model.Weights, preset string, c, tokens, workers int) (ConcurrentResult, error) {
+// tokens each (8-token prompts), through the real engine serving w at precision prec.
+func Concurrent(ctx context.Context, w *model.Weights, preset string, prec kernels.Precision, c, tokens, workers int) (ConcurrentResult, error) {
 	freshHeap()
-	e, stop, err := runEngine(ctx, engine.Config{Weights: w, MaxNumSeqs: c, MaxBatchedTokens: 2048, Workers: workers})
+	e, stop, err := runEngine(ctx, engine.Config{Weights: w, MaxNumSeqs: c, MaxBatchedTokens: 2048, Workers: workers, Precision: prec})
 	if err != nil {
 		return ConcurrentResult{}, err
 	}
@@ -89,7 +91,7 @@ func Concurrent(ctx context.Context, w *model.Weights, preset string, c, tokens,
 	}
 	el := time.Since(start).Seconds()
 	tps := float64(c*tokens) / el
-	return ConcurrentResult{Preset: preset, Concurrency: c, Tokens: tokens, TokensPerSec: tps, MatMulGFLOPs: tps * MatMulFlopsPerToken(w.Config) / 1e9}, nil
+	return ConcurrentResult{Preset: preset, Precision: prec.String(), Concurrency: c, Tokens: tokens, TokensPerSec: tps, MatMulGFLOPs: tps * MatMulFlopsPerToken(w.Config) / 1e9}, nil
 }
 
 // ConcurrentRounds runs Concurrent for each concurrency in conc, in order, rounds times over,
@@ -98,13 +100,13 @@ func Concurrent(ctx context.Context, w *model.Weights, preset string, c, tokens,
 // that round's concurrency-1 figure, so that both sides of a ratio saw the same machine (on a
 // shared VM the batch-1 figure alone moves 10-20% from one run to the next). OfPeak is set
 // when peak (GFLOP/s) is.
-func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, conc []int, tokens, workers, rounds int, peak float64) ([]ConcurrentResult, error) {
+func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, prec kernels.Precision, conc []int, tokens, workers, rounds int, peak float64) ([]ConcurrentResult, error) {
 	out := make([]ConcurrentResult, len(conc))
 	speedups := make([][]float64, len(conc))
 	for range max(rounds, 1) {
 		base := 0.0
 		for i, c := range conc {
-			r, err := Concurrent(ctx, w, preset, c, tokens, workers)
+			r, err := Concurrent(ctx, w, preset, prec, c, tokens, workers)
 			if err != nil {
 				return nil, err
 			}

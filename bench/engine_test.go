@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
 )
@@ -23,7 +24,7 @@ func tinyWeights(t testing.TB) *model.Weights {
 func TestEngineFigures(t *testing.T) {
 	ctx := context.Background()
 	w := tinyWeights(t)
-	c, err := Concurrent(ctx, w, "tiny", 4, 8, 2)
+	c, err := Concurrent(ctx, w, "tiny", kernels.F32, 4, 8, 2)
 	require.NoError(t, err)
 	assert.Positive(t, c.TokensPerSec)
 	p, err := PrefixTTFT(ctx, w, "tiny", 64, 2)
@@ -42,7 +43,7 @@ func TestEngineFigures(t *testing.T) {
 // runs, and a speedup that is the median of the per-round ratios, not a ratio of medians.
 func TestConcurrentRounds(t *testing.T) {
 	w := tinyWeights(t)
-	rs, err := ConcurrentRounds(context.Background(), w, "tiny", []int{1, 4}, 8, 2, 3, 1000)
+	rs, err := ConcurrentRounds(context.Background(), w, "tiny", kernels.F32, []int{1, 4}, 8, 2, 3, 1000)
 	require.NoError(t, err)
 	require.Len(t, rs, 2)
 	for i, c := range []int{1, 4} {
@@ -60,7 +61,7 @@ func TestConcurrentRounds(t *testing.T) {
 	assert.Equal(t, Median(ratios), rs[1].SpeedupVsBatch1)
 
 	// Without concurrency 1 there is no baseline: no speedup.
-	rs, err = ConcurrentRounds(context.Background(), w, "tiny", []int{2}, 4, 2, 1, 0)
+	rs, err = ConcurrentRounds(context.Background(), w, "tiny", kernels.BF16, []int{2}, 4, 2, 1, 0)
 	require.NoError(t, err)
 	assert.Zero(t, rs[0].SpeedupVsBatch1)
 	assert.Zero(t, rs[0].OfPeak)
@@ -89,7 +90,7 @@ func BenchmarkConcurrentDecode(b *testing.B) {
 		for _, c := range []int{1, 8, 32, 64} {
 			b.Run(fmt.Sprintf("%s/c=%d", preset, c), func(b *testing.B) {
 				for range b.N {
-					r, err := Concurrent(context.Background(), w, preset, c, 32, 2)
+					r, err := Concurrent(context.Background(), w, preset, kernels.F32, c, 32, 2)
 					require.NoError(b, err)
 					b.ReportMetric(r.TokensPerSec, "tok/s")
 				}

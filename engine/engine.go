@@ -73,6 +73,9 @@ type Config struct {
 	MaxQueued int
 	// Workers is the number of kernel workers (default GOMAXPROCS).
 	Workers int
+	// Precision is how the packed matrices store the weights (default kernels.F32): every
+	// weight set, the initial one and each update, is rounded or quantized to it when packed.
+	Precision kernels.Precision
 	// PrefaultKV writes every page of the KV pool when it is allocated (New, and WakeUp after
 	// a sleep that released it), so that no decode step pays the first-touch page fault of a
 	// block and the pool's memory is committed up front, as a GPU engine's is. It costs time
@@ -154,6 +157,9 @@ func (c Config) Validate() error {
 	}
 	if c.KVBytes < 0 {
 		return invalidField("KVBytes", "%d is negative", c.KVBytes)
+	}
+	if c.Precision > kernels.Int8 {
+		return invalidField("Precision", "unknown precision %d", c.Precision)
 	}
 	return nil
 }
@@ -354,7 +360,7 @@ func New(cfg Config) (*Engine, error) {
 		stop: make(chan struct{}), exited: make(chan struct{}),
 		reqs: map[string]*reqState{}, version: cfg.WeightVersion, weights: cfg.Weights, shape: cfg.Weights.Config}
 	e.kpool = kernels.NewPool(cfg.Workers)
-	m, err := model.New(cfg.Weights, e.kpool)
+	m, err := model.NewAs(cfg.Weights, e.kpool, nil, cfg.Precision)
 	if err != nil {
 		e.kpool.Close()
 		return nil, err

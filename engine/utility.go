@@ -403,7 +403,7 @@ func (e *Engine) pack(w *model.Weights) (*model.Model, error) {
 		return nil, fmt.Errorf("%w: staged weights have shape %+v, the engine serves %+v", ErrInvalidArgument, w.Config, e.shape)
 	}
 	// A failed pack leaves the spare half-written: it is dropped, not put back.
-	return model.NewReusing(w, e.kpool, e.spare.Swap(nil))
+	return model.NewAs(w, e.kpool, e.spare.Swap(nil), e.cfg.Precision)
 }
 
 // PrepareSpare packs w, a set of the serving shape whose values do not matter (e.g. zeros),
@@ -420,7 +420,7 @@ func (e *Engine) PrepareSpare(ctx context.Context, w *model.Weights) error {
 	if w == nil || !sameShape(w.Config, e.shape) {
 		return fmt.Errorf("%w: a spare needs weights of the serving shape", ErrInvalidArgument)
 	}
-	m, err := model.NewReusing(w, nil, nil)
+	m, err := model.NewAs(w, nil, nil, e.cfg.Precision)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}

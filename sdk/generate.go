@@ -115,6 +115,11 @@ type GenerateRequest struct {
 	MinVersion int64
 	// CacheSalt partitions the servers' prefix cache (and the routing affinity).
 	CacheSalt string
+	// AffinityKey, when set, decides the request's home server instead of the prompt's
+	// first block: requests with one key go to one server while the fleet is balanced, and
+	// different keys spread over the fleet. Sessions set it so that every turn of an episode
+	// lands where the previous turn's KV is cached, whatever system prompt they share.
+	AffinityKey string
 	// RequestID names the request on the servers (default: a random id); Abort takes it.
 	RequestID string
 }
@@ -227,7 +232,7 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (res *Genera
 	if err := validateGenerate(&req); err != nil {
 		return nil, err
 	}
-	g := &genCall{c: c, req: req, key: affinityKey(req.PromptTokenIDs, req.CacheSalt)}
+	g := &genCall{c: c, req: req, key: routingKey(req)}
 	g.snap = c.aborts.begin(req.RequestID)
 	defer c.aborts.end(req.RequestID)
 	res = &GenerateResult{RequestID: req.RequestID, Samples: make([]Sample, req.N)}

@@ -33,6 +33,19 @@ func affinityKey(prompt []int, salt string) uint64 {
 	return h.Sum64()
 }
 
+// routingKey is a request's affinity: its AffinityKey when set, else its prompt's first block
+// (both under its cache salt).
+func routingKey(req GenerateRequest) uint64 {
+	if req.AffinityKey != "" {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(req.CacheSalt))
+		_, _ = h.Write([]byte{0xff}) // keeps a key from colliding with a salt + prompt hash
+		_, _ = h.Write([]byte(req.AffinityKey))
+		return h.Sum64()
+	}
+	return affinityKey(req.PromptTokenIDs, req.CacheSalt)
+}
+
 // rendezvous scores server id for key; the highest score is the key's home server, and
 // removing a server moves only the keys that lived on it.
 func rendezvous(key uint64, id string) uint64 {

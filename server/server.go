@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/engine/weights"
 	"github.com/rolloutkit/rollout/sdk/bus"
@@ -65,6 +66,9 @@ type Config struct {
 	MaxNumSeqs       int
 	MaxBatchedTokens int
 	Workers          int
+	// Precision is how the engine stores the weights (engine.Config.Precision): every set it
+	// loads, the initial one and each update, is rounded or quantized to it when packed.
+	Precision kernels.Precision
 	// PrefaultKV commits the KV pool's memory when it is allocated (engine.Config.PrefaultKV).
 	PrefaultKV bool
 	// OffloadCPUBytes enables the KV offloading connector with this much CPU memory;
@@ -325,7 +329,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 	}
 	ecfg := engine.Config{Weights: m.Weights, WeightVersion: cfg.WeightVersion, BlockSize: cfg.BlockSize,
 		NumBlocks: cfg.KVBlocks, KVBytes: cfg.KVBytes, MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxBatchedTokens,
-		Workers: cfg.Workers, PrefaultKV: cfg.PrefaultKV, MaxQueued: cfg.MaxQueued, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
+		Workers: cfg.Workers, Precision: cfg.Precision, PrefaultKV: cfg.PrefaultKV, MaxQueued: cfg.MaxQueued, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
 	var connStats func() map[string]float64
 	if s.conn != nil {
 		ecfg.Connector, ecfg.ConnectorWorker = s.conn.scheduler, s.conn.worker

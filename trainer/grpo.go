@@ -20,6 +20,12 @@ type Sample struct {
 	// Versions is the weight version that generated each completion token, one per token. A
 	// completion can span a weight update, so versions may differ within one sample.
 	Versions []int64
+	// LossMask marks the completion tokens the loss is computed on, one per token: 1 for
+	// tokens the policy generated, 0 for tokens it did not (a multi-turn trajectory's
+	// environment and tool output, appended between model turns). Masked tokens stay in the
+	// sequence as context but contribute no loss, no gradient and no statistics, and their
+	// Logprobs and Versions entries are not read. Empty means every token is trained on.
+	LossMask []uint8
 	// Reward is the sample's scalar reward.
 	Reward float64
 	// Group identifies the prompt: advantages compare the rewards of one group's samples.

@@ -72,7 +72,13 @@ func rawLogprob(logits []float32, tok int) float64 {
 // and returns the raw logprobs of the completion tokens.
 func engineLogprobs(t *testing.T, w *model.Weights, p seqPair) []float64 {
 	t.Helper()
-	m, err := model.New(w, nil)
+	return engineLogprobsAt(t, w, p, kernels.F32)
+}
+
+// engineLogprobsAt is engineLogprobs from an engine model storing w at precision prec.
+func engineLogprobsAt(t *testing.T, w *model.Weights, p seqPair, prec kernels.Precision) []float64 {
+	t.Helper()
+	m, err := model.NewAs(w, nil, nil, prec)
 	require.NoError(t, err)
 	toks := append(append([]int(nil), p.prompt...), p.completion[:len(p.completion)-1]...)
 	const bs = 16

@@ -292,6 +292,46 @@ func TestMismatchAgainstEngine(t *testing.T) {
 	require.Zero(t, st.ClipFraction)
 }
 
+// TestMismatchAgainstLowPrecisionRollouts: rollout logprobs from a bf16 or int8 engine of the
+// trainer's float32 weights open a policy gap; MismatchKL reports it as the k3 estimate of
+// KL(rollout‖trainer) over the sampled tokens, int8's larger than bf16's.
+func TestMismatchAgainstLowPrecisionRollouts(t *testing.T) {
+	c := tinyConfig(false)
+	w := randomWeights(t, c, 5)
+	r := rand.New(rand.NewPCG(3, 3))
+	pairs := randomPairs(r, c.VocabSize, [2]int{3, 12}, [2]int{5, 20}, [2]int{2, 7}, [2]int{4, 9})
+	kls := map[kernels.Precision]float64{}
+	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+		tr, err := New(w, Config{Workers: 1})
+		require.NoError(t, err)
+		var s []Sample
+		var want float64
+		n := 0
+		for i, p := range pairs {
+			f32, low := engineLogprobs(t, w, p), engineLogprobsAt(t, w, p, prec)
+			lps := make([]float32, len(low))
+			for j, v := range low {
+				lps[j] = float32(v)
+				d := f32[j] - float64(lps[j])
+				want += math.Expm1(d) - d
+				n++
+			}
+			s = append(s, Sample{Prompt: p.prompt, Completion: p.completion, Logprobs: lps,
+				Versions: make([]int64, len(lps)), Reward: float64(i % 2), Group: i / 2})
+		}
+		st, err := tr.Step(t.Context(), s)
+		require.NoError(t, err)
+		tr.Close()
+		want /= float64(n)
+		t.Logf("%s rollouts: mismatch mean %.3g max %.3g, KL %.3g", prec, st.MismatchMeanAbs, st.MismatchMax, st.MismatchKL)
+		require.InDelta(t, want, st.MismatchKL, 1e-6+1e-3*want)
+		kls[prec] = st.MismatchKL
+	}
+	require.Less(t, kls[kernels.F32], 1e-10)
+	require.Greater(t, kls[kernels.BF16], 1e-9)
+	require.Greater(t, kls[kernels.Int8], kls[kernels.BF16])
+}
+
 // TestStaleTokensTruncated checks that tokens of an older version count as stale, with
 // their ratios truncated at the cap when the rollout was much less likely than the trainer.
 func TestStaleTokensTruncated(t *testing.T) {

@@ -61,6 +61,7 @@ type Store struct {
 	dir     string
 	mu      sync.Mutex
 	entries map[int64]cached
+	dtype   weights.DType // of the checkpoints Publish writes; guarded by mu
 	// served counts the checkpoint bytes the handler wrote: the store's egress.
 	served atomic.Int64
 }
@@ -174,9 +175,23 @@ func describe(ctx context.Context, path string, v int64) (Entry, error) {
 	return e, nil
 }
 
-// Publish writes w as version v (float32 safetensors), computes its digest and makes it
-// visible atomically: the checkpoint is written under a temporary name and renamed to vN, so
-// readers never see half of it. A version already present returns ErrVersionExists.
+// SetDType sets the dtype of the checkpoints Publish writes from now on: weights.F32 (the
+// default), or weights.BF16 (half the bytes to write, hash and fetch; the values rounded to
+// bfloat16 once, which a server at bf16 precision would do anyway) or weights.F16.
+func (s *Store) SetDType(d weights.DType) error {
+	if d != weights.F32 && d != weights.BF16 && d != weights.F16 {
+		return fmt.Errorf("weightstore: unknown dtype %v", d)
+	}
+	s.mu.Lock()
+	s.dtype = d
+	s.mu.Unlock()
+	return nil
+}
+
+// Publish writes w as version v (safetensors of the SetDType dtype, float32 by default),
+// computes its digest and makes it visible atomically: the checkpoint is written under a
+// temporary name and renamed to vN, so readers never see half of it. A version already
+// present returns ErrVersionExists.
 func (s *Store) Publish(ctx context.Context, v int64, w *model.Weights) (Entry, error) {
 	if v < 0 {
 		return Entry{}, fmt.Errorf("%w: %d", ErrInvalidVersion, v)
@@ -190,7 +205,10 @@ func (s *Store) Publish(ctx context.Context, v int64, w *model.Weights) (Entry, 
 		return Entry{}, fmt.Errorf("weightstore: %w", err)
 	}
 	defer os.RemoveAll(tmp) // a no-op once renamed
-	if err := weights.SaveHF(tmp, w, weights.F32); err != nil {
+	s.mu.Lock()
+	dtype := s.dtype
+	s.mu.Unlock()
+	if err := weights.SaveHF(tmp, w, dtype); err != nil {
 		return Entry{}, fmt.Errorf("weightstore: publish %d: %w", v, err)
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
 )
@@ -98,6 +99,28 @@ func TestPublishServeLoad(t *testing.T) {
 	require.Equal(t, r3, again, "a published version is not rewritten")
 	_, err = sv.Publish(ctx, -1, w3)
 	require.ErrorIs(t, err, ErrInvalidVersion)
+}
+
+// TestPublishBF16: a store set to bfloat16 publishes half the bytes, and the engine's loader
+// reads back each value rounded to bfloat16 once.
+func TestPublishBF16(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	st, err := Open(ctx, dir)
+	require.NoError(t, err)
+	w := tinyWeights(t, 1)
+	f32, err := st.Publish(ctx, 1, w)
+	require.NoError(t, err)
+	require.NoError(t, st.SetDType(weights.BF16))
+	require.Error(t, st.SetDType(weights.DType(7)))
+	bf, err := st.Publish(ctx, 2, w)
+	require.NoError(t, err)
+	require.Less(t, bf.Bytes, f32.Bytes*6/10, "about half the bytes")
+	got, err := weights.Load(ctx, weights.Ref{Version: 2, URI: filepath.Join(dir, "v2"), SHA256: bf.SHA256}, weights.Options{TempDir: t.TempDir()})
+	require.NoError(t, err)
+	for i, v := range w.Layers[1].WDown {
+		require.Equal(t, kernels.RoundBF16(v), got.Layers[1].WDown[i], "value %d", i)
+	}
 }
 
 // TestHandler covers the index, another process publishing into the same directory, files

@@ -41,15 +41,20 @@ func newBenchEngineCmd() *cobra.Command {
 		repeats  int
 
 		llama2cBin string
+		precisions []string
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
 		Short: "Model and engine throughput: batch-1 and concurrent decode, prefill, bandwidth, prefix cache, pause, idle CPU",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			precs, err := parsePrecisions(precisions)
+			if err != nil {
+				return err
+			}
 			pool := kernels.NewPool(workers)
 			defer pool.Close()
-			pr := newProgress(cmd.ErrOrStderr(), "bench engine", engineSteps(len(presets), repeats, quick, idleFor > 0))
+			pr := newProgress(cmd.ErrOrStderr(), "bench engine", engineSteps(len(presets), len(precs), repeats, quick, idleFor > 0))
 			defer pr.done()
 			rep := bench.EngineReport{CPU: bench.DescribeCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
 			pr.step("streaming read bandwidth (%d MiB)", bwBytes>>20)
@@ -65,14 +70,16 @@ func newBenchEngineCmd() *cobra.Command {
 				rep.MatMul = append(rep.MatMul, mm)
 			}
 			for _, p := range presets {
-				r, err := decodeFigures(cmd.Context(), pr, pool, p, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
-				if err != nil {
-					return err
+				for _, prec := range precs {
+					r, err := decodeFigures(cmd.Context(), pr, pool, p, prec, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
+					if err != nil {
+						return err
+					}
+					rep.Decode = append(rep.Decode, r)
 				}
-				rep.Decode = append(rep.Decode, r)
 			}
 			if !quick {
-				if err := engineFigures(cmd.Context(), pr, &rep, presets, conc, concToks, workers, repeats, idleFor); err != nil {
+				if err := engineFigures(cmd.Context(), pr, &rep, presets, precs, conc, concToks, workers, repeats, idleFor); err != nil {
 					return err
 				}
 			}
@@ -90,13 +97,23 @@ func newBenchEngineCmd() *cobra.Command {
 			}
 			fmt.Fprintln(out)
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "preset\tdecode tok/s\tllama2.c tok/s\tratio\tweights GB/s\tof bandwidth\tprefill tok/s")
+			fmt.Fprintln(tw, "preset\tprecision\tdecode tok/s\tvs f32\tllama2.c tok/s\tratio\tweights GB/s\tof bandwidth\tprefill tok/s")
+			f32 := map[string]float64{}
+			for _, r := range rep.Decode {
+				if r.Precision == kernels.F32.String() {
+					f32[r.Preset] = r.DecodeTokensPerSec
+				}
+			}
 			for _, r := range rep.Decode {
 				base := fmt.Sprintf("%.0f-%.0f (published, other CPU)", r.Llama2CTokensPerSec[0], r.Llama2CTokensPerSec[1])
 				if r.Llama2CMeasured > 0 {
 					base = fmt.Sprintf("%.1f (this run)", r.Llama2CMeasured)
 				}
-				fmt.Fprintf(tw, "%s\t%.1f\t%s\t%.2fx\t%.1f\t%.2f\t%.0f\n", r.Preset, r.DecodeTokensPerSec,
+				vs := "-"
+				if b := f32[r.Preset]; b > 0 {
+					vs = fmt.Sprintf("%.2fx", r.DecodeTokensPerSec/b)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%s\t%.2fx\t%.1f\t%.2f\t%.0f\n", r.Preset, r.Precision, r.DecodeTokensPerSec, vs,
 					base, r.Ratio(), r.WeightGBPerSec, r.BandwidthRatio, r.PrefillTokensPerSec)
 			}
 			if repeats > 1 {
@@ -122,17 +139,19 @@ func newBenchEngineCmd() *cobra.Command {
 	f.DurationVar(&idleFor, "idle", 5*time.Second, "how long to measure idle CPU")
 	f.BoolVar(&quick, "quick", false, "only batch-1 decode, prefill and bandwidth")
 	f.IntVar(&repeats, "repeats", 3, "batch-1 decode runs per preset (alternating with llama2.c's) and rounds of the concurrency list; medians are reported")
+	f.StringSliceVar(&precisions, "precision", []string{"f32"}, "weight precisions to measure, each beside the others in the same run: f32, bf16, int8")
 	f.StringVar(&llama2cBin, "llama2c", "", "a llama2.c run binary (gcc -Ofast -march=native -fopenmp run.c -lm) to measure the baseline in the same run")
 	return cmd
 }
 
 // engineSteps is the number of progress steps of bench engine: bandwidth, FMA, and per preset
-// a matmul and each decode run; unless quick, per preset the concurrency rounds and the
-// weight update, then prefix TTFT, pause and idle CPU. It must match the step calls below.
-func engineSteps(presets, repeats int, quick, idle bool) int {
-	n := 2 + presets*(1+max(repeats, 1))
+// a matmul and each decode run of each precision; unless quick, per preset the concurrency
+// rounds of each precision and the weight update, then prefix TTFT, pause and idle CPU. It
+// must match the step calls below.
+func engineSteps(presets, precs, repeats int, quick, idle bool) int {
+	n := 2 + presets*(1+precs*max(repeats, 1))
 	if !quick {
-		n += presets*2 + 2
+		n += presets*(precs+1) + 2
 		if idle {
 			n++
 		}
@@ -142,9 +161,9 @@ func engineSteps(presets, repeats int, quick, idle bool) int {
 
 // decodeFigures measures batch-1 decode repeats times, alternating with llama2.c's run when a
 // binary is given, so both see the same machine conditions; it reports medians.
-func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
+func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, prec kernels.Precision, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
 	var l2c *bench.Llama2C
-	if llama2cBin != "" {
+	if llama2cBin != "" && prec == kernels.F32 { // llama2.c reads float32 weights only
 		var err error
 		if l2c, err = bench.NewLlama2C(llama2cBin, preset); err != nil {
 			return bench.DecodeResult{}, err
@@ -158,8 +177,8 @@ func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset
 		if l2c != nil {
 			with = ", then llama2.c's"
 		}
-		pr.step("batch-1 decode, %s, %d tokens, run %d of %d%s", preset, tokens, i+1, max(repeats, 1), with)
-		d, err := bench.Decode(ctx, pool, preset, tokens, prefill, bw)
+		pr.step("batch-1 decode, %s at %s, %d tokens, run %d of %d%s", preset, prec, tokens, i+1, max(repeats, 1), with)
+		d, err := bench.Decode(ctx, pool, preset, prec, tokens, prefill, bw)
 		if err != nil {
 			return bench.DecodeResult{}, err
 		}
@@ -200,18 +219,20 @@ func batchedMatMul(pool *kernels.Pool, preset string, n int, peak float64) (benc
 // engineFigures adds the engine-level figures: aggregate decode at each concurrency, prefix
 // cache TTFT, pause latency and idle CPU; the concurrency list runs repeats rounds
 // (bench.ConcurrentRounds).
-func engineFigures(ctx context.Context, pr *progress, rep *bench.EngineReport, presets []string, conc []int, tokens, workers, repeats int, idle time.Duration) error {
+func engineFigures(ctx context.Context, pr *progress, rep *bench.EngineReport, presets []string, precs []kernels.Precision, conc []int, tokens, workers, repeats int, idle time.Duration) error {
 	for _, p := range presets {
 		w, err := model.Preset(p, 1)
 		if err != nil {
 			return err
 		}
-		pr.step("concurrent decode, %s, %v requests, %d rounds", p, conc, max(repeats, 1))
-		rs, err := bench.ConcurrentRounds(ctx, w, p, conc, tokens, workers, repeats, rep.PeakGFLOPs)
-		if err != nil {
-			return err
+		for _, prec := range precs {
+			pr.step("concurrent decode, %s at %s, %v requests, %d rounds", p, prec, conc, max(repeats, 1))
+			rs, err := bench.ConcurrentRounds(ctx, w, p, prec, conc, tokens, workers, repeats, rep.PeakGFLOPs)
+			if err != nil {
+				return err
+			}
+			rep.Concurrent = append(rep.Concurrent, rs...)
 		}
-		rep.Concurrent = append(rep.Concurrent, rs...)
 		pr.step("weight update, %s, 32 requests decoding", p)
 		u, err := weightUpdate(ctx, p, workers)
 		if err != nil {
@@ -268,13 +289,13 @@ func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
 	if len(rep.Concurrent) > 0 {
 		fmt.Fprintf(out, "\naggregate greedy decode (engine, 8-token prompts; median and range of %d rounds, speedup: median of each round's own ratio)\n", len(rep.Concurrent[0].Runs))
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "preset\tconcurrent\ttok/s\tvs batch 1\tmatmul GFLOP/s\tof peak")
+		fmt.Fprintln(tw, "preset\tprecision\tconcurrent\ttok/s\tvs batch 1\tmatmul GFLOP/s\tof peak")
 		for _, r := range rep.Concurrent {
 			spread := ""
 			if len(r.Runs) > 1 {
 				spread = fmt.Sprintf(" (%.0f-%.0f)", slices.Min(r.Runs), slices.Max(r.Runs))
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.1f%s\t%.2fx\t%.1f\t%.2f\n", r.Preset, r.Concurrency, r.TokensPerSec, spread, r.SpeedupVsBatch1, r.MatMulGFLOPs, r.OfPeak)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f%s\t%.2fx\t%.1f\t%.2f\n", r.Preset, r.Precision, r.Concurrency, r.TokensPerSec, spread, r.SpeedupVsBatch1, r.MatMulGFLOPs, r.OfPeak)
 		}
 		_ = tw.Flush()
 	}
@@ -299,4 +320,23 @@ func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
 	if i := rep.Idle; i != nil {
 		fmt.Fprintf(out, "idle engine CPU over %.1f s: %.2f%% of one core (goal < 1%%)\n", i.Seconds, i.CPUCorePercent)
 	}
+}
+
+// parsePrecisions reads --precision's list, refusing unknown names and repeats.
+func parsePrecisions(names []string) ([]kernels.Precision, error) {
+	var out []kernels.Precision
+	for _, n := range names {
+		p, err := kernels.ParsePrecision(n)
+		if err != nil {
+			return nil, fmt.Errorf("--precision: %w", err)
+		}
+		if slices.Contains(out, p) {
+			return nil, fmt.Errorf("--precision: %s given twice", p)
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--precision: no precision given")
+	}
+	return out, nil
 }

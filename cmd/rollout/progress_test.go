@@ -30,7 +30,7 @@ func TestBenchEngineProgress(t *testing.T) {
 	}
 	for _, quick := range []bool{true, false} {
 		args := []string{"bench", "engine", "--json", "--presets", "stories15m", "--tokens", "4", "--repeats", "2",
-			"--bandwidth-bytes", "1048576", "--matmul-batch", "4", "--concurrency", "1,2", "--concurrent-tokens", "2", "--idle", "10ms"}
+			"--bandwidth-bytes", "1048576", "--matmul-batch", "4", "--concurrency", "1,2", "--concurrent-tokens", "2", "--idle", "10ms", "--precision", "f32,int8"}
 		if quick {
 			args = append(args, "--quick")
 		}
@@ -39,11 +39,16 @@ func TestBenchEngineProgress(t *testing.T) {
 		var rep map[string]any
 		require.NoError(t, json.Unmarshal(out.Bytes(), &rep), "stdout is the JSON report alone")
 		lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
-		total := engineSteps(1, 2, quick, true)
+		total := engineSteps(1, 2, 2, quick, true)
 		require.Len(t, lines, total, errb.String())
 		for i, l := range lines {
 			assert.True(t, strings.HasPrefix(l, fmt.Sprintf("bench engine [%d/%d]: ", i+1, total)), l)
 		}
 		assert.Contains(t, lines[len(lines)-1], map[bool]string{true: "batch-1 decode", false: "idle engine CPU"}[quick])
+		var precs []string
+		for _, d := range rep["decode"].([]any) {
+			precs = append(precs, d.(map[string]any)["precision"].(string))
+		}
+		assert.Equal(t, []string{"f32", "int8"}, precs, "one decode figure per precision")
 	}
 }

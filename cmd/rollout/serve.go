@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/sdk/telemetry"
 	"github.com/rolloutkit/rollout/server"
@@ -36,6 +37,7 @@ func newServeCmd() *cobra.Command {
 		insecureAdmin         bool
 		allowedHosts          []string
 		redis                 redisFlags
+		precision             string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -63,6 +65,10 @@ func newServeCmd() *cobra.Command {
 			}
 			if cfg.KVBlocks > 0 && cfg.KVBytes > 0 {
 				return fmt.Errorf("--kv-blocks and --kv-bytes are exclusive")
+			}
+			var err error
+			if cfg.Precision, err = kernels.ParsePrecision(precision); err != nil {
+				return fmt.Errorf("--precision: %w", err)
 			}
 			for _, sf := range []struct {
 				flag, file string
@@ -140,6 +146,7 @@ func newServeCmd() *cobra.Command {
 	f.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV pool size in blocks (0: derived)")
 	f.Var(&kvBytes, "kv-bytes", "KV pool size in bytes, e.g. 256MiB (0: derived)")
 	f.BoolVar(&cfg.PrefaultKV, "kv-prefault", true, "commit the KV pool's memory at start, so no decode step pays a first-touch page fault (costs start-up time in proportion to the pool)")
+	f.StringVar(&precision, "precision", "f32", "weight precision in memory: f32, bf16 (half the bytes; rounded once at load and update) or int8 (blocks of 32 with a float32 scale, 1.125 bytes a weight)")
 	f.IntVar(&cfg.BlockSize, "block-size", engine.DefaultBlockSize, "KV block size in tokens")
 	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", engine.DefaultMaxNumSeqs, "maximum running sequences")
 	f.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "maximum tokens per engine step")

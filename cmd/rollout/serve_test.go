@@ -92,6 +92,14 @@ func TestServeAndGenerateRefuseBadFlags(t *testing.T) {
 	errb.Reset()
 	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--kv-bytes", "lots"}, &out, &errb))
 	assert.Contains(t, errb.String(), "--kv-bytes")
+	errb.Reset()
+	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--precision", "fp8"}, &out, &errb))
+	assert.Contains(t, errb.String(), "--precision")
+	for _, bad := range []string{"fp8", "bf16,bf16", ""} {
+		errb.Reset()
+		assert.Equal(t, 1, run(t.Context(), []string{"bench", "engine", "--precision", bad}, &out, &errb), bad)
+		assert.Contains(t, errb.String(), "--precision", bad)
+	}
 }
 
 // TestServeRefusesPoolSizesThatDoNotFit is issue 25's flags: an overflowing --max-num-seqs

@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 )
 
@@ -75,5 +76,37 @@ func BenchmarkStreamReadBandwidth(b *testing.B) {
 			}
 			b.ReportMetric(gbs, "GB/s")
 		})
+	}
+}
+
+// BenchmarkMatMulPrecision measures the active MatMul for each precision at the 1B shape's FFN
+// down-projection (2048×8192, 64 MB in float32, so W comes from DRAM) for one token and for 64.
+// W-GB/s is the stored bytes read per second, the figure to hold against StreamReadBandwidth.
+func BenchmarkMatMulPrecision(b *testing.B) {
+	const rows, cols = 2048, 8192
+	r := rand.New(rand.NewPCG(1, 1))
+	w := randSlice(r, rows*cols)
+	pool := NewPool(runtime.GOMAXPROCS(0))
+	defer pool.Close()
+	for _, prec := range []Precision{F32, BF16, Int8} {
+		// Two copies, so that no call finds W in the last-level cache.
+		var ms [2]*Matrix
+		for i := range ms {
+			var err error
+			if ms[i], err = PackStackedAs(prec, nil, rows, cols, w); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, n := range []int{1, 64} {
+			b.Run(fmt.Sprintf("%s/n=%d", prec, n), func(b *testing.B) {
+				x, y := randSlice(r, n*cols), make([]float32, n*rows)
+				for i := 0; b.Loop(); i++ {
+					ms[i%2].MatMul(pool, y, x, n)
+				}
+				s := b.Elapsed().Seconds()
+				b.ReportMetric(2*float64(rows*cols*n)*float64(b.N)/s/1e9, "GFLOP/s")
+				b.ReportMetric(float64(ms[0].Bytes())*float64(b.N)/s/1e9, "W-GB/s")
+			})
+		}
 	}
 }

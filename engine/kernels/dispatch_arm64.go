@@ -115,3 +115,9 @@ func streamRead(buf []uint64) uint64 {
 //
 //go:noescape
 func streamReadNEON(p unsafe.Pointer, blocks int, out *[4]uint32)
+
+// matmulLow runs a bf16 or int8 MatMul: the widening fallback (see matmulWidened) feeding the
+// NEON tiles; arm64 has no kernel reading bf16 or int8 directly yet.
+func matmulLow(m *Matrix, y, x []float32, n, lo, hi int) {
+	matmulWidened(matmulNEON, m, y, x, n, lo, hi)
+}

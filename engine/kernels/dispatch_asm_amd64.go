@@ -53,3 +53,13 @@ func matmulPanels(m *Matrix, y, x []float32, n, lo, hi int) {
 	}
 	matmulSIMD(activeKernel, m, y, x, n, lo, hi)
 }
+
+// matmulLow runs a bf16 or int8 MatMul: the assembly tiles that read the precision directly
+// where the CPU has them, else the widening fallback (see matmulWidened).
+func matmulLow(m *Matrix, y, x []float32, n, lo, hi int) {
+	if k := lowKernel(m.Prec, hasAVX512, hasAVX2FMA); k != nil {
+		matmulSIMD(k, m, y, x, n, lo, hi)
+		return
+	}
+	matmulWidened(matmulGeneric, m, y, x, n, lo, hi)
+}

@@ -51,3 +51,13 @@ func avx512Shape(n int) (p, t int) {
 	}
 	return 2, min(n, 4)
 }
+
+// matmulLow runs a bf16 or int8 MatMul: the assembly tiles that read the precision directly
+// (low_amd64.go) where the CPU has them, else the widening fallback (see matmulWidened).
+func matmulLow(m *Matrix, y, x []float32, n, lo, hi int) {
+	if k := lowKernel(m.Prec, archsimd.X86.AVX512(), archsimd.X86.AVX2() && archsimd.X86.FMA()); k != nil {
+		matmulSIMD(k, m, y, x, n, lo, hi)
+		return
+	}
+	matmulWidened(matmulGeneric, m, y, x, n, lo, hi)
+}

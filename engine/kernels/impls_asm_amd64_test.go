@@ -26,3 +26,6 @@ func tileKernels() []*simdKernel {
 	}
 	return out
 }
+
+// lowFeatures reports the CPU features the bf16 and int8 tiles select on.
+func lowFeatures() (avx512, avx2 bool) { return hasAVX512, hasAVX2FMA }

@@ -27,3 +27,8 @@ func tileKernels() []*simdKernel {
 	}
 	return out
 }
+
+// lowFeatures reports the CPU features the bf16 and int8 tiles select on.
+func lowFeatures() (avx512, avx2 bool) {
+	return archsimd.X86.AVX512(), archsimd.X86.AVX2() && archsimd.X86.FMA()
+}

@@ -13,10 +13,14 @@ const PanelRows = 16
 
 // Matrix is a weight matrix W[Rows][Cols] packed into panels of PanelRows rows: panel p holds,
 // for k = 0..Cols-1, the PanelRows values W[p*PanelRows+i][k] contiguously (rows past Rows are
-// zero). A mat-vec therefore streams each panel once, front to back.
+// zero). A mat-vec therefore streams each panel once, front to back. Prec says how the
+// weights are stored: float32 in data, or bfloat16 or int8 in the layouts of PackStackedAs.
 type Matrix struct {
 	Rows, Cols int
-	data       []float32
+	Prec       Precision
+	data       []float32 // F32
+	half       []uint16  // BF16
+	q8         []byte    // Int8
 }
 
 // NewMatrix packs w, a row-major [rows][cols] matrix.
@@ -30,9 +34,12 @@ func NewStackedMatrix(rows, cols int, parts ...[]float32) (*Matrix, error) {
 
 // packTarget checks that parts hold rows×cols values in whole runs of unit values and returns
 // the matrix to pack them into: reuse when it has the shape, else new zeroed memory.
-func packTarget(reuse *Matrix, rows, cols, unit int, what string, parts [][]float32) (*Matrix, error) {
+func packTarget(reuse *Matrix, prec Precision, rows, cols, unit int, what string, parts [][]float32) (*Matrix, error) {
 	if rows <= 0 || cols <= 0 {
 		return nil, fmt.Errorf("kernels: matrix %dx%d: rows and cols must be positive", rows, cols)
+	}
+	if err := prec.checkShape(cols); err != nil {
+		return nil, fmt.Errorf("kernels: matrix %dx%d: %w", rows, cols, err)
 	}
 	n := 0
 	for i, p := range parts {
@@ -44,8 +51,11 @@ func packTarget(reuse *Matrix, rows, cols, unit int, what string, parts [][]floa
 	if n != rows*cols {
 		return nil, fmt.Errorf("kernels: matrix %dx%d needs %d values, got %d", rows, cols, rows*cols, n)
 	}
-	if reuse != nil && reuse.Rows == rows && reuse.Cols == cols {
+	if reuse != nil && reuse.Rows == rows && reuse.Cols == cols && reuse.Prec == prec {
 		return reuse, nil
+	}
+	if prec != F32 {
+		return newLowMatrix(prec, rows, cols), nil
 	}
 	data := hugepage.Make[float32](m0(rows) * cols)
 	return &Matrix{Rows: rows, Cols: cols, data: data}, nil
@@ -55,9 +65,24 @@ func packTarget(reuse *Matrix, rows, cols, unit int, what string, parts [][]floa
 // (and is no longer read by anyone), else into new memory. A weight update repacks every
 // matrix; reusing the retired set's memory saves allocating, faulting in and zeroing it.
 func PackStacked(reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, error) {
-	m, err := packTarget(reuse, rows, cols, cols, "matrix part", parts)
+	return PackStackedAs(F32, reuse, rows, cols, parts...)
+}
+
+// PackStackedAs is PackStacked storing the weights at precision prec, rounded (BF16) or
+// quantized (Int8) once, here. A BF16 panel holds, for each pair of columns k, k+1, the
+// PanelRows pairs (W[r][k], W[r][k+1]) as 32-bit words, so one load yields both steps of 16
+// rows; an Int8 panel holds, for each block of Int8Block columns, the 16 rows' float32 scales
+// and then the block's steps of 16 int8 weights. reuse is taken only with the same precision.
+func PackStackedAs(prec Precision, reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, error) {
+	m, err := packTarget(reuse, prec, rows, cols, cols, "matrix part", parts)
 	if err != nil {
 		return nil, err
+	}
+	if prec != F32 {
+		if err := packLow(m, parts); err != nil {
+			return nil, fmt.Errorf("kernels: matrix %dx%d: %w", rows, cols, err)
+		}
+		return m, nil
 	}
 	// Every real row is overwritten below; the padding rows of the last panel stay zero.
 	r := 0
@@ -80,11 +105,20 @@ func m0(rows int) int { return (rows + PanelRows - 1) / PanelRows * PanelRows }
 func (m *Matrix) Panels() int { return m0(m.Rows) / PanelRows }
 
 // Bytes is the size of the packed weights.
-func (m *Matrix) Bytes() int64 { return int64(len(m.data)) * 4 }
+func (m *Matrix) Bytes() int64 { return int64(m.Panels()) * int64(m.panelBytes()) }
 
-// Row copies row r of W into dst (len Cols); for tests and conversions, not hot paths.
+// Row copies row r of W into dst (len Cols), the effective weights for a low precision; for
+// tests and conversions, not hot paths.
 func (m *Matrix) Row(dst []float32, r int) {
 	p, i := r/PanelRows, r%PanelRows
+	if m.Prec != F32 {
+		panel := make([]float32, PanelRows*m.Cols)
+		m.widenPanel(panel, p)
+		for k := range m.Cols {
+			dst[k] = panel[k*PanelRows+i]
+		}
+		return
+	}
 	base := p * PanelRows * m.Cols
 	for k := range m.Cols {
 		dst[k] = m.data[base+k*PanelRows+i]
@@ -103,7 +137,11 @@ func (m *Matrix) MatMul(pool *Pool, y, x []float32, n int) {
 		panic(fmt.Sprintf("kernels: MatMul %dx%d with n=%d: len(x)=%d len(y)=%d", m.Rows, m.Cols, n, len(x), len(y)))
 	}
 	panels := m.Panels()
-	pool.ParallelChunks(panels, matmulChunk(panels, pool.Workers()), func(lo, hi int) { matmulPanels(m, y, x, n, lo, hi) })
+	run := matmulPanels
+	if m.Prec != F32 {
+		run = matmulLow
+	}
+	pool.ParallelChunks(panels, matmulChunk(panels, pool.Workers()), func(lo, hi int) { run(m, y, x, n, lo, hi) })
 }
 
 // matmulChunk is the panels per load-balancing chunk: about four per worker, in multiples of

@@ -6,7 +6,7 @@ package kernels
 // than a transpose: what a backward pass needs to multiply by a weight's transpose, or to use
 // an activation matrix as the weight of a gradient product.
 func PackTransposed(reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, error) {
-	m, err := packTarget(reuse, rows, cols, rows, "transposed part", parts)
+	m, err := packTarget(reuse, F32, rows, cols, rows, "transposed part", parts)
 	if err != nil {
 		return nil, err
 	}

@@ -70,11 +70,11 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 		return
 	}
 	cols, rows := m.Cols, m.Rows
-	ws := PanelRows * cols * 4
+	ws := m.panelBytes()
 	xs, ys := cols*4, rows*4
 	full := min(hi, rows/PanelRows) // panels past full are partial (only the last one can be)
 	panels := m.Panels()
-	wp := unsafe.Pointer(unsafe.SliceData(m.data))
+	wp := m.base()
 	xp := unsafe.Pointer(unsafe.SliceData(x))
 	yp := unsafe.Pointer(unsafe.SliceData(y))
 	panel := func(p int) unsafe.Pointer { return unsafe.Add(wp, p*ws) }
@@ -118,4 +118,15 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 			}
 		}
 	}
+}
+
+// base is the address of the first panel.
+func (m *Matrix) base() unsafe.Pointer {
+	switch m.Prec {
+	case BF16:
+		return unsafe.Pointer(unsafe.SliceData(m.half))
+	case Int8:
+		return unsafe.Pointer(unsafe.SliceData(m.q8))
+	}
+	return unsafe.Pointer(unsafe.SliceData(m.data))
 }

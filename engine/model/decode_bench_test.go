@@ -2,8 +2,10 @@ package model
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/kvcache"
 )
 
@@ -81,4 +83,47 @@ func decodeStep(b *testing.B, m *Model, n, pos int) (*Batch, *kvcache.Storage, [
 		}
 	}
 	return &step, kv, logits
+}
+
+// config1B is the 1B shape of issue 30's figures (llama2.c-style: dim 2048, FFN 8192, 16
+// layers, 32 query and 8 KV heads, a 32,000-token vocabulary, untied classifier).
+var config1B = Config{HiddenSize: 2048, IntermediateSize: 8192, NumHiddenLayers: 16, NumAttentionHeads: 32,
+	NumKeyValueHeads: 8, VocabSize: 32000, MaxPositionEmbeddings: 256, RopeTheta: 10000, RMSNormEps: 1e-5,
+	BOSTokenID: 1, EOSTokenID: 2}
+
+// BenchmarkDecode1B is one decode step of 1 and of 64 sequences (40 positions of K/V behind
+// each) on the 1B shape with random weights, at each weight precision, on GOMAXPROCS workers.
+// W-GB/s is the stored weight bytes a step streams (Model.WeightBytes) per second: at batch 1
+// the figure to hold against the machine's read bandwidth (kernels.StreamReadBandwidth, `rollout
+// bench engine`). One precision's model is packed at a time; f32 needs about 9 GB (the float32
+// checkpoint and its packed copy).
+func BenchmarkDecode1B(b *testing.B) {
+	w, err := Random(config1B, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pool := kernels.NewPool(runtime.GOMAXPROCS(0))
+	defer pool.Close()
+	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+		b.Run(prec.String(), func(b *testing.B) {
+			m, err := NewAs(w, pool, nil, prec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, n := range []int{1, 64} {
+				b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+					step, kv, logits := decodeStep(b, m, n, 40)
+					for b.Loop() {
+						if err := m.Forward(step, kv, logits); err != nil {
+							b.Fatal(err)
+						}
+					}
+					s := b.Elapsed().Seconds()
+					b.ReportMetric(float64(n)*float64(b.N)/s, "tok/s")
+					b.ReportMetric(float64(m.WeightBytes())*float64(b.N)/s/1e9, "W-GB/s")
+				})
+			}
+		})
+		runtime.GC() // the packed model is dropped before the next one is packed
+	}
 }

@@ -37,9 +37,12 @@ type Batch struct {
 // shared by Reference or by a second Model.
 type Model struct {
 	Config Config
-	pool   *kernels.Pool
+	// Precision is how the matrices store their weights (see kernels.Precision); the
+	// embedding and the norms stay float32.
+	Precision kernels.Precision
+	pool      *kernels.Pool
 
-	embed     []float32
+	embed     embedding
 	layers    []packedLayer
 	finalNorm []float32
 	cls       *kernels.Matrix
@@ -66,6 +69,12 @@ func New(w *Weights, pool *kernels.Pool) (*Model, error) { return NewReusing(w, 
 // weight swap retired), when it has w's shape; with nil or another shape it allocates. reuse
 // must not be used again by anyone: its matrices become the new model's.
 func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
+	return NewAs(w, pool, reuse, kernels.F32)
+}
+
+// NewAs is NewReusing storing the matrices at precision prec: w's float32 values are rounded
+// (bf16) or quantized (int8) once, here. reuse is packed into only at the same precision.
+func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision) (*Model, error) {
 	if err := w.Check(); err != nil {
 		return nil, err
 	}
@@ -74,8 +83,12 @@ func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 	if pool == nil {
 		pool = kernels.NewPool(1)
 	}
-	m := &Model{Config: c, pool: pool, embed: w.Embed, finalNorm: w.FinalNorm}
-	if reuse != nil && len(reuse.layers) != len(w.Layers) {
+	m := &Model{Config: c, Precision: prec, pool: pool, finalNorm: w.FinalNorm}
+	var err error
+	if m.embed, err = newEmbedding(w.Embed, h, prec); err != nil {
+		return nil, err
+	}
+	if reuse != nil && (len(reuse.layers) != len(w.Layers) || reuse.Precision != prec) {
 		reuse = nil // each matrix checks its own shape; the layer lists must line up
 	}
 	// Every matrix is packed by its own job, and the jobs run on all cores (largest first, so
@@ -83,7 +96,7 @@ func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 	// and the sooner it is done the sooner the new ones can.
 	var jobs []packJob
 	pack := func(dst **kernels.Matrix, old *kernels.Matrix, rows, cols int, parts ...[]float32) {
-		jobs = append(jobs, packJob{dst: dst, old: old, rows: rows, cols: cols, parts: parts})
+		jobs = append(jobs, packJob{dst: dst, old: old, prec: prec, rows: rows, cols: cols, parts: parts})
 	}
 	var old packedLayer
 	m.layers = make([]packedLayer, len(w.Layers))
@@ -129,6 +142,7 @@ func NewReusing(w *Weights, pool *kernels.Pool, reuse *Model) (*Model, error) {
 type packJob struct {
 	dst        **kernels.Matrix
 	old        *kernels.Matrix
+	prec       kernels.Precision
 	rows, cols int
 	parts      [][]float32
 }
@@ -150,7 +164,7 @@ func runPackJobs(jobs []packJob, workers int) error {
 				return
 			}
 			j := &jobs[i]
-			mat, e := kernels.PackStacked(j.old, j.rows, j.cols, j.parts...)
+			mat, e := kernels.PackStackedAs(j.prec, j.old, j.rows, j.cols, j.parts...)
 			if e != nil {
 				mu.Lock()
 				err = cmp.Or(err, e)
@@ -177,6 +191,12 @@ func (m *Model) WeightBytes() int64 {
 		n += int64(len(l.attnNorm)+len(l.ffnNorm)) * 4
 	}
 	return n
+}
+
+// ResidentBytes is the memory the packed model holds: WeightBytes, the embedding table (at
+// the model's precision; float32 shares the checkpoint's) and the RoPE tables.
+func (m *Model) ResidentBytes() int64 {
+	return m.WeightBytes() + m.embed.bytes() + int64(len(m.ropeCos)+len(m.ropeSin))*4
 }
 
 // KVLayout returns the pool layout this model needs for numBlocks blocks of blockSize tokens.
@@ -217,7 +237,7 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Storage, logits []float32) error {
 	ws.gu = grow(ws.gu, n*2*f)
 	ws.act = grow(ws.act, n*f)
 	for t, id := range b.Tokens {
-		copy(ws.x[t*h:(t+1)*h], m.embed[int(id)*h:(int(id)+1)*h])
+		m.embed.row(ws.x[t*h:(t+1)*h], int(id))
 	}
 	maxPos := 0
 	for _, p := range b.Positions {

@@ -143,13 +143,21 @@ func TestForwardMatchesReference(t *testing.T) {
 }
 
 // TestBatchInvariance: a sequence's logits are bitwise identical whatever else is in the
-// batch and however its prompt was chunked.
+// batch and however its prompt was chunked, at every weight precision.
 func TestBatchInvariance(t *testing.T) {
-	for _, workers := range []int{1, 2, 3} {
+	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+		for _, workers := range []int{1, 2, 3} {
+			batchInvariance(t, prec, workers)
+		}
+	}
+}
+
+func batchInvariance(t *testing.T, prec kernels.Precision, workers int) {
+	{
 		w, err := Preset("tiny", 3)
 		require.NoError(t, err)
 		pool := kernels.NewPool(workers)
-		m, err := New(w, pool)
+		m, err := NewAs(w, pool, nil, prec)
 		require.NoError(t, err)
 		r := rand.New(rand.NewPCG(11, uint64(workers)))
 		target := randomTokens(r, 40, w.Config.VocabSize)
@@ -197,7 +205,7 @@ func TestBatchInvariance(t *testing.T) {
 			got := run(cfg.chunk, cfg.noise)
 			require.Equal(t, len(base), len(got))
 			for i := range base {
-				require.Equal(t, base[i], got[i], "workers %d chunk %d noise %d step %d", workers, cfg.chunk, cfg.noise, i)
+				require.Equal(t, base[i], got[i], "%s workers %d chunk %d noise %d step %d", prec, workers, cfg.chunk, cfg.noise, i)
 			}
 		}
 		pool.Close()

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
 	"github.com/rolloutkit/rollout/engine/load"
 	engmodel "github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
@@ -59,6 +60,13 @@ type config struct {
 	Sync       bool   // wait for each update before generating the next batch
 	Policy     string // update policy: all, quorum:K, rolling:K
 	Mode       string // pause mode of the cut: abort, wait, keep
+
+	// Precision is the embedded servers' weight precision (server.Config.Precision): below
+	// the trainer's float32 the rollouts sample a slightly different policy, which the
+	// mismatch columns measure and the objective's importance ratio corrects. PublishDType is
+	// the dtype of the published checkpoints (weightstore.Store.SetDType).
+	Precision    kernels.Precision
+	PublishDType weights.DType
 
 	// Embedded fleet (default) or an external one over Redis.
 	Servers      int
@@ -156,6 +164,7 @@ func openFleet(ctx context.Context, cfg config) (*fleet, error) {
 	f, err := embedded.Start(ctx, embedded.Options{Servers: cfg.Servers, Model: cfg.Model, Secret: cfg.Secret, Logger: cfg.Logger,
 		Server: func(_ int, sc *server.Config) {
 			sc.OffloadCPUBytes = cfg.OffloadBytes
+			sc.Precision = cfg.Precision
 			sc.TracerProvider = cfg.tracerProvider()
 		}})
 	if err != nil {
@@ -321,6 +330,9 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	defer tr.Close()
 
 	store, err := weightstore.Open(ctx, filepath.Join(cfg.Out, "weights"))
+	if err == nil {
+		err = store.SetDType(cfg.PublishDType)
+	}
 	if err != nil {
 		return nil, err
 	}

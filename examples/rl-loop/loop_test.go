@@ -72,6 +72,30 @@ func TestLoopEmbedded(t *testing.T) {
 	require.Equal(t, int64(4), sum.Records[0].Version)
 }
 
+// TestLoopLowPrecision runs the loop with int8 servers publishing bfloat16 checkpoints: every
+// update lands, and the logprob mismatch and its KL (over on-policy tokens, hence --sync) are
+// those of a rollout policy that differs from the trainer's float32 one, small but not zero.
+func TestLoopLowPrecision(t *testing.T) {
+	cfg, err := parseFlags([]string{"--steps", "2", "--prompts", "2", "--group", "4", "--max-tokens", "6",
+		"--warmup-steps", "0", "--pass-k", "0", "--out", t.TempDir(), "--log-level", "error",
+		"--precision", "int8", "--publish-dtype", "BF16", "--sync"})
+	require.NoError(t, err)
+	sum, err := run(t.Context(), cfg, devNull(t))
+	require.NoError(t, err)
+	require.Len(t, sum.Records, 2)
+	require.Equal(t, 2, sum.Updates)
+	require.Zero(t, sum.Violations)
+	for _, r := range sum.Records {
+		require.Greater(t, r.Mismatch, 1e-4, "step %d: int8 rollouts are another policy", r.Step)
+		require.Positive(t, r.MismatchKL, "step %d", r.Step)
+		require.Less(t, r.MismatchKL, 0.05, "step %d: a small gap", r.Step)
+	}
+	_, err = parseFlags([]string{"--precision", "fp4"})
+	require.ErrorContains(t, err, "--precision")
+	_, err = parseFlags([]string{"--publish-dtype", "int8"})
+	require.ErrorContains(t, err, "--publish-dtype")
+}
+
 // TestBadConfig: what the loop cannot use is refused before anything starts.
 func TestBadConfig(t *testing.T) {
 	for name, mut := range map[string]func(*config){
@@ -180,7 +204,7 @@ func checkLogFields(t *testing.T, path string) {
 		var rec map[string]any
 		require.NoError(t, json.Unmarshal([]byte(line), &rec))
 		for _, k := range []string{"entropy", "zero_adv_frac", "kl", "clip_frac", "tis_frac", "grad_norm", "response_len",
-			"finish_reasons", "stale_share", "bubble_ms"} {
+			"finish_reasons", "stale_share", "bubble_ms", "mismatch_kl"} {
 			require.Contains(t, rec, k)
 		}
 		require.Positive(t, rec["entropy"], "a sampling policy has entropy")

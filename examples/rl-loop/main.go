@@ -92,6 +92,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/weights"
 	"github.com/rolloutkit/rollout/sdk/telemetry"
 )
 
@@ -135,6 +137,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.Mode, "mode", "keep", "pause mode of the cut: abort, wait or keep")
 	fs.IntVar(&cfg.Servers, "servers", 2, "embedded servers (ignored with --redis)")
 	fs.StringVar(&cfg.Model, "model", "builtin:tiny", "model spec (the servers' initial weights must be the same)")
+	precision := fs.String("precision", "f32", "weight precision of the embedded servers: f32, bf16 or int8 (the trainer stays float32; the mism and mism kl columns show the gap)")
+	publishDType := fs.String("publish-dtype", "F32", "dtype of the published checkpoints: F32 or BF16 (half the bytes per update)")
 	fs.Int64Var(&cfg.OffloadBytes, "offload-cpu-bytes", 16<<20, "KV offload CPU memory per embedded server (0: no offloading)")
 	cfg.RedisConfig.RegisterFlags(fs, "Redis of an external fleet (default: an embedded fleet)")
 	fs.StringVar(&cfg.Fleet, "fleet", "", "fleet name (with --redis)")
@@ -149,6 +153,13 @@ func parseFlags(args []string) (config, error) {
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	var err error
+	if cfg.Precision, err = kernels.ParsePrecision(*precision); err != nil {
+		return cfg, fmt.Errorf("--precision: %w", err)
+	}
+	if cfg.PublishDType, err = weights.ParseDType(*publishDType); err != nil {
+		return cfg, fmt.Errorf("--publish-dtype: %w", err)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {

@@ -68,6 +68,9 @@ type record struct {
 	// Mismatch is the mean |trainer logprob − rollout logprob| over on-policy tokens.
 	Mismatch    float64 `json:"logprob_mismatch"`
 	MismatchMax float64 `json:"logprob_mismatch_max"`
+	// MismatchKL estimates KL(rollout‖trainer) per on-policy token (trainer.StepStats): about
+	// 0 at f32, the gap a bf16 or int8 rollout (--precision) opens otherwise.
+	MismatchKL  float64 `json:"mismatch_kl"`
 	StaleTokens int     `json:"stale_tokens"`
 	Tokens      int     `json:"tokens"`
 	// Versions seen in this step's samples (min and max), and the violations reported by the
@@ -83,6 +86,7 @@ type record struct {
 func (r *record) fromStats(st trainer.StepStats) {
 	r.Version, r.Reward, r.Max, r.Loss = st.Version, st.RewardMean, st.RewardMax, st.Loss
 	r.Mismatch, r.MismatchMax, r.StaleTokens, r.Tokens = st.MismatchMeanAbs, st.MismatchMax, st.StaleTokens, st.Tokens
+	r.MismatchKL = st.MismatchKL
 	r.Entropy, r.KL, r.ClipFrac, r.TISFrac, r.GradNorm = st.Entropy, st.KL, st.ClipFraction, st.TruncatedFraction, st.GradNorm
 	if st.Groups > 0 {
 		r.ZeroAdvFrac = float64(st.ZeroAdvantageGroups) / float64(st.Groups)
@@ -168,17 +172,17 @@ func (r *reporter) step(rec record) error {
 		_ = r.bar.Clear()
 	}
 	if r.first {
-		fmt.Fprintf(r.out, "%5s %6s %6s %7s %6s %7s %6s %5s %7s %5s %5s %6s %4s %13s %5s %6s %7s  %s\n", "step", "reward", "held", "pass@k",
-			"entropy", "zero-adv", "dist/g", "clip", "tis", "kl", "gnorm", "len", "stale", "finish", "bub ms", "mism", "versions", "sample")
+		fmt.Fprintf(r.out, "%5s %6s %6s %7s %6s %7s %6s %5s %7s %5s %5s %6s %4s %13s %5s %6s %7s %7s  %s\n", "step", "reward", "held", "pass@k",
+			"entropy", "zero-adv", "dist/g", "clip", "tis", "kl", "gnorm", "len", "stale", "finish", "bub ms", "mism", "mism kl", "versions", "sample")
 		r.first = false
 	}
 	note := ""
 	if rec.collapsed() {
 		note = "  ⚠ collapse: entropy ~0, groups without signal"
 	}
-	fmt.Fprintf(r.out, "%5d %6.3f %6s %7s %6.3f %7.2f %6.2f %5.2f %7.2f %5.3f %5.2f %6.2f %4.2f %13s %5.0f %6.0e %7s  %s%s\n", rec.Step,
+	fmt.Fprintf(r.out, "%5d %6.3f %6s %7s %6.3f %7.2f %6.2f %5.2f %7.2f %5.3f %5.2f %6.2f %4.2f %13s %5.0f %6.0e %7.0e %7s  %s%s\n", rec.Step,
 		rec.Reward, opt(rec.EvalGreedy), opt(rec.EvalPassK), rec.Entropy, rec.ZeroAdvFrac, rec.DistinctPerGroup, rec.ClipFrac,
-		rec.TISFrac, rec.KL, rec.GradNorm, rec.ResponseLen, rec.StaleShare, finish(rec.Finish), rec.BubbleMs, rec.Mismatch,
+		rec.TISFrac, rec.KL, rec.GradNorm, rec.ResponseLen, rec.StaleShare, finish(rec.Finish), rec.BubbleMs, rec.Mismatch, rec.MismatchKL,
 		fmt.Sprintf("%d-%d", rec.MinVersion, rec.MaxVersion), rec.Example, note)
 	if r.bar != nil {
 		r.bar.Describe(fmt.Sprintf("reward %.3f", rec.Reward))

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -177,6 +178,54 @@ func TestGarbageAndPhantomsFromRedis(t *testing.T) {
 	require.NoError(t, err, "the phantom is not a target the update waits for")
 	assert.Equal(t, sdk.OutcomeCommitted, res.Outcome)
 	assert.Len(t, res.Servers, 2)
+}
+
+// TestDeleteThenReplayOldDesiredState (issue 26, finding 2, from Redis): the attacker deletes
+// the desired-state key and writes back an older signed record (a fleet pause the trainer
+// has since resumed). No server pauses again (their logs, read as a history, show no
+// convergence to a pause after the replay), and the servers write the newest record back.
+func TestDeleteThenReplayOldDesiredState(t *testing.T) {
+	skipShort(t)
+	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "replay"})
+	c := dial(t, f)
+	b := dialBus(t, f)
+	key := protocol.Names{Fleet: f.Name}.Desired()
+	require.NoError(t, errOf(c.Pause(t.Context(), sdk.PauseOptions{})))
+	old, err := b.Get(t.Context(), key)
+	require.NoError(t, err)
+	paused, err := protocol.DecodeDesiredState(old)
+	require.NoError(t, err)
+	require.True(t, paused.Paused)
+	require.NoError(t, errOf(c.Resume(t.Context())))
+	assertServing(t, f, 0)
+	const pausing = "converging: the fleet is paused"
+	before := map[string]int{}
+	for _, p := range f.Procs {
+		before[p.ID] = strings.Count(p.Logs(), pausing)
+	}
+
+	opt, err := redis.ParseURL(f.Redis.URL())
+	require.NoError(t, err)
+	rc := redis.NewClient(opt)
+	defer rc.Close()
+	require.NoError(t, rc.Del(t.Context(), key).Err())
+	require.NoError(t, rc.Set(t.Context(), key, old, 0).Err())
+
+	require.Eventually(t, func() bool {
+		raw, err := b.Get(t.Context(), key)
+		if err != nil {
+			return false
+		}
+		d, err := protocol.DecodeDesiredState(raw)
+		return err == nil && d.Epoch > paused.Epoch && !d.Paused
+	}, 20*time.Second, 20*time.Millisecond, "the servers write the newest record back over the replayed one")
+	wrote := 0
+	for _, p := range f.Procs {
+		assert.Equal(t, before[p.ID], strings.Count(p.Logs(), pausing), "%s paused again on a replayed record", p.ID)
+		wrote += strings.Count(p.Logs(), "wrote back the newest record")
+	}
+	assert.Positive(t, wrote, "a server says it repaired the key")
+	assertServing(t, f, 0)
 }
 
 // errOf drops a control call's results, for tests that check only its error.

@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rolloutkit/rollout/internal/fleettest"
+	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
@@ -221,4 +224,64 @@ func TestSecurityRejectsForgedCommands(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	require.NoError(t, b.Delete(ctx, names.Desired()))
+}
+
+// TestFloodOfForgedCommandsCostsLittle (issue 26, finding 6, from Redis): thousands of
+// forged commands on the control channel cost each server no log line per message and no
+// Redis write per message (rejection acks come from a small token bucket, refusals are
+// logged at most once per 10 s), and a genuine pause sent after the flood is carried out.
+func TestFloodOfForgedCommandsCostsLittle(t *testing.T) {
+	skipShort(t)
+	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "flood"})
+	b := dialBus(t, f)
+	opt, err := redis.ParseURL(f.Redis.URL())
+	require.NoError(t, err)
+	rc := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rc.Close() })
+	ackKeys := func() int {
+		keys, err := rc.Keys(t.Context(), protocol.Names{Fleet: f.Name}.Acks("*")).Result()
+		require.NoError(t, err)
+		return len(keys)
+	}
+	refusedLines := func(p *fleettest.Proc) int { return strings.Count(p.Logs(), "refused control messages") }
+	before := ackKeys()
+	linesBefore := map[string]int{}
+	for _, p := range f.Procs {
+		linesBefore[p.ID] = strings.Count(p.Logs(), "\n")
+	}
+
+	const flood = 4000
+	start := time.Now()
+	wrong := []byte("attacker-secret-of-at-least-32-bytes-long")
+	control := protocol.Names{Fleet: f.Name}.Control()
+	for i := range flood {
+		e := pauseEnvelope(t, f.Name, time.Now())
+		if i%2 == 0 {
+			e.Sign(wrong)
+		}
+		raw, err := e.Encode()
+		require.NoError(t, err)
+		_, err = b.Publish(t.Context(), control, raw)
+		require.NoError(t, err)
+	}
+	for _, p := range f.Procs {
+		waitMetric(t, p, flood, "rollout_control_rejected_total")
+	}
+	elapsed := time.Since(start)
+
+	// The bounds follow from the rates, over the time the flood took to be refused; on
+	// d3a29f0 every forged command cost an ack key and a log line on every server.
+	secs := int(elapsed/time.Second) + 1
+	assert.LessOrEqual(t, ackKeys()-before, len(f.Procs)*16*secs, "rejection acks per forged command (elapsed %s)", elapsed)
+	for _, p := range f.Procs {
+		assert.LessOrEqual(t, strings.Count(p.Logs(), "\n")-linesBefore[p.ID], 2+secs/10, "%s: log lines during the flood", p.ID)
+		assert.GreaterOrEqual(t, refusedLines(p), 1, "%s says it refused messages", p.ID)
+	}
+	c := dial(t, f)
+	require.NoError(t, errOf(c.Pause(t.Context(), sdk.PauseOptions{})))
+	for _, p := range f.Procs {
+		f.WaitFor(p, 30*time.Second, "paused", func(hb *protocol.Heartbeat) bool { return hb.State == protocol.StatePaused })
+	}
+	require.NoError(t, errOf(c.Resume(t.Context())))
+	assertServing(t, f, 0)
 }

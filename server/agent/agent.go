@@ -529,10 +529,10 @@ func (l *loop) heartbeat(ctx context.Context) {
 	l.write(ctx, &hb)
 }
 
-// build is the heartbeat of the engine as it is now.
+// build is the heartbeat of the engine as it is now, unsigned: write signs it.
 func (l *loop) build() protocol.Heartbeat {
 	l.core.Engine(l.a.engineState())
-	return l.core.Heartbeat(l.a.cfg.Now())
+	return l.core.heartbeat(l.a.cfg.Now())
 }
 
 // write writes hb and remembers what it said.
@@ -555,6 +555,7 @@ func beatFacts(hb *protocol.Heartbeat) facts {
 
 func (l *loop) writeHeartbeat(ctx context.Context, hb *protocol.Heartbeat) {
 	a := l.a
+	l.core.sign(hb)
 	raw, err := hb.Encode()
 	if err != nil {
 		a.log.Error("agent: encode heartbeat", "err", err)
@@ -723,13 +724,16 @@ func (l *loop) ackSpan(ctx context.Context, p pendingAck) (context.Context, trac
 	if p.trace.Parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, p.trace.Parent)
 	}
-	links := make([]trace.Link, 0, len(p.trace.Links))
-	for _, sc := range p.trace.Links {
-		links = append(links, trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "original")}})
+	ctx, span := l.a.cfg.Tracer.Start(ctx, SpanAck, trace.WithSpanKind(trace.SpanKindProducer))
+	if !span.IsRecording() {
+		return ctx, span
 	}
-	return l.a.cfg.Tracer.Start(ctx, SpanAck, trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(links...),
-		trace.WithAttributes(attribute.String("rollout.command_id", p.ack.CommandID), attribute.String("rollout.server_id", l.a.cfg.ServerID),
-			attribute.String("rollout.result", string(p.ack.Result)), attribute.Bool("rollout.duplicate", p.trace.Duplicate)))
+	for _, sc := range p.trace.Links {
+		span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "original")}})
+	}
+	span.SetAttributes(attribute.String("rollout.command_id", p.ack.CommandID), attribute.String("rollout.server_id", l.a.cfg.ServerID),
+		attribute.String("rollout.result", string(p.ack.Result)), attribute.Bool("rollout.duplicate", p.trace.Duplicate))
+	return ctx, span
 }
 
 // start runs w on its own goroutine; the loop keeps heartbeating meanwhile. Convergence
@@ -773,7 +777,7 @@ func (l *loop) stop(ctx context.Context, runErr error) {
 		l.queueAcks(r)
 		l.pushAcks(bg)
 		if runErr == nil {
-			hb := l.core.Heartbeat(a.cfg.Now())
+			hb := l.core.heartbeat(a.cfg.Now())
 			l.writeHeartbeat(bg, &hb)
 		}
 	}

@@ -869,6 +869,21 @@ func shortDigest(s string) string {
 
 // Heartbeat builds this server's (signed) heartbeat.
 func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
+	hb := c.heartbeat(now)
+	c.sign(&hb)
+	return hb
+}
+
+// sign signs hb for writing (nothing on an unsigned fleet).
+func (c *Core) sign(hb *protocol.Heartbeat) {
+	if c.cfg.Auth.Signed() {
+		hb.SignWith(c.cfg.Auth)
+	}
+}
+
+// heartbeat is Heartbeat unsigned: the agent compares one after every command with what it
+// last wrote, and signs only the ones it writes.
+func (c *Core) heartbeat(now time.Time) protocol.Heartbeat {
 	state := c.eng.State
 	switch {
 	case c.stopping && c.busy == nil:
@@ -890,9 +905,6 @@ func (c *Core) Heartbeat(now time.Time) protocol.Heartbeat {
 		Build: c.cfg.Build, Error: joinErrs(c.desiredErr, c.convErr, why), At: now.UnixMilli()}
 	if c.cfg.PeerURL != "" {
 		hb.PeerURL, hb.Holds = c.cfg.PeerURL, c.eng.Holds
-	}
-	if c.cfg.Auth.Signed() {
-		hb.SignWith(c.cfg.Auth)
 	}
 	return hb
 }

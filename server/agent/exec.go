@@ -72,27 +72,30 @@ const (
 // envelope's trace context) and links to it, so the transaction is one trace even through
 // backends that show links only. A missing or malformed trace context makes it a root.
 func (a *Agent) span(ctx context.Context, w *Work) (context.Context, trace.Span) {
-	attrs := []attribute.KeyValue{attribute.String("rollout.server_id", a.cfg.ServerID), attribute.String("rollout.fleet", a.cfg.Fleet)}
-	var opts []trace.SpanStartOption
-	name := SpanConverge
+	name, carrier, link := SpanConverge, w.Trace, "desired_state"
 	if e := w.Envelope; e != nil {
-		name = SpanProcess
-		attrs = append(attrs, attribute.String("rollout.command_id", e.ID), attribute.String("rollout.command", string(e.Kind)))
-		if sc := SenderSpan(e.Trace); sc.IsValid() {
-			ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "sender")}}))
-		}
-	} else {
-		attrs = append(attrs, attribute.Int64("rollout.epoch", w.Epoch))
-		// A convergence joins the trace of the call that set the desired state, so an
-		// update's cut is in its trace whether a command or the server itself ran it.
-		if sc := SenderSpan(w.Trace); sc.IsValid() {
-			ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("rollout.link", "desired_state")}}))
-		}
+		name, carrier, link = SpanProcess, e.Trace, "sender"
 	}
-	opts = append(opts, trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindConsumer))
-	return a.cfg.Tracer.Start(ctx, name, opts...)
+	parent := SenderSpan(carrier)
+	if parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+	}
+	ctx, span := a.cfg.Tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer))
+	if !span.IsRecording() {
+		return ctx, span // no tracing: every server pays this per command, so build nothing
+	}
+	// A convergence joins the trace of the call that set the desired state, so an update's
+	// cut is in its trace whether a command or the server itself ran it.
+	if parent.IsValid() {
+		span.AddLink(trace.Link{SpanContext: parent, Attributes: []attribute.KeyValue{attribute.String("rollout.link", link)}})
+	}
+	span.SetAttributes(attribute.String("rollout.server_id", a.cfg.ServerID), attribute.String("rollout.fleet", a.cfg.Fleet))
+	if e := w.Envelope; e != nil {
+		span.SetAttributes(attribute.String("rollout.command_id", e.ID), attribute.String("rollout.command", string(e.Kind)))
+	} else {
+		span.SetAttributes(attribute.Int64("rollout.epoch", w.Epoch))
+	}
+	return ctx, span
 }
 
 func (a *Agent) code(err error) string {

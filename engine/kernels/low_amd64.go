@@ -1,0 +1,42 @@
+//go:build amd64 && !purego
+
+package kernels
+
+// The bf16 and int8 tiles (kernels_low_*_amd64.s) read the stored weights and widen them in
+// registers; they have no prefetching variant. They are Go assembly in both amd64 builds: the
+// archsimd build has no vector widening of its own.
+var (
+	avx512BF16Kernel = simdKernel{name: "avx512", tiles: &a512bf16Tiles, t1: 7, shape: avx512LowShape}
+	avx512Int8Kernel = simdKernel{name: "avx512", tiles: &a512i8Tiles, t1: 7, shape: avx512LowShape}
+	avx2BF16Kernel   = simdKernel{name: "avx2", tiles: &a256bf16Tiles, t1: 5, shape: avx2BF16Shape}
+	avx2Int8Kernel   = simdKernel{name: "avx2", tiles: &a256i8Tiles, t1: 6, shape: avx2Shape}
+)
+
+// avx512LowShape is the AVX-512 bf16 and int8 main tile for n tokens: 4 panels × up to 6
+// tokens, the assembly float32 tile's shape (24 accumulators, 4 weight, 2 broadcast and the
+// bf16 mask registers of 32).
+func avx512LowShape(n int) (p, t int) { return 4, min(n, 6) }
+
+// avx2BF16Shape is avx2Shape with the widest tile 1×5: the bf16 tiles hold a mask register.
+func avx2BF16Shape(n int) (p, t int) {
+	if n <= 2 {
+		return avx2Shape(n)
+	}
+	return 1, min(n, 5)
+}
+
+// lowKernel is the kernel for a bf16 or int8 matrix on a CPU with (or without) AVX-512 and
+// AVX2+FMA, nil for the portable one.
+func lowKernel(prec Precision, avx512, avx2 bool) *simdKernel {
+	switch {
+	case avx512 && prec == BF16:
+		return &avx512BF16Kernel
+	case avx512 && prec == Int8:
+		return &avx512Int8Kernel
+	case avx2 && prec == BF16:
+		return &avx2BF16Kernel
+	case avx2 && prec == Int8:
+		return &avx2Int8Kernel
+	}
+	return nil
+}

@@ -1,0 +1,25 @@
+//go:build amd64 && !purego
+
+package kernels
+
+// lowSIMDImpls lists the kernels reading bf16 or int8 directly that this CPU can run.
+func lowSIMDImpls() []impl {
+	var out []impl
+	avx512, avx2 := lowFeatures()
+	add := func(name string, bf, i8 *simdKernel) {
+		out = append(out, impl{name, func(m *Matrix, y, x []float32, n, lo, hi int) {
+			k := bf
+			if m.Prec == Int8 {
+				k = i8
+			}
+			matmulSIMD(k, m, y, x, n, lo, hi)
+		}})
+	}
+	if avx512 {
+		add("avx512", &avx512BF16Kernel, &avx512Int8Kernel)
+	}
+	if avx2 {
+		add("avx2", &avx2BF16Kernel, &avx2Int8Kernel)
+	}
+	return out
+}

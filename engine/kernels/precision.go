@@ -1,0 +1,259 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/rolloutkit/rollout/engine/hugepage"
+)
+
+// Precision is how a Matrix stores its weights. Whatever it stores, a MatMul reads the weights
+// in that form, widens each one in registers to the float32 value it stands for (its effective
+// weight) and runs the float32 FMA chain of the package doc on it: a low-precision MatMul gives
+// bit for bit what an F32 MatMul of the effective weights gives, on every kernel path.
+type Precision uint8
+
+// The precisions a Matrix can store.
+const (
+	// F32 stores float32 weights: 4 bytes a weight.
+	F32 Precision = iota
+	// BF16 stores bfloat16 weights (the high half of a float32, rounded to nearest even): 2
+	// bytes a weight. The effective weight is the bfloat16 value, exactly.
+	BF16
+	// Int8 stores blocks of Int8Block weights along a row (the last one shorter when Cols is
+	// not a multiple) as int8 with one float32 scale per block (q8_0-like, symmetric: scale =
+	// max|w|/127): 1.125 bytes a weight. The effective weight is float32(q)·scale, one float32
+	// multiply.
+	Int8
+)
+
+// Int8Block is the number of weights of a row that share one Int8 scale.
+const Int8Block = 32
+
+// int8BlockBytes is the bytes of one panel's whole block: 16 float32 scales, then Int8Block
+// steps of PanelRows int8 weights.
+const int8BlockBytes = PanelRows*4 + Int8Block*PanelRows
+
+// ErrPrecision is returned (wrapped) for an unknown precision name, or a matrix shape or value
+// a precision cannot store.
+var ErrPrecision = errors.New("kernels: precision")
+
+// String is the precision's name, as ParsePrecision reads it: "f32", "bf16" or "int8".
+func (p Precision) String() string {
+	switch p {
+	case F32:
+		return "f32"
+	case BF16:
+		return "bf16"
+	case Int8:
+		return "int8"
+	}
+	return fmt.Sprintf("precision(%d)", uint8(p))
+}
+
+// ParsePrecision reads a precision name: "f32" (or "" and "float32"), "bf16" ("bfloat16") or
+// "int8" ("q8_0").
+func ParsePrecision(s string) (Precision, error) {
+	switch s {
+	case "", "f32", "float32":
+		return F32, nil
+	case "bf16", "bfloat16":
+		return BF16, nil
+	case "int8", "q8_0":
+		return Int8, nil
+	}
+	return F32, fmt.Errorf("%w: unknown precision %q (want f32, bf16 or int8)", ErrPrecision, s)
+}
+
+// BytesPerWeight is the storage a precision takes per weight, scales included.
+func (p Precision) BytesPerWeight() float64 {
+	switch p {
+	case BF16:
+		return 2
+	case Int8:
+		return float64(int8BlockBytes) / float64(Int8Block*PanelRows)
+	}
+	return 4
+}
+
+// checkShape reports whether a matrix of cols columns can be stored at p: bfloat16 weights are
+// read in pairs along a row.
+func (p Precision) checkShape(cols int) error {
+	switch p {
+	case F32:
+		return nil
+	case BF16:
+		if cols%2 != 0 {
+			return fmt.Errorf("%w: bf16 needs an even number of columns, got %d", ErrPrecision, cols)
+		}
+		return nil
+	case Int8:
+		return nil
+	}
+	return fmt.Errorf("%w: unknown precision %d", ErrPrecision, uint8(p))
+}
+
+// ToBF16 rounds f to the nearest bfloat16, ties to even; NaN stays NaN (quiet).
+func ToBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 {
+		return uint16(b>>16) | 0x40
+	}
+	b += 0x7fff + (b>>16)&1
+	return uint16(b >> 16)
+}
+
+// FromBF16 is the float32 value of a bfloat16, exactly.
+func FromBF16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// RoundBF16 is f rounded to the nearest bfloat16 value, as a float32.
+func RoundBF16(f float32) float32 { return FromBF16(ToBF16(f)) }
+
+// QuantizeInt8 quantizes one block of weights: scale = max|w|/127 in float32 and q[i] =
+// round(w[i]/scale) (ties to even), so that float32(q[i])·scale is the effective weight. A
+// block of zeros has scale 0. Non-finite weights cannot be quantized.
+func QuantizeInt8(q []int8, w []float32) (scale float32, err error) {
+	var amax float32
+	for _, v := range w {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return 0, fmt.Errorf("%w: int8 cannot hold the non-finite weight %v", ErrPrecision, v)
+		}
+		amax = max(amax, float32(math.Abs(float64(v))))
+	}
+	scale = amax / 127
+	if scale == 0 {
+		clear(q[:len(w)])
+		return 0, nil
+	}
+	for i, v := range w {
+		r := math.RoundToEven(float64(v) / float64(scale))
+		q[i] = int8(min(127, max(-127, r)))
+	}
+	return scale, nil
+}
+
+// packLow packs the row-major parts into m (of precision BF16 or Int8).
+func packLow(m *Matrix, parts [][]float32) error {
+	cols := m.Cols
+	var q [Int8Block]int8
+	r := 0
+	for _, part := range parts {
+		for off := 0; off < len(part); off, r = off+cols, r+1 {
+			row := part[off : off+cols]
+			p, i := r/PanelRows, r%PanelRows
+			switch m.Prec {
+			case BF16:
+				panel := m.half[p*PanelRows*cols : (p+1)*PanelRows*cols]
+				for k, v := range row {
+					panel[(k/2)*2*PanelRows+2*i+k%2] = ToBF16(v)
+				}
+			case Int8:
+				base := p * m.panelBytes()
+				for b := 0; b*Int8Block < cols; b++ {
+					k0, k1 := b*Int8Block, min(cols, (b+1)*Int8Block)
+					scale, err := QuantizeInt8(q[:], row[k0:k1])
+					if err != nil {
+						return fmt.Errorf("row %d, columns %d..%d: %w", r, k0, k1-1, err)
+					}
+					blk := m.q8[base+b*int8BlockBytes:]
+					putFloat32(blk[4*i:], scale)
+					for k, v := range q[:k1-k0] {
+						blk[PanelRows*4+k*PanelRows+i] = byte(v)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// putFloat32 stores f little-endian in b[0:4] (every supported GOARCH is little-endian).
+func putFloat32(b []byte, f float32) {
+	u := math.Float32bits(f)
+	b[0], b[1], b[2], b[3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+}
+
+// getFloat32 reads what putFloat32 stored.
+func getFloat32(b []byte) float32 {
+	return math.Float32frombits(uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24)
+}
+
+// newLowMatrix allocates a zeroed matrix of precision p.
+func newLowMatrix(p Precision, rows, cols int) *Matrix {
+	m := &Matrix{Rows: rows, Cols: cols, Prec: p}
+	switch p {
+	case BF16:
+		m.half = hugepage.Make[uint16](m0(rows) * cols)
+	case Int8:
+		m.q8 = hugepage.Make[byte](m.Panels() * m.panelBytes())
+	}
+	return m
+}
+
+// panelBytes is the size of one packed panel.
+func (m *Matrix) panelBytes() int {
+	switch m.Prec {
+	case BF16:
+		return PanelRows * m.Cols * 2
+	case Int8:
+		return (m.Cols+Int8Block-1)/Int8Block*PanelRows*4 + m.Cols*PanelRows
+	}
+	return PanelRows * m.Cols * 4
+}
+
+// widenPanel writes panel p's effective weights into dst (PanelRows·Cols values) in the
+// float32 panel layout.
+func (m *Matrix) widenPanel(dst []float32, p int) {
+	cols := m.Cols
+	switch m.Prec {
+	case F32:
+		copy(dst, m.data[p*PanelRows*cols:(p+1)*PanelRows*cols])
+	case BF16:
+		panel := m.half[p*PanelRows*cols : (p+1)*PanelRows*cols]
+		for k := range cols {
+			pair := panel[(k/2)*2*PanelRows : (k/2+1)*2*PanelRows]
+			for i := range PanelRows {
+				dst[k*PanelRows+i] = FromBF16(pair[2*i+k%2])
+			}
+		}
+	case Int8:
+		base := p * m.panelBytes()
+		for b := 0; b*Int8Block < cols; b++ {
+			blk := m.q8[base+b*int8BlockBytes:]
+			var scale [PanelRows]float32
+			for i := range scale {
+				scale[i] = getFloat32(blk[4*i:])
+			}
+			for k := range min(Int8Block, cols-b*Int8Block) {
+				q := blk[PanelRows*4+k*PanelRows : PanelRows*4+(k+1)*PanelRows]
+				out := dst[(b*Int8Block+k)*PanelRows : (b*Int8Block+k+1)*PanelRows]
+				for i := range PanelRows {
+					out[i] = float32(int8(q[i])) * scale[i]
+				}
+			}
+		}
+	}
+}
+
+// matmulWidened runs panels [lo,hi) of a low-precision MatMul with the float32 kernel f32: each
+// panel is widened into a float32 scratch panel, which f32 multiplies. The bits are those of
+// the float32 kernel on the effective weights; the cost is a pass over every weight in Go, so
+// this is the fallback of builds and CPUs without a kernel reading the precision directly.
+func matmulWidened(f32 func(m *Matrix, y, x []float32, n, lo, hi int), m *Matrix, y, x []float32, n, lo, hi int) {
+	if lo >= hi || n <= 0 {
+		return
+	}
+	cols, rows := m.Cols, m.Rows
+	tmp := &Matrix{Cols: cols, data: make([]float32, PanelRows*cols)}
+	yt := make([]float32, n*PanelRows)
+	for p := lo; p < hi; p++ {
+		r0 := p * PanelRows
+		tmp.Rows = min(PanelRows, rows-r0)
+		m.widenPanel(tmp.data, p)
+		f32(tmp, yt, x, n, 0, 1)
+		for t := range n {
+			copy(y[t*rows+r0:t*rows+r0+tmp.Rows], yt[t*tmp.Rows:(t+1)*tmp.Rows])
+		}
+	}
+}
