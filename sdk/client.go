@@ -40,11 +40,13 @@ const tracerName = "github.com/rolloutkit/rollout/sdk"
 type Options struct {
 	// RedisURL is the fleet's Redis: redis://[user@]host:port[/db], rediss:// for TLS,
 	// redis+sentinel://host:port,.../MASTER or redis+cluster://host:port,... (see package
-	// redisconf); ignored when Bus is set.
+	// redisconf); ignored when Bus is set. It is shorthand for RedisConfig.URL: set either
+	// (both only to the same URL, redisconf.Config.WithURL).
 	RedisURL string
-	// RedisConfig carries the rest of how to reach Redis: password (or a file holding it),
-	// TLS files, Sentinel master and credentials. Its URL, when empty, is RedisURL. Call
-	// RedisConfig.LoadEnv(os.LookupEnv) to take passwords from the environment.
+	// RedisConfig is how to reach Redis beyond a URL: password (or a file holding it), TLS
+	// files, Sentinel master and credentials; what the --redis flags fill
+	// (redisconf.Config.RegisterFlags). Call RedisConfig.LoadEnv(os.LookupEnv) to take
+	// passwords from the environment.
 	RedisConfig redisconf.Config
 	// Bus is an open bus to use instead of RedisURL (e.g. an embedded fleet's in-process
 	// bus). The client does not close it.
@@ -203,9 +205,9 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 	case o.RedisURL == "" && o.RedisConfig.URL == "":
 		return nil, invalid("RedisURL or Bus is required")
 	default:
-		conf := o.RedisConfig
-		if conf.URL == "" {
-			conf.URL = o.RedisURL
+		conf, err := o.RedisConfig.WithURL(o.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 		b, err := bus.DialRedisConfig(ctx, conf, bus.RedisOptions{Logger: o.Logger})
 		if errors.Is(err, redisconf.ErrInvalid) {
