@@ -106,7 +106,7 @@ func TestSessionContinuesAbortedTurn(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, turn.Sample.Continuations)
 	assert.Len(t, turn.Sample.Tokens, 5)
-	assert.Equal(t, "length", turn.Sample.FinishReason)
+	assert.Equal(t, FinishLength, turn.Sample.FinishReason)
 	assert.Equal(t, 5, s.Trajectory().ModelTokens)
 }
 

@@ -134,7 +134,7 @@ func TestSessionWeightUpdateMidEpisode(t *testing.T) {
 	require.NoError(t, r.err)
 	t1 := r.turn
 	require.Len(t, t1.Sample.Tokens, long)
-	assert.Equal(t, "length", t1.Sample.FinishReason)
+	assert.Equal(t, sdk.FinishLength, t1.Sample.FinishReason)
 	assert.Positive(t, t1.Sample.Continuations, "the update aborted the turn and it was continued")
 	vs := t1.Sample.WeightVersions()
 	assert.Equal(t, int64(0), vs[0])
