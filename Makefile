@@ -22,8 +22,9 @@ LDFLAGS  := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 TESTFLAGS ?=
 FUZZTIME ?= 100000x
 DEMO_STEPS ?= 300
+AGENT_DEMO_STEPS ?= 200
 
-.PHONY: help build bench-kernels compose-soak test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch bench demo e2e faults faults-ci fuzz clean
+.PHONY: help build bench-kernels compose-soak test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch bench demo agent-demo e2e faults faults-ci fuzz clean
 
 help: ## List the targets
 	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); GOEXPERIMENT=simd selects the archsimd kernels)"
@@ -119,6 +120,10 @@ bench-kernels: ## bench engine (BENCH_KERNELS_FLAGS, default --quick) with the d
 demo: ## GRPO on an embedded 2-server fleet (examples/rl-loop): held-out accuracy rises from chance to >= 0.9
 	@$(GOBUILD_PROGRESS) . bin/rl-loop ./examples/rl-loop
 	bin/rl-loop --steps $(DEMO_STEPS) --out rl-loop-out
+
+agent-demo: ## GRPO teaches a tool-using agent (examples/agent-loop): held-out success rises from chance to about 0.9-1.0
+	$(GO) build -o bin/agent-loop ./examples/agent-loop
+	bin/agent-loop --steps $(AGENT_DEMO_STEPS) --out agent-loop-out
 
 fuzz: ## Run every Fuzz target briefly: FUZZTIME executions each (a count: a duration hits golang/go#75804, a spurious "context deadline exceeded" in go1.26)
 	@found=0; \

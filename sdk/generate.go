@@ -522,7 +522,21 @@ func (e *httpError) retryable() bool {
 
 // post sends one /generate request to base.
 func (c *Client) post(ctx context.Context, base string, body []byte) (*wireResponse, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/generate", bytes.NewReader(body))
+	data, err := c.postJSON(ctx, base, "/generate", body)
+	if err != nil {
+		return nil, err
+	}
+	var out wireResponse
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, fmt.Errorf("decoding /generate response: %w", err)
+	}
+	return &out, nil
+}
+
+// postJSON sends a JSON body to base+path and returns the 200 answer's body, or an
+// *httpError carrying the server's JSON error.
+func (c *Client) postJSON(ctx context.Context, base, path string, body []byte) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -551,11 +565,7 @@ func (c *Client) post(ctx context.Context, base string, body []byte) (*wireRespo
 		}
 		return nil, he
 	}
-	var out wireResponse
-	if err := json.Unmarshal(data, &out); err != nil {
-		return nil, fmt.Errorf("decoding /generate response: %w", err)
-	}
-	return &out, nil
+	return data, nil
 }
 
 // pick waits for a routable server for a request of n sequences and counts the request in

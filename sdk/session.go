@@ -71,7 +71,9 @@ type SessionOptions struct {
 // A weight update during a turn does not break the episode: the turn is continued like any
 // Generate sample a pause aborted, and every model token keeps the version that sampled it.
 //
-// A Session's methods may be called from several goroutines; turns run one at a time.
+// A Session's methods may be called from several goroutines: turns run one at a time, and
+// Append and the readers wait for a turn in flight, so the transcript is always whole turns
+// in the order they happened.
 type Session struct {
 	c    *Client
 	opts SessionOptions
@@ -193,7 +195,7 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 	smp := res.Samples[0]
 	t := &Turn{Index: s.turns, Sample: smp, PromptTokens: len(transcript)}
 	if s.opts.Decode != nil {
-		text, err := s.opts.Decode(ctx, smp.TokenIDs())
+		text, err := s.opts.Decode(ctx, textIDs(smp, p.StopTokenIDs))
 		if err != nil {
 			return nil, fmt.Errorf("session %s turn %d: decoding: %w", s.opts.ID, s.turns, err)
 		}
@@ -209,6 +211,17 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 	span.SetAttributes(attribute.Int("rollout.tokens", len(smp.Tokens)), attribute.Int("rollout.cached_tokens", smp.NumCachedTokens),
 		attribute.StringSlice("rollout.servers", smp.Servers))
 	return t, nil
+}
+
+// textIDs are the ids of a turn's text: without the stop token that ended it (the chat
+// template's end-of-turn marker, which is not the model's EOS and so would decode as text that
+// follows a tool call). The token stays in the transcript.
+func textIDs(smp Sample, stops []int) []int {
+	ids := smp.TokenIDs()
+	if n := len(ids); n > 0 && smp.FinishReason == FinishStop && slices.Contains(stops, ids[n-1]) {
+		ids = ids[:n-1]
+	}
+	return ids
 }
 
 // transcriptLocked is the prompt and every token after it; s.mu is held.

@@ -55,6 +55,16 @@ type Config struct {
 	MicroBatchTokens int `json:"micro_batch_tokens"`
 	// Workers is the number of threads of the matrix kernels (default GOMAXPROCS).
 	Workers int `json:"workers"`
+	// DropStale bounds how old a trained-on token may be: a completion token generated more
+	// than MaxStaleness versions before the trainer's version carries no loss and no gradient
+	// (it stays in the sequence as context) and is counted in StepStats.DroppedStaleTokens. It
+	// is the trainer's side of an asynchronous pipeline's staleness bound (sdk/pipeline's
+	// MaxStaleness), so a batch built any other way cannot train on older tokens either.
+	// Without it, older tokens are trained on with truncated importance sampling (TISCap).
+	DropStale bool `json:"drop_stale"`
+	// MaxStaleness is the bound DropStale enforces, in versions (>= 0; 0 keeps only tokens of
+	// the trainer's own version).
+	MaxStaleness int64 `json:"max_staleness"`
 	// Version is the weight version of the weights given to New (default 0). Each Step
 	// increments it.
 	Version int64 `json:"version"`
@@ -157,6 +167,8 @@ func (c Config) Validate() error {
 		return bad("micro_batch_tokens", c.MicroBatchTokens, "must be >= 1")
 	case c.Workers < 1:
 		return bad("workers", c.Workers, "must be >= 1")
+	case c.MaxStaleness < 0:
+		return bad("max_staleness", c.MaxStaleness, "must be >= 0")
 	case c.Sampling.Temperature != 0 && !(c.Sampling.Temperature >= sample.GreedyEpsilon && c.Sampling.Temperature <= sample.MaxTemperature):
 		return bad("sampling.temperature", c.Sampling.Temperature, "must be 0 (meaning 1) or in [1e-5, 100]: greedy rollouts have no distribution to train on")
 	}
@@ -202,6 +214,9 @@ type StepStats struct {
 	Tokens         int `json:"tokens"`
 	OnPolicyTokens int `json:"on_policy_tokens"`
 	StaleTokens    int `json:"stale_tokens"`
+	// DroppedStaleTokens counts model tokens left out of the loss because they were more than
+	// Config.MaxStaleness versions old (Config.DropStale); they are not in Tokens.
+	DroppedStaleTokens int `json:"dropped_stale_tokens"`
 	// ClipFraction is the fraction of on-policy tokens whose ratio was clipped;
 	// TruncatedFraction the fraction of stale tokens whose ratio hit TISCap.
 	ClipFraction      float64 `json:"clip_fraction"`
@@ -408,16 +423,18 @@ func (t *Trainer) checkSample(i int, s *Sample) error {
 	return nil
 }
 
-// lossTokens counts the completion tokens of s that the loss is computed on.
-func lossTokens(s Sample) int {
-	if len(s.LossMask) == 0 {
-		return len(s.Completion)
+// trains reports whether the loss is computed on completion token j of s: a model token (the
+// loss mask keeps it) that is not too stale to train on (Config.DropStale).
+func (t *Trainer) trains(s *Sample, j int) bool {
+	if len(s.LossMask) != 0 && s.LossMask[j] == 0 {
+		return false
 	}
-	n := 0
-	for _, m := range s.LossMask {
-		n += int(m)
-	}
-	return n
+	return !t.tooStale(s.Versions[j])
+}
+
+// tooStale reports whether a token of version v is past Config.MaxStaleness.
+func (t *Trainer) tooStale(v int64) bool {
+	return t.cfg.DropStale && v < t.version-t.cfg.MaxStaleness
 }
 
 // Step trains one update on samples: GRPO advantages per group, the token loss over every
@@ -446,14 +463,22 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 	}
 	st := StepStats{Samples: len(samples), RewardMax: math.Inf(-1)}
 	groups := map[int]bool{} // group -> has signal
-	for i, s := range samples {
-		st.Tokens += lossTokens(s)
+	for i := range samples {
+		s := &samples[i]
+		for j := range s.Completion {
+			switch {
+			case t.trains(s, j):
+				st.Tokens++
+			case len(s.LossMask) == 0 || s.LossMask[j] == 1:
+				st.DroppedStaleTokens++
+			}
+		}
 		st.RewardMean += s.Reward
 		st.RewardMax = max(st.RewardMax, s.Reward)
 		groups[s.Group] = groups[s.Group] || adv[i] != 0
 	}
 	if st.Tokens == 0 {
-		return StepStats{}, fmt.Errorf("%w: every completion token is masked out of the loss", ErrEmptyBatch)
+		return StepStats{}, fmt.Errorf("%w: every completion token is masked out of the loss (%d dropped as stale)", ErrEmptyBatch, st.DroppedStaleTokens)
 	}
 	st.RewardMean /= float64(len(samples))
 	st.Groups = len(groups)
@@ -511,8 +536,8 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 		for _, si := range order[lo:hi] {
 			s := &samples[si]
 			for j := range s.Completion {
-				if len(s.LossMask) != 0 && s.LossMask[j] == 0 {
-					k++ // context only: no loss, no gradient, no statistics
+				if !t.trains(s, j) {
+					k++ // context only (environment or too stale): no loss, no gradient, no statistics
 					continue
 				}
 				logp, roll := t.a.logp[k], float64(s.Logprobs[j])

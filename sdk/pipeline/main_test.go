@@ -1,0 +1,13 @@
+package pipeline_test
+
+import (
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	gin.SetMode(gin.ReleaseMode)
+	goleak.VerifyTestMain(m)
+}
