@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -624,7 +625,7 @@ func residentBytes(m *model.Model, w *model.Weights) int64 {
 		return n
 	}
 	for _, t := range w.Tensors() {
-		if len(t.Shape) == 2 && t.Name != "model.embed_tokens.weight" {
+		if t.Name != "model.embed_tokens.weight" && !strings.HasSuffix(t.Name, "norm.weight") {
 			n += int64(len(*t.Data)) * 4 // the model shares the embedding and the norms
 		}
 	}

@@ -217,6 +217,12 @@ type ServerFailure struct {
 // when one fails, and continues a sample that a pause aborted (resubmitting the prompt plus
 // the tokens so far, on whichever server is in rotation), so every sample is whole and every
 // token carries its weight version and logprob.
+//
+// Errors: ErrInvalid (bad request or sampling parameters, refused before any server sees
+// them), ErrNoServers (no live server), ErrStale (no server at MinVersion in time),
+// ErrTimeout (no server came into rotation within Options.RouteTimeout), ErrRejected (a
+// server refused the request: retrying the same request will not help), ErrClosed, or the
+// context's error. The result is nil with any error: a group is whole or not at all.
 func (c *Client) Generate(ctx context.Context, req GenerateRequest) (res *GenerateResult, err error) {
 	ctx, span := c.tracer.Start(ctx, "sdk.generate", trace.WithSpanKind(trace.SpanKindClient))
 	defer func() { endSpan(span, err) }()

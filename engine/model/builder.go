@@ -41,13 +41,15 @@ const (
 	rolePart
 	roleEmbed
 	roleTiedHead
+	roleBias
 )
 
 // role is what a tensor of the checkpoint becomes.
 type role struct {
 	kind roleKind
 	n    int        // values
-	norm *[]float32 // roleNorm: where the model keeps it
+	norm *[]float32 // roleNorm: where the model keeps it; roleBias: the stacked biases
+	off  int        // roleBias: where in them
 	mat  int        // rolePart: the matrix (Builder.mats)
 	part int        // rolePart: its index among the matrix's parts
 }
@@ -98,6 +100,12 @@ func NewBuilder(c Config, prec kernels.Precision, reuse *Model) (*Builder, error
 		b.setPartLen(p+"self_attn.q_proj.weight", h*h)
 		b.setPartLen(p+"self_attn.k_proj.weight", kvd*h)
 		b.setPartLen(p+"self_attn.v_proj.weight", kvd*h)
+		if c.AttentionBias {
+			pl.qkvBias = make([]float32, h+2*kvd)
+			b.roles[p+"self_attn.q_proj.bias"] = role{kind: roleBias, n: h, norm: &pl.qkvBias}
+			b.roles[p+"self_attn.k_proj.bias"] = role{kind: roleBias, n: kvd, norm: &pl.qkvBias, off: h}
+			b.roles[p+"self_attn.v_proj.bias"] = role{kind: roleBias, n: kvd, norm: &pl.qkvBias, off: h + kvd}
+		}
 		mat(&pl.wo, old.wo, h, h, p+"self_attn.o_proj.weight")
 		norm(p+"post_attention_layernorm.weight", &pl.ffnNorm)
 		mat(&pl.gateUp, old.gateUp, 2*f, h, p+"mlp.gate_proj.weight", p+"mlp.up_proj.weight")
@@ -204,6 +212,9 @@ func (b *Builder) Put(name string, v []float32) error {
 	switch r.kind {
 	case roleNorm:
 		copy(*r.norm, v)
+		b.release(v)
+	case roleBias:
+		copy((*r.norm)[r.off:], v)
 		b.release(v)
 	case rolePart:
 		return b.putPart(r, v)

@@ -209,7 +209,7 @@ var (
 var connectorHelp = map[string]string{
 	"offload_jobs_inflight":         "Offload transfer jobs in flight.",
 	"offload_flush_pending":         "Job ids in the flush set not yet delivered to the workers.",
-	"offload_flush_delivered_total": "Flush sets delivered to the workers.",
+	"offload_flush_delivered_total": "Job ids delivered to the workers in flush sets (an empty set adds 0).",
 	"offload_resets_total":          "Connector resets.",
 	"offload_stored_bytes_total":    "Bytes stored to CPU.",
 	"offload_loaded_bytes_total":    "Bytes loaded from CPU.",
