@@ -34,6 +34,7 @@ func TestBuilderEqualsNewAs(t *testing.T) {
 		if !tied && w.Config.TieWordEmbeddings {
 			w.Config.TieWordEmbeddings, w.LMHead = false, append([]float32(nil), w.Embed...)
 			w.LMHead[3] = -w.LMHead[3]
+			withBias(w) // and q, k, v biases (Qwen2)
 		}
 		n := len(w.Tensors())
 		for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
@@ -115,4 +116,23 @@ func TestBuilderRefusesWhatIsNotTheModel(t *testing.T) {
 
 	_, err = NewBuilder(w.Config, kernels.Precision(9), nil)
 	require.ErrorIs(t, err, kernels.ErrPrecision)
+}
+
+// withBias gives w's q, k and v projections biases.
+func withBias(w *Weights) {
+	w.Config.AttentionBias = true
+	r := rand.New(rand.NewPCG(11, 11))
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		for _, b := range []*[]float32{&l.Bq, &l.Bk, &l.Bv} {
+			n := w.Config.KVDim()
+			if b == &l.Bq {
+				n = w.Config.HiddenSize
+			}
+			*b = make([]float32, n)
+			for j := range *b {
+				(*b)[j] = float32(r.NormFloat64() * 0.1)
+			}
+		}
+	}
 }

@@ -209,6 +209,7 @@ func TestModelWeightsAreTheEffectiveWeights(t *testing.T) {
 			} else {
 				w.LMHead = append([]float32(nil), w.Embed...)
 				w.LMHead[5] += 0.25 // not the embedding
+				withBias(w)
 			}
 		}
 		for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
