@@ -82,3 +82,42 @@ func TestSinkRefusesAnotherShape(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadCheckpoint)
 	require.ErrorIs(t, err, model.ErrShape)
 }
+
+// BenchmarkLoadAndPackBF16 loads a bf16 checkpoint of the stories110m shape and packs it at
+// bf16, the two ways a server can: whole (LoadHF, then model.NewAs on every core) and one
+// tensor at a time into a model.Builder (LoadHFInto, packing on the loading goroutine as the
+// file is read). MB/s counts the file's tensor bytes; peak-scratch-MiB is the float32 memory
+// beside the packed model (the whole float32 set for the first).
+func BenchmarkLoadAndPackBF16(b *testing.B) {
+	w, err := model.Preset("stories110m", 1)
+	require.NoError(b, err)
+	dir := b.TempDir()
+	require.NoError(b, SaveHF(dir, w, BF16))
+	c := w.Config
+	w = nil
+	pool := kernels.NewPool(runtime.GOMAXPROCS(0))
+	defer pool.Close()
+	b.Run("whole", func(b *testing.B) {
+		b.SetBytes(c.NumParams() * 2)
+		for b.Loop() {
+			ws, err := LoadHF(dir)
+			require.NoError(b, err)
+			_, err = model.NewAs(ws, pool, nil, kernels.BF16)
+			require.NoError(b, err)
+		}
+		b.ReportMetric(float64(c.NumParams()*4)/(1<<20), "peak-scratch-MiB")
+	})
+	b.Run("builder", func(b *testing.B) {
+		b.SetBytes(c.NumParams() * 2)
+		var peak int64
+		for b.Loop() {
+			bl, err := model.NewBuilder(c, kernels.BF16, nil)
+			require.NoError(b, err)
+			require.NoError(b, LoadHFInto(dir, bl))
+			_, err = bl.Model(pool)
+			require.NoError(b, err)
+			peak = bl.ScratchPeak()
+		}
+		b.ReportMetric(float64(peak)/(1<<20), "peak-scratch-MiB")
+	})
+}
