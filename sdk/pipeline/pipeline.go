@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -309,7 +310,8 @@ func (p *Pipeline) admitLoop(ctx context.Context) {
 		}
 		if held == nil {
 			p.mu.Unlock()
-			prompt, err := p.cfg.Source(ctx)
+			var prompt Prompt
+			err := p.recovered("source", func() (err error) { prompt, err = p.cfg.Source(ctx); return err })
 			p.mu.Lock()
 			switch {
 			case p.closed || ctx.Err() != nil:
@@ -384,7 +386,9 @@ func (p *Pipeline) runGroup(ctx context.Context, g *Group) {
 			g.Samples[i] = p.score(ctx, g, i, t)
 		}()
 	}
-	err := p.cfg.Generator.Generate(ctx, Request{Group: g.ID, Prompt: g.Prompt, N: n, MinVersion: g.RequestedVersion}, emit)
+	err := p.recovered("generator", func() error {
+		return p.cfg.Generator.Generate(ctx, Request{Group: g.ID, Prompt: g.Prompt, N: n, MinVersion: g.RequestedVersion}, emit)
+	})
 	mu.Lock()
 	done = true
 	missing := 0
@@ -477,7 +481,8 @@ func (p *Pipeline) score(ctx context.Context, g *Group, i int, t Trajectory) Sam
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		r, err := p.cfg.Verifier.Verify(vctx, g.Prompt, t)
+		var r float64
+		err := p.recovered("verifier", func() (err error) { r, err = p.cfg.Verifier.Verify(vctx, g.Prompt, t); return err })
 		res <- result{r, err}
 	}()
 	var r result
@@ -519,4 +524,17 @@ func (p *Pipeline) score(ctx context.Context, g *Group, i int, t Trajectory) Sam
 		p.cfg.OnSample(s)
 	}
 	return s
+}
+
+// recovered calls f, the caller's code (what names it), turning a panic into an error
+// wrapping ErrPanic: it runs on the pipeline's goroutines, where a panic would end the whole
+// process. The stack goes to the log, the error stays one line.
+func (p *Pipeline) recovered(what string, f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: %v", ErrPanic, what, r)
+			p.cfg.Logger.Error("pipeline: recovered a panic", "in", what, "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	return f()
 }
