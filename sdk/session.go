@@ -68,6 +68,14 @@ type SessionOptions struct {
 // session is routed by its affinity key to one server (while that server is healthy and in
 // rotation), which therefore already holds the transcript's KV.
 //
+// When that server fails (killed, out of rotation, behind the fleet's version) the turn
+// moves to another one, like any Generate request: the transcript is held here as token ids,
+// so any server can continue it, and only the KV cache is lost. The session then re-pins:
+// later turns go to the server that ran the last turn while it is routable and within the
+// routing's load bound, also once the old home is back (it lost the KV). A turn fails, with
+// the transcript unchanged, only when no server can take it (ErrNoServers, ErrTimeout,
+// ErrStale), when a server rejects it (ErrRejected) or when ctx ends.
+//
 // A weight update during a turn does not break the episode: the turn is continued like any
 // Generate sample a pause aborted, and every model token keeps the version that sampled it.
 //
@@ -80,6 +88,9 @@ type Session struct {
 	prompt []int
 	toks   []SessionToken
 	turns  int
+	// server is where the last turn ended: the next turn goes there first (it holds the
+	// transcript's KV), whatever the affinity key's home is by now.
+	server string
 }
 
 // Turn is the result of one model turn of a Session.
@@ -183,7 +194,8 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 	}
 	transcript := s.transcriptLocked()
 	req := GenerateRequest{PromptTokenIDs: transcript, N: 1, Sampling: p, MinVersion: s.opts.MinVersion,
-		CacheSalt: s.opts.CacheSalt, AffinityKey: s.opts.AffinityKey, RequestID: s.opts.ID + "-t" + strconv.Itoa(s.turns)}
+		CacheSalt: s.opts.CacheSalt, AffinityKey: s.opts.AffinityKey, RequestID: s.opts.ID + "-t" + strconv.Itoa(s.turns),
+		pin: s.server}
 	span.SetAttributes(attribute.String("rollout.session", s.opts.ID), attribute.Int("rollout.turn", s.turns),
 		attribute.Int("rollout.prompt_tokens", len(transcript)))
 	res, err := s.c.Generate(ctx, req)
@@ -206,6 +218,9 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 			WeightVersion: tok.WeightVersion, Turn: s.turns})
 	}
 	s.turns++
+	if len(smp.Servers) > 0 {
+		s.server = smp.Servers[len(smp.Servers)-1]
+	}
 	span.SetAttributes(attribute.Int("rollout.tokens", len(smp.Tokens)), attribute.Int("rollout.cached_tokens", smp.NumCachedTokens),
 		attribute.StringSlice("rollout.servers", smp.Servers))
 	return t, nil
