@@ -261,3 +261,76 @@ func waitAffinityHome(t *testing.T, c *sdk.Client, key, id string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestSessionServerRestartedAndRedisRestarted: mid-episode, a weight update commits, the
+// session's server is SIGKILLed and restarted under its id, and redis-server is restarted
+// empty, once between turns and once while a turn's request is on a server. Every turn
+// succeeds; none runs below the committed version (the restarted server takes turns only
+// once it serves it); the old tokens keep version 0.
+func TestSessionServerRestartedAndRedisRestarted(t *testing.T) {
+	skipShort(t)
+	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "session-restart"})
+	c, gate := dialGated(t, f)
+	e := newEpisode(t, c, "restart-ep")
+	first := e.turn(0)
+	require.NoError(t, first.err)
+	e.append(1, 2)
+
+	res, err := c.UpdateWeights(t.Context(), fileRef(t, 1, 21), sdk.Plan{})
+	require.NoError(t, err)
+	require.Equal(t, sdk.OutcomeCommitted, res.Outcome)
+	e.fault("update to version 1 committed")
+	waitVersion(t, f, 1)
+	st := e.turn(1)
+	require.NoError(t, st.err)
+	assert.Equal(t, first.server, st.server, "an update does not move the session")
+
+	home := f.Proc(st.server)
+	home.Kill()
+	home.Start()
+	e.fault("SIGKILL and restart %s under its id", home.ID)
+	st = e.turn(1) // the restarted server may still be loading version 1: it must not take the turn before
+	require.NoError(t, st.err)
+	e.append(3)
+	waitVersion(t, f, 1, home)
+
+	f.Redis.Restart()
+	e.fault("redis-server restarted empty between turns")
+	st = e.turn(1)
+	require.NoError(t, st.err, "a turn needs no Redis round trip while the client's view holds")
+	e.append(4, 5)
+
+	// A long turn on its server while Redis restarts again.
+	pinned := f.Proc(st.server)
+	sent := gate.expect(pinned.Addr)
+	long := sdk.SamplingParams{MaxTokens: 200, IgnoreEOS: true}
+	done := make(chan struct {
+		tr  *sdk.Turn
+		err error
+	}, 1)
+	go func() {
+		tr, err := e.s.Generate(t.Context(), sdk.TurnOptions{Sampling: &long})
+		done <- struct {
+			tr  *sdk.Turn
+			err error
+		}{tr, err}
+	}()
+	<-sent
+	f.Redis.Restart()
+	e.fault("redis-server restarted empty during a turn on %s", pinned.ID)
+	r := <-done
+	st = e.record(r.tr, r.err, 1)
+	require.NoError(t, st.err)
+	assert.Len(t, st.turn.Sample.Tokens, 200)
+	assert.Equal(t, pinned.ID, st.server, "the turn stayed on its server")
+	for _, p := range f.Procs {
+		f.WaitInRotation(p)
+	}
+	st = e.turn(1)
+	require.NoError(t, st.err)
+	e.check()
+	tj := e.s.Trajectory()
+	for i, v := range tj.Versions[:12] {
+		assert.Zero(t, v, "turn 0's token %d keeps version 0", i)
+	}
+}
