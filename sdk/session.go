@@ -55,7 +55,8 @@ type SessionOptions struct {
 	MinVersion int64
 	// Decode turns a model turn's token ids into text, for tool-call parsing (optional: with
 	// no Decode, turns carry no text and no calls). Any tokenizer of the served model does;
-	// the SDK itself has none.
+	// the SDK itself has none. When it fails or panics the turn fails with ErrDecode and is
+	// not kept.
 	Decode func(ctx context.Context, ids []int) (string, error)
 	// ToolFormat is the tool-call syntax Decode's text is parsed with (empty: toolcall.Auto).
 	ToolFormat toolcall.Format
@@ -205,9 +206,9 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 	smp := res.Samples[0]
 	t := &Turn{Index: s.turns, Sample: smp, PromptTokens: len(transcript)}
 	if s.opts.Decode != nil {
-		text, err := s.opts.Decode(ctx, smp.TokenIDs())
+		text, err := s.decode(ctx, smp.TokenIDs())
 		if err != nil {
-			return nil, fmt.Errorf("session %s turn %d: decoding: %w", s.opts.ID, s.turns, err)
+			return nil, fmt.Errorf("session %s turn %d: %w: %w", s.opts.ID, s.turns, ErrDecode, err)
 		}
 		t.Text = text
 		r, perr := toolcall.Parse(text, s.opts.ToolFormat)
@@ -224,6 +225,17 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 	span.SetAttributes(attribute.Int("rollout.tokens", len(smp.Tokens)), attribute.Int("rollout.cached_tokens", smp.NumCachedTokens),
 		attribute.StringSlice("rollout.servers", smp.Servers))
 	return t, nil
+}
+
+// decode runs the caller's Decode, turning a panic into an error: a tokenizer that chokes on
+// an odd id must fail the turn, not the process (a pipeline runs sessions on its goroutines).
+func (s *Session) decode(ctx context.Context, ids []int) (text string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return s.opts.Decode(ctx, ids)
 }
 
 // transcriptLocked is the prompt and every token after it; s.mu is held.
