@@ -24,7 +24,7 @@ FUZZTIME ?= 100000x
 DEMO_STEPS ?= 300
 AGENT_DEMO_STEPS ?= 200
 
-.PHONY: help build bench-kernels compose-soak test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch bench demo agent-demo e2e faults faults-ci fuzz clean
+.PHONY: help build bench-kernels bench-peer peer-install compose-soak test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch bench demo agent-demo e2e faults faults-ci fuzz clean
 
 help: ## List the targets
 	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); GOEXPERIMENT=simd selects the archsimd kernels)"
@@ -111,6 +111,14 @@ bench: build ## Run the engine benchmark (bin/rollout bench engine)
 	$(BIN) bench engine
 
 BENCH_KERNELS_FLAGS ?= --quick
+
+peer-install: ## Install node-llama-cpp (llama.cpp's prebuilt CPU build, from npm) into bench/peer for the peer benchmark
+	npm install --prefix bench/peer --no-audit --no-fund
+
+# The side-by-side table of docs/perf.md: rollout and llama.cpp on the same weights, per precision.
+PEER_PRESETS ?= stories110m,qwen2.5-0.5b-shape,llama3.2-1b-shape
+bench-peer: build ## rollout (f32/bf16/int8) beside llama.cpp (f32/bf16/f16/q8_0; make peer-install first) on PEER_PRESETS: batch 1 and 16 sequences
+	$(BIN) bench engine --quick --presets $(PEER_PRESETS) --precision f32,bf16,int8 --tokens 64 --peer llamacpp --peer-tokens 64 --peer-sequences 16
 
 bench-kernels: ## bench engine (BENCH_KERNELS_FLAGS, default --quick) with the default build and the GOEXPERIMENT=simd build, in one run
 	GOEXPERIMENT= $(GO) build -ldflags '$(LDFLAGS)' -o bin/rollout-default ./cmd/rollout

@@ -37,6 +37,9 @@ type DecodeResult struct {
 	Runs            []float64 `json:"decode_runs_tokens_per_s,omitempty"`
 	Llama2CRuns     []float64 `json:"llama2c_runs_tokens_per_s,omitempty"`
 	Llama2CMeasured float64   `json:"llama2c_measured_tokens_per_s,omitempty"`
+	// Greedy are the tokens decoded from BOS, which a peer engine on the same weights must
+	// reproduce.
+	Greedy []int `json:"-"`
 }
 
 // Ratio is decode speed over the baseline: the llama2.c rate measured in this run, else the
@@ -75,6 +78,12 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, prec kernels
 	if err != nil {
 		return DecodeResult{}, err
 	}
+	return DecodeWeights(ctx, pool, w, preset, prec, tokens, prefill, bandwidthGBs)
+}
+
+// DecodeWeights is Decode on weights the caller has (which a caller measuring several
+// engines on one 1B model then holds once, not once per figure).
+func DecodeWeights(ctx context.Context, pool *kernels.Pool, w *model.Weights, preset string, prec kernels.Precision, tokens, prefill int, bandwidthGBs float64) (DecodeResult, error) {
 	freshHeap()
 	m, err := model.NewAs(w, pool, nil, prec)
 	if err != nil {
@@ -84,7 +93,9 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, prec kernels
 	tokens = min(tokens, c.MaxPositionEmbeddings)
 	prefill = min(prefill, c.MaxPositionEmbeddings)
 	const bs = engine.DefaultBlockSize
-	blocks := (c.MaxPositionEmbeddings+bs-1)/bs + 1
+	// Enough blocks for the positions used, not the whole context: Llama 3.2's 131072
+	// positions would take 8.6 GB of KV in float32.
+	blocks := (max(tokens, prefill)+bs-1)/bs + 1
 	kv, err := kvcache.NewStorage(m.KVLayout(blocks, bs))
 	if err != nil {
 		return DecodeResult{}, err
@@ -101,6 +112,7 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, prec kernels
 	if err := m.Forward(b, kv, logits); err != nil {
 		return DecodeResult{}, err
 	}
+	greedy := make([]int, 0, tokens)
 	start := time.Now()
 	for pos := range tokens {
 		if err := ctx.Err(); err != nil {
@@ -111,6 +123,7 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, prec kernels
 			return DecodeResult{}, fmt.Errorf("bench: decode step %d: %w", pos, err)
 		}
 		b.Tokens[0] = int32(argmax(logits))
+		greedy = append(greedy, int(b.Tokens[0]))
 	}
 	dec := time.Since(start).Seconds()
 
@@ -128,7 +141,7 @@ func Decode(ctx context.Context, pool *kernels.Pool, preset string, prec kernels
 
 	r := DecodeResult{Preset: preset, Precision: prec.String(), Params: c.NumParams(), WeightBytes: m.WeightBytes(), Tokens: tokens,
 		DecodeTokensPerSec: float64(tokens) / dec, PrefillTokens: prefill, PrefillTokensPerSec: float64(prefill) / pre,
-		Llama2CTokensPerSec: llama2c[preset]}
+		Llama2CTokensPerSec: llama2c[preset], Greedy: greedy}
 	r.WeightGBPerSec = r.DecodeTokensPerSec * float64(r.WeightBytes) / 1e9
 	if bandwidthGBs > 0 {
 		r.BandwidthRatio = r.WeightGBPerSec / bandwidthGBs
@@ -165,6 +178,8 @@ type EngineReport struct {
 	Pause      *PauseResult       `json:"pause_keep_clear_cache,omitempty"`
 	Updates    []UpdateResult     `json:"weight_update,omitempty"`
 	Idle       *IdleResult        `json:"idle,omitempty"`
+	// Peers are rollout and llama.cpp side by side on the same weights (`--peer llamacpp`).
+	Peers []PeerResult `json:"peers,omitempty"`
 }
 
 // freshHeap collects the garbage of earlier benchmarks and returns its pages to the OS

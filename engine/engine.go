@@ -62,6 +62,10 @@ type Config struct {
 	// A pool of more than 2^31-1 blocks, or larger than the machine's memory, is refused.
 	NumBlocks int
 	KVBytes   int64
+	// MemoryBytes, with NumBlocks and KVBytes 0, budgets the packed model and the KV pool
+	// together: the pool gets what the model at Precision leaves (model.Config.ModelBytes), so
+	// memory a lower precision frees becomes KV blocks.
+	MemoryBytes int64
 	// MaxNumSeqs bounds the running batch (default DefaultMaxNumSeqs, at most 2^20);
 	// MaxBatchedTokens the tokens per step (default DefaultMaxBatchedTokens).
 	MaxNumSeqs       int
@@ -158,6 +162,12 @@ func (c Config) Validate() error {
 	if c.KVBytes < 0 {
 		return invalidField("KVBytes", "%d is negative", c.KVBytes)
 	}
+	if c.MemoryBytes < 0 {
+		return invalidField("MemoryBytes", "%d is negative", c.MemoryBytes)
+	}
+	if c.MemoryBytes > 0 && (c.NumBlocks > 0 || c.KVBytes > 0) {
+		return invalidField("MemoryBytes", "sizes the KV pool, as NumBlocks and KVBytes do: give one of them")
+	}
 	if c.Precision > kernels.Int8 {
 		return invalidField("Precision", "unknown precision %d", c.Precision)
 	}
@@ -192,6 +202,13 @@ func (c *Config) defaults() error {
 	mc := c.Weights.Config
 	blockBytes := mc.KVBlockBytes(c.BlockSize)
 	field := "NumBlocks"
+	if c.NumBlocks == 0 && c.MemoryBytes > 0 {
+		model := mc.ModelBytes(c.Precision)
+		if c.MemoryBytes-model < blockBytes {
+			return invalidField("MemoryBytes", "%d bytes leave no KV block beside the %s model's %d bytes", c.MemoryBytes, c.Precision, model)
+		}
+		c.KVBytes = c.MemoryBytes - model
+	}
 	if c.NumBlocks == 0 {
 		if c.KVBytes > 0 {
 			field = "KVBytes"

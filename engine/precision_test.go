@@ -59,3 +59,35 @@ func TestConfigRefusesAnUnknownPrecision(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "Precision")
 }
+
+// TestMemoryBudgetGivesFreedMemoryToKV: under one MemoryBytes budget a bf16 engine holds the
+// f32 model's freed half in KV blocks, and an int8 one more still.
+func TestMemoryBudgetGivesFreedMemoryToKV(t *testing.T) {
+	w, err := model.Preset("stories15m", 1)
+	require.NoError(t, err)
+	const budget = 160 << 20
+	blocks := map[kernels.Precision]int{}
+	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+		cfg := Config{Weights: w, MemoryBytes: budget, Precision: prec, Workers: 1}
+		require.NoError(t, cfg.defaults())
+		blocks[prec] = cfg.NumBlocks
+		kv := int64(cfg.NumBlocks) * w.Config.KVBlockBytes(cfg.BlockSize)
+		used := kv + w.Config.ModelBytes(prec)
+		require.LessOrEqual(t, used, int64(budget), prec)
+		require.Greater(t, used, int64(budget)-w.Config.KVBlockBytes(cfg.BlockSize), "%s: the pool takes what the model leaves", prec)
+	}
+	t.Logf("KV blocks in %d MiB: %v", budget>>20, blocks)
+	require.Greater(t, blocks[kernels.BF16], blocks[kernels.F32])
+	require.Greater(t, blocks[kernels.Int8], blocks[kernels.BF16])
+
+	for _, cfg := range []Config{
+		{Weights: w, MemoryBytes: -1},
+		{Weights: w, MemoryBytes: budget, KVBytes: 1 << 20},
+		{Weights: w, MemoryBytes: budget, NumBlocks: 64},
+		{Weights: w, MemoryBytes: 1 << 20}, // less than the model
+	} {
+		require.ErrorIs(t, cfg.defaults(), ErrInvalidArgument)
+		_, err := New(cfg)
+		require.ErrorContains(t, err, "MemoryBytes")
+	}
+}

@@ -40,11 +40,13 @@ const tracerName = "github.com/rolloutkit/rollout/sdk"
 type Options struct {
 	// RedisURL is the fleet's Redis: redis://[user@]host:port[/db], rediss:// for TLS,
 	// redis+sentinel://host:port,.../MASTER or redis+cluster://host:port,... (see package
-	// redisconf); ignored when Bus is set.
+	// redisconf); ignored when Bus is set. It is shorthand for RedisConfig.URL: set either
+	// (both only to the same URL, redisconf.Config.WithURL).
 	RedisURL string
-	// RedisConfig carries the rest of how to reach Redis: password (or a file holding it),
-	// TLS files, Sentinel master and credentials. Its URL, when empty, is RedisURL. Call
-	// RedisConfig.LoadEnv(os.LookupEnv) to take passwords from the environment.
+	// RedisConfig is how to reach Redis beyond a URL: password (or a file holding it), TLS
+	// files, Sentinel master and credentials; what the --redis flags fill
+	// (redisconf.Config.RegisterFlags). Call RedisConfig.LoadEnv(os.LookupEnv) to take
+	// passwords from the environment.
 	RedisConfig redisconf.Config
 	// Bus is an open bus to use instead of RedisURL (e.g. an embedded fleet's in-process
 	// bus). The client does not close it.
@@ -163,6 +165,9 @@ func (v *serverView) apply() {
 // desired state (created on a fresh fleet) and every heartbeat pass the signature check with
 // Secret. It fails fast on a bad URL, an unreachable Redis, an empty fleet name, a short
 // secret or a wrong one (ErrBadSecret).
+//
+// Errors: ErrInvalid (a bad option: fleet name, secret, URL, durations), ErrBadSecret,
+// bus.ErrUnavailable wrapped (Redis unreachable), or the context's error.
 func Dial(ctx context.Context, o Options) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -200,9 +205,9 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 	case o.RedisURL == "" && o.RedisConfig.URL == "":
 		return nil, invalid("RedisURL or Bus is required")
 	default:
-		conf := o.RedisConfig
-		if conf.URL == "" {
-			conf.URL = o.RedisURL
+		conf, err := o.RedisConfig.WithURL(o.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 		b, err := bus.DialRedisConfig(ctx, conf, bus.RedisOptions{Logger: o.Logger})
 		if errors.Is(err, redisconf.ErrInvalid) {
@@ -371,6 +376,8 @@ func (c *Client) cachedDesired() *protocol.DesiredState {
 }
 
 // DesiredState returns the fleet's verified desired state (nil when none was ever written).
+// Errors: ErrBadSecret (the record fails the signature check), ErrClosed, a bus error, or
+// the context's error.
 func (c *Client) DesiredState(ctx context.Context) (*protocol.DesiredState, error) {
 	if err := c.checkOpen(ctx); err != nil {
 		return nil, err
@@ -684,6 +691,8 @@ type ServerStatus struct {
 }
 
 // Status reads every live server's heartbeat (verified with the fleet secret), sorted by id.
+// Errors: ErrBadSecret, ErrClosed, a bus error, or the context's error; no live server is
+// an empty list, not an error.
 func (c *Client) Status(ctx context.Context) ([]ServerStatus, error) {
 	if err := c.checkOpen(ctx); err != nil {
 		return nil, err

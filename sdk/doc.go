@@ -33,6 +33,14 @@
 // to another server when one fails and continues a sample that a pause aborted, so the caller
 // always gets whole samples.
 //
+// Sessions (NewSession) hold a multi-turn episode as token ids: model turns (Session.Generate,
+// each token with its logprob and weight version) and environment tokens (Append, AppendText)
+// are appended and nothing is re-tokenized. Every turn is routed by the session's affinity key
+// (GenerateRequest.AffinityKey), so it runs where the previous turn's KV is cached, and
+// Trajectory exports the episode with a loss mask for the trainer. With a Decode function
+// (Client.Detokenize) turns carry the tool calls parsed from them (package toolcall).
+// Tokenize renders messages and tools with the servers' chat template. See docs/agentic.md.
+//
 // Sampling defaults fit RL: a zero Temperature means 1.0 (vLLM's default), greedy decoding is
 // asked for with SamplingParams.Greedy, and N > 1 greedy samples (N copies of one sample, with
 // zero GRPO advantage) are refused unless AllowIdenticalSamples is set. Token logprobs are

@@ -221,6 +221,12 @@ type ServerFailure struct {
 // when one fails, and continues a sample that a pause aborted (resubmitting the prompt plus
 // the tokens so far, on whichever server is in rotation), so every sample is whole and every
 // token carries its weight version and logprob.
+//
+// Errors: ErrInvalid (bad request or sampling parameters, refused before any server sees
+// them), ErrNoServers (no live server), ErrStale (no server at MinVersion in time),
+// ErrTimeout (no server came into rotation within Options.RouteTimeout), ErrRejected (a
+// server refused the request: retrying the same request will not help), ErrClosed, or the
+// context's error. The result is nil with any error: a group is whole or not at all.
 func (c *Client) Generate(ctx context.Context, req GenerateRequest) (res *GenerateResult, err error) {
 	ctx, span := c.tracer.Start(ctx, "sdk.generate", trace.WithSpanKind(trace.SpanKindClient))
 	defer func() { endSpan(span, err) }()
@@ -520,7 +526,21 @@ func (e *httpError) retryable() bool {
 
 // post sends one /generate request to base.
 func (c *Client) post(ctx context.Context, base string, body []byte) (*wireResponse, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/generate", bytes.NewReader(body))
+	data, err := c.postJSON(ctx, base, "/generate", body)
+	if err != nil {
+		return nil, err
+	}
+	var out wireResponse
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, fmt.Errorf("decoding /generate response: %w", err)
+	}
+	return &out, nil
+}
+
+// postJSON sends a JSON body to base+path and returns the 200 answer's body, or an
+// *httpError carrying the server's JSON error.
+func (c *Client) postJSON(ctx context.Context, base, path string, body []byte) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -549,11 +569,7 @@ func (c *Client) post(ctx context.Context, base string, body []byte) (*wireRespo
 		}
 		return nil, he
 	}
-	var out wireResponse
-	if err := json.Unmarshal(data, &out); err != nil {
-		return nil, fmt.Errorf("decoding /generate response: %w", err)
-	}
-	return &out, nil
+	return data, nil
 }
 
 // pick waits for a routable server for a request of n sequences and counts the request in

@@ -10,10 +10,13 @@ import (
 
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
 func TestDialRedisFailsFast(t *testing.T) {
-	_, err := Dial(t.Context(), Options{RedisURL: "http://nope", Fleet: "f"})
+	_, err := Dial(t.Context(), Options{RedisURL: "redis://a:1", RedisConfig: redisconf.Config{URL: "redis://b:2"}, Fleet: "f", Secret: secret})
+	require.ErrorIs(t, err, ErrInvalid, "two Redis URLs")
+	_, err = Dial(t.Context(), Options{RedisURL: "http://nope", Fleet: "f"})
 	require.Error(t, err)
 	// A port with nothing listening.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -80,7 +80,9 @@ type SessionOptions struct {
 // A weight update during a turn does not break the episode: the turn is continued like any
 // Generate sample a pause aborted, and every model token keeps the version that sampled it.
 //
-// A Session's methods may be called from several goroutines; turns run one at a time.
+// A Session's methods may be called from several goroutines: turns run one at a time, and
+// Append and the readers wait for a turn in flight, so the transcript is always whole turns
+// in the order they happened.
 type Session struct {
 	c    *Client
 	opts SessionOptions
@@ -206,7 +208,7 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 	smp := res.Samples[0]
 	t := &Turn{Index: s.turns, Sample: smp, PromptTokens: len(transcript)}
 	if s.opts.Decode != nil {
-		text, err := s.decode(ctx, smp.TokenIDs())
+		text, err := s.decode(ctx, textIDs(smp, p.StopTokenIDs))
 		if err != nil {
 			return nil, fmt.Errorf("session %s turn %d: %w: %w", s.opts.ID, s.turns, ErrDecode, err)
 		}
@@ -236,6 +238,17 @@ func (s *Session) decode(ctx context.Context, ids []int) (text string, err error
 		}
 	}()
 	return s.opts.Decode(ctx, ids)
+}
+
+// textIDs are the ids of a turn's text: without the stop token that ended it (the chat
+// template's end-of-turn marker, which is not the model's EOS and so would decode as text that
+// follows a tool call). The token stays in the transcript.
+func textIDs(smp Sample, stops []int) []int {
+	ids := smp.TokenIDs()
+	if n := len(ids); n > 0 && smp.FinishReason == FinishStop && slices.Contains(stops, ids[n-1]) {
+		ids = ids[:n-1]
+	}
+	return ids
 }
 
 // transcriptLocked is the prompt and every token after it; s.mu is held.

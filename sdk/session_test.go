@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/sdk/toolcall"
 )
 
@@ -107,7 +106,7 @@ func TestSessionContinuesAbortedTurn(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, turn.Sample.Continuations)
 	assert.Len(t, turn.Sample.Tokens, 5)
-	assert.Equal(t, protocol.FinishLength, turn.Sample.FinishReason)
+	assert.Equal(t, FinishLength, turn.Sample.FinishReason)
 	assert.Equal(t, 5, s.Trajectory().ModelTokens)
 }
 
@@ -176,4 +175,80 @@ func TestSessionRejectsBadInput(t *testing.T) {
 	require.Equal(t, []int{1}, s.Transcript())
 	_, err = s.Generate(t.Context(), TurnOptions{Sampling: &SamplingParams{Temperature: -1}})
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestTokenizeRejectsBadInput(t *testing.T) {
+	_, _, c := genFleet(t, 1, 0)
+	for _, req := range []TokenizeRequest{
+		{},
+		{Text: "a", Messages: []ChatMessage{{Role: "user", Content: "b"}}},
+		{Text: "a", Tools: []Tool{{Type: "function", Function: ToolFunction{Name: "f"}}}},
+	} {
+		_, err := c.Tokenize(t.Context(), req)
+		require.ErrorIs(t, err, ErrInvalid)
+	}
+	_, err := c.Detokenize(t.Context(), []int{1, -1})
+	require.ErrorIs(t, err, ErrInvalid)
+	// The fake servers have no /tokenize: their 400 is the input's fault, not a reason to
+	// move on.
+	_, err = c.Tokenize(t.Context(), TokenizeRequest{Text: "a"})
+	require.ErrorIs(t, err, ErrRejected)
+}
+
+// TestSessionRejectedTurnLeavesTranscript: a turn the server refuses (a 400: say the
+// transcript outgrew the context) is ErrRejected and changes nothing; the next turn runs.
+func TestSessionRejectedTurnLeavesTranscript(t *testing.T) {
+	_, gens, c := genFleet(t, 1, 0)
+	s, err := c.NewSession([]int{4, 4}, SessionOptions{Sampling: SamplingParams{MaxTokens: 2}})
+	require.NoError(t, err)
+	gens[0].mu.Lock()
+	gens[0].status = 400
+	gens[0].mu.Unlock()
+	_, err = s.Generate(t.Context(), TurnOptions{})
+	require.ErrorIs(t, err, ErrRejected)
+	assert.Equal(t, []int{4, 4}, s.Transcript())
+	assert.Zero(t, s.Turns())
+	gens[0].mu.Lock()
+	gens[0].status = 0
+	gens[0].mu.Unlock()
+	turn, err := s.Generate(t.Context(), TurnOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, 0, turn.Index)
+	assert.Equal(t, []int{4, 4, 2, 3}, s.Transcript())
+}
+
+// TestSessionsSharingAKey: sessions given one affinity key (a GRPO group's episodes) all go to
+// that key's server, turn after turn.
+func TestSessionsSharingAKey(t *testing.T) {
+	_, gens, c := genFleet(t, 4, 0)
+	for g := range 4 {
+		key := fmt.Sprintf("group-%d", g)
+		home := -1
+		for k := range 4 {
+			id := fmt.Sprintf("%s-ep%d", key, k)
+			s, err := c.NewSession([]int{1, 2, 3}, SessionOptions{ID: id, AffinityKey: key, Sampling: SamplingParams{MaxTokens: 2}})
+			require.NoError(t, err)
+			require.Equal(t, key, s.AffinityKey())
+			for turn := range 2 {
+				_, err := s.Generate(t.Context(), TurnOptions{})
+				require.NoError(t, err)
+				got := serverOf(t, gens, fmt.Sprintf("%s-t%d", id, turn))
+				if home < 0 {
+					home = got
+				}
+				require.Equal(t, home, got, "%s turn %d left its group's server", id, turn)
+			}
+		}
+	}
+}
+
+// TestTurnTextDropsTheStopToken: the stop token that ended a turn (an end-of-turn marker) is
+// not part of the text parsed for tool calls; a turn cut by length keeps every token.
+func TestTurnTextDropsTheStopToken(t *testing.T) {
+	smp := Sample{Tokens: []Token{{ID: 5}, {ID: 6}, {ID: 99}}, FinishReason: FinishStop}
+	assert.Equal(t, []int{5, 6}, textIDs(smp, []int{99}))
+	assert.Equal(t, []int{5, 6, 99}, textIDs(smp, []int{7}), "ended on EOS, which decodes to nothing")
+	smp.FinishReason = FinishLength
+	assert.Equal(t, []int{5, 6, 99}, textIDs(smp, []int{99}))
+	assert.Empty(t, textIDs(Sample{FinishReason: FinishStop}, []int{99}))
 }

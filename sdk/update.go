@@ -270,6 +270,12 @@ func resolvePlan(p Plan) (resolvedPlan, error) {
 // Bad arguments (unknown policy, K out of range, a version not above the serving one, no
 // servers, a cancelled context) are refused before anything is sent. The result is returned
 // whenever the fleet was touched, with an error (a *FleetError) when the policy was not met.
+//
+// Errors: ErrInvalid (bad ref or plan, or a version not above the serving one), ErrNoServers,
+// ErrConflict (another client moved the desired state), ErrBadSecret, ErrClosed, a
+// *FleetError wrapping ErrAborted (stopped before the commit point: nobody swapped) or
+// ErrPartial (committed, but some targets failed; errors.Is also finds their ErrTimeout,
+// ErrRejected or ErrFailed), or the context's error.
 func (c *Client) UpdateWeights(ctx context.Context, ref WeightsRef, plan Plan) (res *UpdateResult, err error) {
 	ctx, span := c.tracer.Start(ctx, "sdk.update_weights", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.Int64("rollout.weight_version", ref.Version), attribute.String("rollout.policy", plan.Policy.String())))

@@ -9,12 +9,9 @@ import (
 	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
-// redisConfig is RedisConfig with its URL defaulted to Redis.
+// redisConfig is RedisConfig with its URL defaulted to Redis (checkRedis refused two).
 func (c *Config) redisConfig() redisconf.Config {
-	conf := c.RedisConfig
-	if conf.URL == "" {
-		conf.URL = c.Redis
-	}
+	conf, _ := c.RedisConfig.WithURL(c.Redis)
 	return conf
 }
 
@@ -22,8 +19,8 @@ func (c *Config) redisConfig() redisconf.Config {
 // CA or password file, ...), at start-up rather than in the agent's retry loop (which is for
 // a Redis that is down, not misconfigured). The error never holds the password.
 func (c *Config) checkRedis() error {
-	if c.RedisConfig.URL != "" && c.RedisConfig.URL != c.Redis {
-		return fmt.Errorf("%w: Redis and RedisConfig.URL differ", ErrInvalidConfig)
+	if _, err := c.RedisConfig.WithURL(c.Redis); err != nil {
+		return fmt.Errorf("%w: Redis and RedisConfig.URL differ: %w", ErrInvalidConfig, err)
 	}
 	if _, err := c.redisConfig().Resolve(); err != nil {
 		return fmt.Errorf("%w: --redis: %w", ErrInvalidConfig, err)

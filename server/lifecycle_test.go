@@ -281,7 +281,7 @@ func TestMetricsListedInAPIExist(t *testing.T) {
 		"rollout_prompt_tokens_total", "rollout_requests_running", "rollout_requests_total", "rollout_requests_waiting",
 		"rollout_reset_to_flush_seconds", "rollout_safety_violations_total", "rollout_time_to_first_token_seconds",
 		"rollout_update_weights_seconds", "rollout_weight_version",
-		"rollout_control_commands_total", "rollout_control_rejected_total",
+		"rollout_control_commands_total", "rollout_control_rejected_total", "rollout_chat_tool_outputs_total",
 	} {
 		assert.True(t, strings.Contains(m, "\n"+name), "metric %s is not exported", name)
 	}

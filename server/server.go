@@ -60,8 +60,10 @@ type Config struct {
 	Listener net.Listener
 	// Engine sizing: KV pool in blocks (or bytes), block size, batch bounds; zero takes the
 	// engine's defaults. Workers is the kernel worker count (0: GOMAXPROCS).
-	KVBlocks         int
-	KVBytes          int64
+	KVBlocks int
+	KVBytes  int64
+	// MemoryBytes budgets the packed model and the KV pool together (engine.Config.MemoryBytes).
+	MemoryBytes      int64
 	BlockSize        int
 	MaxNumSeqs       int
 	MaxBatchedTokens int
@@ -328,7 +330,7 @@ func newServer(cfg Config, ln, adm net.Listener) (*Server, error) {
 		hooks.OnStep = steps.Hook(hooks.OnStep)
 	}
 	ecfg := engine.Config{Weights: m.Weights, WeightVersion: cfg.WeightVersion, BlockSize: cfg.BlockSize,
-		NumBlocks: cfg.KVBlocks, KVBytes: cfg.KVBytes, MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxBatchedTokens,
+		NumBlocks: cfg.KVBlocks, KVBytes: cfg.KVBytes, MemoryBytes: cfg.MemoryBytes, MaxNumSeqs: cfg.MaxNumSeqs, MaxBatchedTokens: cfg.MaxBatchedTokens,
 		Workers: cfg.Workers, Precision: cfg.Precision, PrefaultKV: cfg.PrefaultKV, MaxQueued: cfg.MaxQueued, Logger: cfg.Logger, Tracer: cfg.Tracer, Hooks: hooks}
 	var connStats func() map[string]float64
 	if s.conn != nil {
@@ -606,6 +608,83 @@ func (s *Server) closeEngine() {
 	}
 }
 
+// startParts runs the server's parts (the fleet agent, the peer route) until stop, which
+// waits for them. A part that ends on its own (the agent refusing to join a fleet) ends the
+// server: its error arrives on failed.
+func (s *Server) startParts(ctx context.Context) (failed <-chan error, stop func()) {
+	partsCtx, stopParts := context.WithCancel(context.WithoutCancel(ctx))
+	partsDone := make(chan error, len(s.parts))
+	for _, p := range s.parts {
+		go func() { partsDone <- p.Run(partsCtx) }()
+	}
+	partFailed := make(chan error, 1)
+	stopWatch := func() {}
+	if len(s.parts) > 0 {
+		var watchCtx context.Context
+		watchCtx, stopWatch = context.WithCancel(context.Background())
+		go func() {
+			select {
+			case err := <-partsDone:
+				partsDone <- err // stop's wait collects it
+				partFailed <- err
+			case <-watchCtx.Done():
+			}
+		}()
+	}
+	return partFailed, func() {
+		stopWatch()
+		stopParts()
+		for range s.parts {
+			if err := <-partsDone; err != nil {
+				s.log.Error("server: component stopped with an error", "err", err)
+			}
+		}
+	}
+}
+
+// serveAdmin serves the admin routes on their own listener until the returned stop. The
+// admin listener lives as long as the server; its requests are short.
+func (s *Server) serveAdmin() (stop func()) {
+	admSrv := &http.Server{Handler: s.api.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	admDone := make(chan error, 1)
+	go func() { admDone <- admSrv.Serve(s.adm) }()
+	s.log.Info("server: admin routes on their own listener", "admin_addr", s.adm.Addr().String())
+	return func() {
+		_ = admSrv.Close()
+		if err := <-admDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("server: admin listener stopped with an error", "err", err)
+		}
+	}
+}
+
+// shutdown refuses new work and lets admitted requests finish within the grace period, then
+// aborts what is left and closes the listener.
+func (s *Server) shutdown(srv *http.Server, conns *connTracker) {
+	s.api.BeginShutdown()
+	if s.agent != nil {
+		s.agent.Drain()
+	}
+	s.log.Info("server: shutting down", "inflight", s.api.Inflight(), "grace", s.cfg.ShutdownGrace)
+	graceCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
+	defer cancel()
+	// Keep listening while admitted requests finish, so a client arriving now gets a 503
+	// (and a Retry-After) instead of a refused connection; connections close after their
+	// answer.
+	srv.SetKeepAlivesEnabled(false)
+	s.waitIdle(graceCtx)
+	if err := s.drain(graceCtx, srv, conns); err == nil {
+		return
+	}
+	n := s.api.AbortAll()
+	s.log.Warn("server: grace period over; aborted in-flight requests", "aborted", n)
+	last, cancelLast := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancelLast()
+	if err := s.drain(last, srv, conns); err != nil {
+		_ = srv.Close()
+	}
+}
+
 // Run serves until ctx is cancelled, then shuts down gracefully: intake stops (new requests
 // get 503, /ready fails), in-flight requests get ShutdownGrace to finish and are then
 // aborted, the other parts stop, and the engine stops last. A clean shutdown returns nil.
@@ -627,34 +706,8 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("server: engine loop did not start: %w", err)
 	}
 
-	partsCtx, stopParts := context.WithCancel(context.WithoutCancel(ctx))
-	partsDone := make(chan error, len(s.parts))
-	for _, p := range s.parts {
-		go func() { partsDone <- p.Run(partsCtx) }()
-	}
-	// A part that ends on its own (the agent refusing to join a fleet) ends the server.
-	partFailed := make(chan error, 1)
-	running := len(s.parts)
-	defer func() {
-		stopParts()
-		for ; running > 0; running-- {
-			if err := <-partsDone; err != nil {
-				s.log.Error("server: component stopped with an error", "err", err)
-			}
-		}
-	}()
-	if running > 0 {
-		watchCtx, stopWatch := context.WithCancel(context.Background())
-		defer stopWatch()
-		go func() {
-			select {
-			case err := <-partsDone:
-				partsDone <- err // the deferred wait above collects it
-				partFailed <- err
-			case <-watchCtx.Done():
-			}
-		}()
-	}
+	partFailed, stopParts := s.startParts(ctx)
+	defer stopParts()
 
 	defer s.removePeerDir()
 	defer removeAdminToken(s.cfg.AdminTokenPath, s.cfg.AdminToken)
@@ -664,24 +717,13 @@ func (s *Server) Run(ctx context.Context) error {
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- srv.Serve(s.ln) }()
 	if s.adm != nil {
-		// The admin listener lives as long as the server; its requests are short.
-		admSrv := &http.Server{Handler: s.api.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
-		admDone := make(chan error, 1)
-		go func() { admDone <- admSrv.Serve(s.adm) }()
-		defer func() {
-			_ = admSrv.Close()
-			if err := <-admDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
-				s.log.Error("server: admin listener stopped with an error", "err", err)
-			}
-		}()
-		s.log.Info("server: admin routes on their own listener", "admin_addr", s.adm.Addr().String())
+		defer s.serveAdmin()()
 	}
 	if s.cfg.Fleet != "" && !s.auth.Signed() {
 		s.log.Warn("server: INSECURE: this fleet member runs unsigned (--insecure-unsigned-fleet): anyone who can publish on its Redis can pause it, swap its weights or fake its state")
 	}
 	s.log.Info("server: listening", "addr", s.Addr(), "model", s.cfg.ModelName, "weight_version", s.eng.Version(),
-		"offload", s.conn != nil, "admin_token", s.cfg.AdminToken != "", "fleet_admin_routes", s.cfg.Fleet == "" || s.cfg.FleetAdminRoutes, "api_key", s.cfg.APIKey != "")
+		"precision", s.cfg.Precision.String(), "offload", s.conn != nil, "admin_token", s.cfg.AdminToken != "", "fleet_admin_routes", s.cfg.Fleet == "" || s.cfg.FleetAdminRoutes, "api_key", s.cfg.APIKey != "")
 
 	var serveErr, partErr error
 	select {
@@ -694,28 +736,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		s.log.Error("server: a component stopped; shutting down", "err", partErr)
 	}
-	s.api.BeginShutdown()
-	if s.agent != nil {
-		s.agent.Drain()
-	}
-	s.log.Info("server: shutting down", "inflight", s.api.Inflight(), "grace", s.cfg.ShutdownGrace)
-	graceCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
-	// Keep listening while admitted requests finish, so a client arriving now gets a 503
-	// (and a Retry-After) instead of a refused connection; connections close after their
-	// answer.
-	srv.SetKeepAlivesEnabled(false)
-	s.waitIdle(graceCtx)
-	err := s.drain(graceCtx, srv, conns)
-	cancel()
-	if err != nil {
-		n := s.api.AbortAll()
-		s.log.Warn("server: grace period over; aborted in-flight requests", "aborted", n)
-		last, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := s.drain(last, srv, conns); err != nil {
-			_ = srv.Close()
-		}
-		cancel()
-	}
+	s.shutdown(srv, conns)
 	if serveDone != nil {
 		serveErr = <-serveDone
 	}

@@ -13,7 +13,9 @@
 // token-level clipped policy-gradient loss whose importance ratios compare the trainer's
 // logprobs with the rollout's. Tokens sampled by an older weight version than the trainer's are
 // off-policy: their ratio is truncated at a cap instead of clipped (truncated importance
-// sampling). An optional KL penalty to a reference policy uses the k3 estimator. Gradients are
+// sampling). A sample's LossMask keeps tokens the policy did not sample (a multi-turn
+// trajectory's tool results and user turns) in the sequence as context but out of the loss. An
+// optional KL penalty to a reference policy uses the k3 estimator. Gradients are
 // accumulated over micro-batches, clipped by global norm, and applied by AdamW with a
 // warmup-then-constant or cosine learning-rate schedule.
 //

@@ -277,6 +277,11 @@ func New(w *model.Weights, cfg Config) (*Trainer, error) {
 	if err := w.Check(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	// The backward pass has neither: training such a model would publish weights whose
+	// forward differs from the one the gradients were taken of.
+	if w.Config.AttentionBias || w.Config.RopeScaling != nil {
+		return nil, fmt.Errorf("%w: q/k/v biases and RoPE scaling are not trainable here", ErrInvalidConfig)
+	}
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -87,6 +87,15 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	other := randomWeights(t, tinyConfig(false), 1)
 	_, err = New(w, Config{KLCoef: 0.1, Reference: other})
 	require.ErrorIs(t, err, ErrShapeMismatch)
+	// The backward pass has no q/k/v biases and no RoPE scaling.
+	biased := tinyConfig(true)
+	biased.AttentionBias = true
+	scaled := tinyConfig(true)
+	scaled.RopeScaling = model.Llama3RopeScaling()
+	for _, c := range []model.Config{biased, scaled} {
+		_, err = New(randomWeights(t, c, 1), Config{})
+		require.ErrorIs(t, err, ErrInvalidConfig)
+	}
 
 	tr, err := New(w, Config{Workers: 1})
 	require.NoError(t, err)

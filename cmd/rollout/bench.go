@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,7 +15,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rolloutkit/rollout/bench"
+	"github.com/rolloutkit/rollout/engine/gguf"
 	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
 )
@@ -42,6 +45,7 @@ func newBenchEngineCmd() *cobra.Command {
 
 		llama2cBin string
 		precisions []string
+		peer       peerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
@@ -52,9 +56,21 @@ func newBenchEngineCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// The peer is checked first: a missing install must not cost the whole benchmark.
+			var lc *bench.LlamaCpp
+			var peerTypes []gguf.Type
+			if peer.name != "" {
+				if lc, peerTypes, err = peer.resolve(); err != nil {
+					return err
+				}
+			}
 			pool := kernels.NewPool(workers)
 			defer pool.Close()
-			pr := newProgress(cmd.ErrOrStderr(), "bench engine", engineSteps(len(presets), len(precs), repeats, quick, idleFor > 0))
+			steps := engineSteps(len(presets), len(precs), repeats, quick, idleFor > 0)
+			if lc != nil {
+				steps += len(presets) * (len(precs) + len(peerTypes)) // rollout at each precision, then each peer file
+			}
+			pr := newProgress(cmd.ErrOrStderr(), "bench engine", steps)
 			defer pr.done()
 			rep := bench.EngineReport{CPU: bench.DescribeCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
 			pr.step("streaming read bandwidth (%d MiB)", bwBytes>>20)
@@ -70,8 +86,14 @@ func newBenchEngineCmd() *cobra.Command {
 				rep.MatMul = append(rep.MatMul, mm)
 			}
 			for _, p := range presets {
+				// One weight set for every precision and repeat: generating the 1B shape takes
+				// longer than decoding it.
+				w, err := model.Preset(p, 1)
+				if err != nil {
+					return err
+				}
 				for _, prec := range precs {
-					r, err := decodeFigures(cmd.Context(), pr, pool, p, prec, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
+					r, err := decodeFigures(cmd.Context(), pr, pool, p, w, prec, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
 					if err != nil {
 						return err
 					}
@@ -80,6 +102,11 @@ func newBenchEngineCmd() *cobra.Command {
 			}
 			if !quick {
 				if err := engineFigures(cmd.Context(), pr, &rep, presets, precs, conc, concToks, workers, repeats, idleFor); err != nil {
+					return err
+				}
+			}
+			if lc != nil {
+				if err := peerFigures(cmd.Context(), pr, pool, &rep, presets, precs, lc, peerTypes, peer, workers, repeats); err != nil {
 					return err
 				}
 			}
@@ -123,6 +150,7 @@ func newBenchEngineCmd() *cobra.Command {
 				return err
 			}
 			printEngineFigures(out, &rep)
+			printPeerFigures(out, &rep, peer, precs[0], repeats)
 			return nil
 		},
 	}
@@ -141,6 +169,12 @@ func newBenchEngineCmd() *cobra.Command {
 	f.IntVar(&repeats, "repeats", 3, "batch-1 decode runs per preset (alternating with llama2.c's) and rounds of the concurrency list; medians are reported")
 	f.StringSliceVar(&precisions, "precision", []string{"f32"}, "weight precisions to measure, each beside the others in the same run: f32, bf16, int8")
 	f.StringVar(&llama2cBin, "llama2c", "", "a llama2.c run binary (gcc -Ofast -march=native -fopenmp run.c -lm) to measure the baseline in the same run")
+	f.StringVar(&peer.name, "peer", "", "measure a peer engine on the same weights, beside rollout: llamacpp (node-llama-cpp; make peer-install)")
+	f.StringVar(&peer.module, "peer-module", "", "node-llama-cpp package directory (default $"+bench.LlamaCppModuleEnv+", else bench/peer/node_modules/node-llama-cpp)")
+	f.StringSliceVar(&peer.types, "peer-types", gguf.Types(), "GGUF precisions the peer runs")
+	f.IntVar(&peer.tokens, "peer-tokens", 64, "greedy tokens per sequence in the side-by-side figures")
+	f.IntVar(&peer.seqs, "peer-sequences", 16, "concurrent sequences of the side-by-side aggregate figure (0: batch 1 only)")
+	f.IntVar(&peer.threads, "peer-threads", 0, "the peer's threads (default --workers; llama.cpp's threads spin at barriers, so more threads than free cores collapse its speed)")
 	return cmd
 }
 
@@ -159,9 +193,127 @@ func engineSteps(presets, precs, repeats int, quick, idle bool) int {
 	return n
 }
 
+// peerFlags are the side-by-side benchmark's settings.
+type peerFlags struct {
+	name, module string
+	types        []string
+	tokens, seqs int
+	threads      int
+}
+
+// resolve checks the flags and finds the peer.
+func (peer peerFlags) resolve() (*bench.LlamaCpp, []gguf.Type, error) {
+	if peer.name != "llamacpp" {
+		return nil, nil, fmt.Errorf("--peer %q: want llamacpp", peer.name)
+	}
+	if peer.tokens <= 0 || peer.seqs < 0 || peer.threads < 0 {
+		return nil, nil, fmt.Errorf("--peer-tokens %d, --peer-sequences %d, --peer-threads %d: want > 0, >= 0, >= 0", peer.tokens, peer.seqs, peer.threads)
+	}
+	var types []gguf.Type
+	for _, s := range peer.types {
+		t, err := gguf.ParseType(s)
+		if err != nil {
+			return nil, nil, err
+		}
+		types = append(types, t)
+	}
+	lc, err := bench.FindLlamaCpp(peer.module)
+	if err != nil {
+		return nil, nil, err
+	}
+	return lc, types, nil
+}
+
+// peerFigures measures, per preset, rollout at each of precs and the peer at each of its
+// types on the same weights: batch 1 from BOS and peer.seqs sequences, peer.tokens tokens
+// each. The peer's batch-1 tokens are compared with rollout's at precs[0].
+func peerFigures(ctx context.Context, pr *progress, pool *kernels.Pool, rep *bench.EngineReport, presets []string, precs []kernels.Precision,
+	lc *bench.LlamaCpp, types []gguf.Type, peer peerFlags, workers, repeats int) error {
+	for _, p := range presets {
+		w, err := model.Preset(p, 1)
+		if err != nil {
+			return err
+		}
+		tok, err := load.BuiltinTokenizer(w.Config)
+		if err != nil {
+			return err
+		}
+		// Rollout's rows first, alternating nothing with the peer: each peer run is a process
+		// of its own that maps its file afresh, so order does not favour either side.
+		var greedy []int
+		for pi, prec := range precs {
+			pr.step("side by side, %s: rollout %s, %d runs", p, prec, max(repeats, 1))
+			r := bench.PeerResult{Preset: p, Engine: "rollout", Precision: prec.String(), Sequences: peer.seqs}
+			var mine []int
+			for i := range max(repeats, 1) {
+				d, err := bench.DecodeWeights(ctx, pool, w, p, prec, peer.tokens, 8, rep.ReadBandwidthGBs)
+				if err != nil {
+					return err
+				}
+				r.Batch1Runs = append(r.Batch1Runs, d.DecodeTokensPerSec)
+				if i == 0 {
+					mine = d.Greedy
+				}
+				if peer.seqs > 0 {
+					c, err := bench.Concurrent(ctx, w, p, prec, peer.seqs, peer.tokens, workers)
+					if err != nil {
+						return err
+					}
+					r.AggregateRuns = append(r.AggregateRuns, c.TokensPerSec)
+				}
+			}
+			if pi == 0 {
+				greedy = mine
+			}
+			r.Batch1TokensPerSec, r.AggregateTokensPerSec = bench.Median(r.Batch1Runs), bench.Median(r.AggregateRuns)
+			r.GreedyTokens = len(greedy)
+			for r.GreedyMatch < min(len(greedy), len(mine)) && mine[r.GreedyMatch] == greedy[r.GreedyMatch] {
+				r.GreedyMatch++
+			}
+			rep.Peers = append(rep.Peers, r)
+		}
+		threads := cmp.Or(peer.threads, workers)
+		for _, t := range types {
+			pr.step("side by side, %s: llama.cpp %s, %d runs", p, t, max(repeats, 1))
+			rs, err := bench.LlamaCppFigures(ctx, lc, w, tok, p, []gguf.Type{t}, greedy, peer.tokens, peer.seqs, threads, repeats)
+			if err != nil {
+				return err
+			}
+			rep.Peers = append(rep.Peers, rs...)
+		}
+	}
+	return nil
+}
+
+func printPeerFigures(out io.Writer, rep *bench.EngineReport, peer peerFlags, ref kernels.Precision, repeats int) {
+	if len(rep.Peers) == 0 {
+		return
+	}
+	many := ""
+	if peer.seqs > 0 {
+		many = fmt.Sprintf(", %d sequences after 8-token prompts", peer.seqs)
+	}
+	fmt.Fprintf(out, "\nside by side on the same weights (llama.cpp through node-llama-cpp; batch 1 from BOS%s; %d tokens each; medians of %d runs)\n",
+		many, peer.tokens, max(repeats, 1))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	head := "preset\tengine\tprecision\tbatch-1 tok/s"
+	if peer.seqs > 0 {
+		head += fmt.Sprintf("\t%d seqs tok/s", peer.seqs)
+	}
+	fmt.Fprintf(tw, "%s\tgreedy = rollout %s\n", head, ref)
+	for _, r := range rep.Peers {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f", r.Preset, r.Engine, r.Precision, r.Batch1TokensPerSec)
+		if peer.seqs > 0 {
+			fmt.Fprintf(tw, "\t%.1f", r.AggregateTokensPerSec)
+		}
+		fmt.Fprintf(tw, "\t%d/%d\n", r.GreedyMatch, r.GreedyTokens)
+	}
+	_ = tw.Flush()
+}
+
 // decodeFigures measures batch-1 decode repeats times, alternating with llama2.c's run when a
 // binary is given, so both see the same machine conditions; it reports medians.
-func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, prec kernels.Precision, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
+func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, w *model.Weights, prec kernels.Precision, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
 	var l2c *bench.Llama2C
 	if llama2cBin != "" && prec == kernels.F32 { // llama2.c reads float32 weights only
 		var err error
@@ -178,7 +330,7 @@ func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset
 			with = ", then llama2.c's"
 		}
 		pr.step("batch-1 decode, %s at %s, %d tokens, run %d of %d%s", preset, prec, tokens, i+1, max(repeats, 1), with)
-		d, err := bench.Decode(ctx, pool, preset, prec, tokens, prefill, bw)
+		d, err := bench.DecodeWeights(ctx, pool, w, preset, prec, tokens, prefill, bw)
 		if err != nil {
 			return bench.DecodeResult{}, err
 		}

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime"
 	"text/tabwriter"
@@ -17,20 +19,23 @@ import (
 	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
+// benchFleet is `rollout bench fleet`: its flags, and one method per group of figures.
+type benchFleet struct {
+	asJSON      bool
+	redis       redisFlags
+	servers     []int
+	rounds      int
+	quick       bool
+	updates     int
+	concurrency int
+	requests    int
+	maxTokens   int
+	figures     []string
+	sim         simFlags
+}
+
 func newBenchFleetCmd() *cobra.Command {
-	var (
-		asJSON      bool
-		redis       redisFlags
-		servers     []int
-		rounds      int
-		quick       bool
-		updates     int
-		concurrency int
-		requests    int
-		maxTokens   int
-		figures     []string
-		sim         simFlags
-	)
+	var b benchFleet
 	cmd := &cobra.Command{
 		Use:   "fleet",
 		Short: "Fleet control plane: control round trip vs the bare publish/ack floor, UpdateWeights bubble, Generate via SDK vs direct",
@@ -41,126 +46,152 @@ func newBenchFleetCmd() *cobra.Command {
 			"(and stories110m unless --quick) under generation load, stage time apart, and Generate\n" +
 			"through the SDK against the same requests sent straight to the server's /generate.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			log := loggerFrom(cmd)
-			if len(sim.sizes) > 0 {
-				return runSimulate(ctx, cmd.OutOrStdout(), log, &sim, redis.config(cmd).URL, asJSON)
-			}
-			if os.Getenv(gin.EnvGinMode) == "" {
-				gin.SetMode(gin.ReleaseMode) // as serve does: the fleets' servers log through slog
-			}
-			conf := redis.config(cmd)
-			rep := bench.FleetReport{GOMAXPROCS: runtime.GOMAXPROCS(0), RedisURL: redisconf.Redact(conf.URL)}
-			if conf.URL == "" {
-				rs, err := bench.StartRedis(ctx)
-				switch {
-				case errors.Is(err, bench.ErrNoRedisServer):
-					rep.RedisNote = "redis-server is not on PATH and --redis was not given: no Redis figures"
-				case err != nil:
-					return err
-				default:
-					defer rs.Stop()
-					conf.URL = rs.URL
-					rep.RedisURL, rep.RedisNote = rs.URL, "redis-server started by the benchmark"
-				}
-			}
-			want := map[string]bool{}
-			for _, f := range figures {
-				if f != "control" && f != "bubble" && f != "generate" {
-					return fmt.Errorf("--figures %q: want control, bubble and/or generate", f)
-				}
-				want[f] = true
-			}
-			if quick {
-				rounds = min(rounds, 50)
-				updates = min(updates, 2)
-				requests = min(requests, 128)
-			}
-			for _, n := range servers {
-				if !want["control"] {
-					break
-				}
-				log.Info("bench fleet: control round trip", "transport", "mem", "servers", n)
-				r, err := bench.ControlRoundTrip(ctx, "mem", nil, n, rounds)
-				if err != nil {
-					return fmt.Errorf("control round trip (mem, %d servers): %w", n, err)
-				}
-				rep.Control = append(rep.Control, r)
-				if rep.RedisURL == "" {
-					continue
-				}
-				log.Info("bench fleet: control round trip", "transport", "redis", "servers", n)
-				rb, err := bus.DialRedisConfig(ctx, conf, bus.RedisOptions{Logger: log})
-				if err != nil {
-					return err
-				}
-				r, err = bench.ControlRoundTrip(ctx, "redis", rb, n, rounds)
-				_ = rb.Close()
-				if err != nil {
-					return fmt.Errorf("control round trip (redis, %d servers): %w", n, err)
-				}
-				raw, err := bench.RedisFloorConfig(ctx, conf, n, rounds)
-				if err != nil {
-					return err
-				}
-				r.RawFloor = &raw
-				rep.Control = append(rep.Control, r)
-			}
-			presets := []string{"stories15m"}
-			if !quick {
-				presets = append(presets, "stories110m")
-			}
-			dir, err := os.MkdirTemp("", "rollout-bench-fleet-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(dir)
-			for _, p := range presets {
-				if !want["bubble"] {
-					break
-				}
-				log.Info("bench fleet: update bubble", "preset", p)
-				b, err := bench.UpdateBubble(ctx, p, 2, updates, dir)
-				if err != nil {
-					return fmt.Errorf("update bubble (%s): %w", p, err)
-				}
-				rep.Bubbles = append(rep.Bubbles, b)
-			}
-			if want["generate"] {
-				log.Info("bench fleet: generate via SDK vs direct", "concurrency", concurrency)
-				repeats := 2
-				if quick {
-					repeats = 1
-				}
-				g, err := bench.GenerateVsDirect(ctx, "stories15m", concurrency, requests, maxTokens, repeats)
-				if err != nil {
-					return fmt.Errorf("generate: %w", err)
-				}
-				rep.Generate = &g
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
-			}
-			return printFleetBench(out, &rep)
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return b.run(cmd) },
 	}
 	f := cmd.Flags()
-	f.BoolVar(&asJSON, "json", false, "print JSON")
-	redis.register(f, "Redis to measure over (default: start a redis-server on a free port when one is on PATH)")
-	f.IntSliceVar(&servers, "servers", []int{1, 8, 32}, "fleet sizes of the control round trip")
-	f.IntVar(&rounds, "rounds", 200, "control round trips per figure")
-	f.BoolVar(&quick, "quick", false, "stories15m only, fewer rounds, updates and requests")
-	f.IntVar(&updates, "updates", 3, "weight updates per bubble figure")
-	f.IntVar(&concurrency, "concurrency", 64, "concurrent requests of the Generate figure")
-	f.IntVar(&requests, "requests", 256, "requests per Generate run")
-	f.IntVar(&maxTokens, "max-tokens", 32, "tokens per request of the Generate figure")
-	sim.register(cmd)
-	f.StringSliceVar(&figures, "figures", []string{"control", "bubble", "generate"}, "which figures to measure: control, bubble, generate")
+	f.BoolVar(&b.asJSON, "json", false, "print JSON")
+	b.redis.register(f, "Redis to measure over (default: start a redis-server on a free port when one is on PATH)")
+	f.IntSliceVar(&b.servers, "servers", []int{1, 8, 32}, "fleet sizes of the control round trip")
+	f.IntVar(&b.rounds, "rounds", 200, "control round trips per figure")
+	f.BoolVar(&b.quick, "quick", false, "stories15m only, fewer rounds, updates and requests")
+	f.IntVar(&b.updates, "updates", 3, "weight updates per bubble figure")
+	f.IntVar(&b.concurrency, "concurrency", 64, "concurrent requests of the Generate figure")
+	f.IntVar(&b.requests, "requests", 256, "requests per Generate run")
+	f.IntVar(&b.maxTokens, "max-tokens", 32, "tokens per request of the Generate figure")
+	b.sim.register(cmd)
+	f.StringSliceVar(&b.figures, "figures", []string{"control", "bubble", "generate"}, "which figures to measure: control, bubble, generate")
 	return cmd
+}
+
+// run measures the figures --figures names and prints the report.
+func (b *benchFleet) run(cmd *cobra.Command) error {
+	ctx := cmd.Context()
+	log := loggerFrom(cmd)
+	if len(b.sim.sizes) > 0 {
+		return runSimulate(ctx, cmd.OutOrStdout(), log, &b.sim, b.redis.config(cmd).URL, b.asJSON)
+	}
+	if os.Getenv(gin.EnvGinMode) == "" {
+		gin.SetMode(gin.ReleaseMode) // as serve does: the fleets' servers log through slog
+	}
+	conf := b.redis.config(cmd)
+	rep := bench.FleetReport{GOMAXPROCS: runtime.GOMAXPROCS(0), RedisURL: redisconf.Redact(conf.URL)}
+	if conf.URL == "" {
+		rs, err := bench.StartRedis(ctx)
+		switch {
+		case errors.Is(err, bench.ErrNoRedisServer):
+			rep.RedisNote = "redis-server is not on PATH and --redis was not given: no Redis figures"
+		case err != nil:
+			return err
+		default:
+			defer rs.Stop()
+			conf.URL = rs.URL
+			rep.RedisURL, rep.RedisNote = rs.URL, "redis-server started by the benchmark"
+		}
+	}
+	want := map[string]bool{}
+	for _, f := range b.figures {
+		if f != "control" && f != "bubble" && f != "generate" {
+			return fmt.Errorf("--figures %q: want control, bubble and/or generate", f)
+		}
+		want[f] = true
+	}
+	if b.quick {
+		b.rounds = min(b.rounds, 50)
+		b.updates = min(b.updates, 2)
+		b.requests = min(b.requests, 128)
+	}
+	if want["control"] {
+		if err := b.control(ctx, log, conf, &rep); err != nil {
+			return err
+		}
+	}
+	if want["bubble"] {
+		if err := b.bubbles(ctx, log, &rep); err != nil {
+			return err
+		}
+	}
+	if want["generate"] {
+		if err := b.generate(ctx, log, &rep); err != nil {
+			return err
+		}
+	}
+	out := cmd.OutOrStdout()
+	if b.asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return printFleetBench(out, &rep)
+}
+
+// control measures the control round trip at each fleet size, on the in-process bus and, when
+// the report has a Redis, over it beside the raw Redis floor.
+func (b *benchFleet) control(ctx context.Context, log *slog.Logger, conf redisconf.Config, rep *bench.FleetReport) error {
+	for _, n := range b.servers {
+		log.Info("bench fleet: control round trip", "transport", "mem", "servers", n)
+		r, err := bench.ControlRoundTrip(ctx, "mem", nil, n, b.rounds)
+		if err != nil {
+			return fmt.Errorf("control round trip (mem, %d servers): %w", n, err)
+		}
+		rep.Control = append(rep.Control, r)
+		if rep.RedisURL == "" {
+			continue
+		}
+		log.Info("bench fleet: control round trip", "transport", "redis", "servers", n)
+		rb, err := bus.DialRedisConfig(ctx, conf, bus.RedisOptions{Logger: log})
+		if err != nil {
+			return err
+		}
+		r, err = bench.ControlRoundTrip(ctx, "redis", rb, n, b.rounds)
+		_ = rb.Close()
+		if err != nil {
+			return fmt.Errorf("control round trip (redis, %d servers): %w", n, err)
+		}
+		raw, err := bench.RedisFloorConfig(ctx, conf, n, b.rounds)
+		if err != nil {
+			return err
+		}
+		r.RawFloor = &raw
+		rep.Control = append(rep.Control, r)
+	}
+	return nil
+}
+
+// bubbles measures the UpdateWeights bubble on stories15m, and stories110m unless quick.
+func (b *benchFleet) bubbles(ctx context.Context, log *slog.Logger, rep *bench.FleetReport) error {
+	presets := []string{"stories15m"}
+	if !b.quick {
+		presets = append(presets, "stories110m")
+	}
+	dir, err := os.MkdirTemp("", "rollout-bench-fleet-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	for _, p := range presets {
+		log.Info("bench fleet: update bubble", "preset", p)
+		bb, err := bench.UpdateBubble(ctx, p, 2, b.updates, dir)
+		if err != nil {
+			return fmt.Errorf("update bubble (%s): %w", p, err)
+		}
+		rep.Bubbles = append(rep.Bubbles, bb)
+	}
+	return nil
+}
+
+// generate measures Generate through the SDK against the same requests sent to /generate.
+func (b *benchFleet) generate(ctx context.Context, log *slog.Logger, rep *bench.FleetReport) error {
+	log.Info("bench fleet: generate via SDK vs direct", "concurrency", b.concurrency)
+	repeats := 2
+	if b.quick {
+		repeats = 1
+	}
+	g, err := bench.GenerateVsDirect(ctx, "stories15m", b.concurrency, b.requests, b.maxTokens, repeats)
+	if err != nil {
+		return fmt.Errorf("generate: %w", err)
+	}
+	rep.Generate = &g
+	return nil
 }
 
 func printFleetBench(out io.Writer, rep *bench.FleetReport) error {

@@ -562,6 +562,22 @@ func incomplete(r *sdk.UpdateResult) error {
 
 // printUpdate prints one row per server with a column per phase (in the order the servers
 // reported them), then a summary line.
+// phaseMark says how a phase of s ended when it did not succeed: FAILED when the server
+// said so, or "not waited for" when the policy was decided before the server's stage ack
+// came (the server did not fail; its ack was no longer needed).
+func phaseMark(s sdk.ServerUpdate, p sdk.PhaseResult) string {
+	switch {
+	case p.OK:
+		return ""
+	case p.Name == "stage" && s.Stage != nil && s.Stage.Ack == nil && errors.Is(s.Stage.Err, sdk.ErrAborted):
+		return " (not waited for)"
+	case p.Name == "stage" && s.Stage != nil && s.Stage.Ack == nil:
+		return " NO ACK"
+	default:
+		return " FAILED"
+	}
+}
+
 func printUpdate(out io.Writer, fleet string, r *sdk.UpdateResult) error {
 	var phases []string
 	for _, s := range r.Servers {
@@ -587,10 +603,7 @@ func printUpdate(out io.Writer, fleet string, r *sdk.UpdateResult) error {
 			cell := "-"
 			for _, p := range s.Phases {
 				if p.Name == name {
-					cell = fmt.Sprintf("%.1f", p.Seconds*1e3)
-					if !p.OK {
-						cell += " FAILED"
-					}
+					cell = fmt.Sprintf("%.1f", p.Seconds*1e3) + phaseMark(s, p)
 				}
 			}
 			row += "\t" + cell

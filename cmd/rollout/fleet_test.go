@@ -16,7 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rolloutkit/rollout/internal/redistest"
+	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
 )
@@ -239,4 +241,17 @@ func TestFleetBadInput(t *testing.T) {
 	var out, errb bytes.Buffer
 	require.Equal(t, 0, run(t.Context(), []string{"fleet", "status"}, &out, &errb), errb.String())
 	assert.Contains(t, out.String(), fmt.Sprintf("fleet %s:", "cli"))
+}
+
+// TestPhaseMark: a stage the policy decided without is not shown as a failure.
+func TestPhaseMark(t *testing.T) {
+	notWaited := sdk.ServerUpdate{Stage: &sdk.ServerResult{Err: fmt.Errorf("%w: not waited for", sdk.ErrAborted)}}
+	noAck := sdk.ServerUpdate{Stage: &sdk.ServerResult{Err: fmt.Errorf("%w: no ack", sdk.ErrTimeout)}}
+	failed := sdk.ServerUpdate{Stage: &sdk.ServerResult{Err: sdk.ErrFailed, Ack: &protocol.Ack{}}}
+	stage := sdk.PhaseResult{Name: "stage"}
+	assert.Equal(t, "", phaseMark(failed, sdk.PhaseResult{Name: "stage", OK: true}))
+	assert.Equal(t, " (not waited for)", phaseMark(notWaited, stage))
+	assert.Equal(t, " NO ACK", phaseMark(noAck, stage))
+	assert.Equal(t, " FAILED", phaseMark(failed, stage))
+	assert.Equal(t, " FAILED", phaseMark(failed, sdk.PhaseResult{Name: "pause"}))
 }

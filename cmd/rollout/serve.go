@@ -26,6 +26,7 @@ func newServeCmd() *cobra.Command {
 	var (
 		cfg                   server.Config
 		kvBytes, offloadBytes sizeValue
+		memBytes              sizeValue
 		maxBody               sizeValue
 		secretFile, keyFile   string
 		adminTokenFile        string
@@ -48,6 +49,7 @@ func newServeCmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.KVBytes = int64(kvBytes)
+			cfg.MemoryBytes = int64(memBytes)
 			cfg.OffloadCPUBytes = int64(offloadBytes)
 			cfg.MaxBodyBytes = int64(maxBody)
 			cfg.MaxBodyBytesInFlight = int64(maxBodyInflight)
@@ -65,6 +67,9 @@ func newServeCmd() *cobra.Command {
 			}
 			if cfg.KVBlocks > 0 && cfg.KVBytes > 0 {
 				return fmt.Errorf("--kv-blocks and --kv-bytes are exclusive")
+			}
+			if cfg.MemoryBytes > 0 && (cfg.KVBlocks > 0 || cfg.KVBytes > 0) {
+				return fmt.Errorf("--memory sizes the KV pool as --kv-blocks and --kv-bytes do: give one of them")
 			}
 			var err error
 			if cfg.Precision, err = kernels.ParsePrecision(precision); err != nil {
@@ -145,6 +150,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&cfg.Addr, "addr", server.DefaultAddr, "listen address")
 	f.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV pool size in blocks (0: derived)")
 	f.Var(&kvBytes, "kv-bytes", "KV pool size in bytes, e.g. 256MiB (0: derived)")
+	f.Var(&memBytes, "memory", "memory for the packed model and the KV pool together, e.g. 8GiB: the pool gets what the model at --precision leaves (instead of --kv-blocks or --kv-bytes)")
 	f.BoolVar(&cfg.PrefaultKV, "kv-prefault", true, "commit the KV pool's memory at start, so no decode step pays a first-touch page fault (costs start-up time in proportion to the pool)")
 	f.StringVar(&precision, "precision", "f32", "weight precision in memory: f32, bf16 (half the bytes; rounded once at load and update) or int8 (blocks of 32 with a float32 scale, 1.125 bytes a weight)")
 	f.IntVar(&cfg.BlockSize, "block-size", engine.DefaultBlockSize, "KV block size in tokens")

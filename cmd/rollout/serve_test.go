@@ -95,6 +95,9 @@ func TestServeAndGenerateRefuseBadFlags(t *testing.T) {
 	errb.Reset()
 	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--precision", "fp8"}, &out, &errb))
 	assert.Contains(t, errb.String(), "--precision")
+	errb.Reset()
+	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--memory", "1GiB", "--kv-bytes", "64MiB"}, &out, &errb))
+	assert.Contains(t, errb.String(), "--memory")
 	for _, bad := range []string{"fp8", "bf16,bf16", ""} {
 		errb.Reset()
 		assert.Equal(t, 1, run(t.Context(), []string{"bench", "engine", "--precision", bad}, &out, &errb), bad)
@@ -110,6 +113,7 @@ func TestServeRefusesPoolSizesThatDoNotFit(t *testing.T) {
 		{"--max-num-seqs", "576460752303423489", "invalid argument: MaxNumSeqs: "},
 		{"--kv-blocks", "1125899906842624", "invalid argument: NumBlocks: "},
 		{"--kv-blocks", "2147483647", "invalid argument: NumBlocks: "},
+		{"--memory", "64KiB", "invalid argument: MemoryBytes: "}, // less than builtin:tiny's weights
 	} {
 		var out, errb bytes.Buffer
 		assert.Equal(t, 1, run(t.Context(), []string{"serve", "--addr", "127.0.0.1:0", "--log-level", "error", tc.flag, tc.value}, &out, &errb), tc.flag)

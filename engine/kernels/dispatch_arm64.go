@@ -49,14 +49,33 @@ const neonTokenBlock = 48
 // matmulNEON runs panels [lo,hi) of MatMul with the NEON tiles. Callers have checked len(x),
 // len(y).
 func matmulNEON(m *Matrix, y, x []float32, n, lo, hi int) {
+	matmulNEONTiles(&neonTiles, neonShape, neonT1, m, y, x, n, lo, hi)
+}
+
+// neonBF16Shape is the bf16 main tile for n tokens: the bf16 tiles hold their weights and a
+// mask in registers, so one token spreads over 3 panels, two over 2, and more take 1×6.
+func neonBF16Shape(n int) (p, t int) {
+	switch {
+	case n == 1:
+		return 3, 1
+	case n == 2:
+		return 2, 2
+	default:
+		return 1, min(n, neonT1)
+	}
+}
+
+// matmulNEONTiles is matmulNEON with a tile table and its shape function: the float32 tiles,
+// or the bf16 ones on a bf16 matrix.
+func matmulNEONTiles(tiles *[5][7]neonTile, shape func(int) (int, int), t1 int, m *Matrix, y, x []float32, n, lo, hi int) {
 	if lo >= hi || n <= 0 {
 		return
 	}
 	cols, rows := m.Cols, m.Rows
-	ws := PanelRows * cols * 4
+	ws := m.panelBytes()
 	xs, ys := cols*4, rows*4
 	full := min(hi, rows/PanelRows) // panels past full are partial (only the last one can be)
-	wp := unsafe.Pointer(unsafe.SliceData(m.data))
+	wp := m.base()
 	xp := unsafe.Pointer(unsafe.SliceData(x))
 	yp := unsafe.Pointer(unsafe.SliceData(y))
 	panel := func(p int) unsafe.Pointer { return unsafe.Add(wp, p*ws) }
@@ -65,19 +84,19 @@ func matmulNEON(m *Matrix, y, x []float32, n, lo, hi int) {
 
 	for b0 := 0; b0 < n; b0 += neonTokenBlock {
 		bn := min(neonTokenBlock, n-b0)
-		P, T := neonShape(bn)
+		P, T := shape(bn)
 		p := lo
 		for ; p+P <= full; p += P {
-			fn := &neonTiles[P]
+			fn := &tiles[P]
 			for t := b0; t < b0+bn; t += T {
 				nt := min(T, b0+bn-t)
 				fn[nt](panel(p), ws, tok(t), xs, cols, out(t, p), ys)
 			}
 		}
-		fn := &neonTiles[1]
+		fn := &tiles[1]
 		for ; p < full; p++ {
-			for t := b0; t < b0+bn; t += neonT1 {
-				nt := min(neonT1, b0+bn-t)
+			for t := b0; t < b0+bn; t += t1 {
+				nt := min(t1, b0+bn-t)
 				fn[nt](panel(p), ws, tok(t), xs, cols, out(t, p), ys)
 			}
 		}
@@ -86,8 +105,8 @@ func matmulNEON(m *Matrix, y, x []float32, n, lo, hi int) {
 			// token's outputs), so it goes through a scratch tile.
 			var scratch [neonT1 * PanelRows]float32
 			nr := rows - p*PanelRows
-			for t := b0; t < b0+bn; t += neonT1 {
-				nt := min(neonT1, b0+bn-t)
+			for t := b0; t < b0+bn; t += t1 {
+				nt := min(t1, b0+bn-t)
 				fn[nt](panel(p), ws, tok(t), xs, cols, unsafe.Pointer(&scratch), PanelRows*4)
 				for i := range nt {
 					copy(y[(t+i)*rows+p*PanelRows:(t+i)*rows+rows], scratch[i*PanelRows:i*PanelRows+nr])
@@ -116,8 +135,24 @@ func streamRead(buf []uint64) uint64 {
 //go:noescape
 func streamReadNEON(p unsafe.Pointer, blocks int, out *[4]uint32)
 
-// matmulLow runs a bf16 or int8 MatMul: the widening fallback (see matmulWidened) feeding the
-// NEON tiles; arm64 has no kernel reading bf16 or int8 directly yet.
+// neonI8Shape is the int8 main tile for n tokens: the int8 tiles also hold four scale
+// registers, so three tokens or more take 1×5.
+func neonI8Shape(n int) (p, t int) {
+	if n <= 2 {
+		return neonBF16Shape(n)
+	}
+	return 1, min(n, neonI8T1)
+}
+
+// neonI8T1 is the widest single-panel int8 tile.
+const neonI8T1 = 5
+
+// matmulLow runs a bf16 or int8 MatMul with the NEON tiles that read the format
+// (kernels_neon_bf16_arm64.s, kernels_neon_i8_arm64.s).
 func matmulLow(m *Matrix, y, x []float32, n, lo, hi int) {
-	matmulWidened(matmulNEON, m, y, x, n, lo, hi)
+	if m.Prec == BF16 {
+		matmulNEONTiles(&neonBF16Tiles, neonBF16Shape, neonT1, m, y, x, n, lo, hi)
+		return
+	}
+	matmulNEONTiles(&neonI8Tiles, neonI8Shape, neonI8T1, m, y, x, n, lo, hi)
 }

@@ -47,8 +47,9 @@
 // PackStackedAs). Its MatMul widens each stored weight to the float32 value it stands for (its
 // effective weight) and runs the chain above on it, so it is the float32 MatMul of the
 // effective weights, bit for bit, on every path. The amd64 builds read the formats in
-// generated assembly tiles (kernels_low_*_amd64.s); the others widen each panel into a float32
-// scratch panel for their float32 kernel (matmulWidened).
+// generated assembly tiles (kernels_low_*_amd64.s), arm64 in NEON tiles
+// (kernels_neon_bf16_arm64.s, kernels_neon_i8_arm64.s); the others widen each panel into a
+// float32 scratch panel for their float32 kernel (matmulWidened).
 //
 // Four build modes pick the code: GOEXPERIMENT=simd on amd64 uses the simd/archsimd kernels
 // (files tagged goexperiment.simd && amd64); the default amd64 build uses Go assembly

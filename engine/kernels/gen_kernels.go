@@ -447,6 +447,15 @@ func writeLowTiles(is asmISA, file string) {
 			fmt.Fprintf(&table, "},\n")
 		}
 		fmt.Fprintf(&table, "}\n")
+		if is.name == "a512" {
+			// The main tile of a large batch, with a prefetch of the next panel group as the
+			// float32 one has (pfShape).
+			mp, mt := pfShape[is.name][0], pfShape[is.name][1]
+			fn := fmt.Sprintf("%sP%dT%dPF", name, mp, mt)
+			genLowTileOpt(&s, is, prec, fn, mp, mt, true)
+			fmt.Fprintf(&d, "\n// %s is %sP%dT%d that also prefetches the panel at pf (PREFETCHT0), one line\n// per 64 bytes of its own panel read; see pfTileFunc.\n//\n//go:noescape\n", fn, name, mp, mt)
+			fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)\n", fn)
+		}
 	}
 	d.Write(table.Bytes())
 	writeFile(file+".s", s.Bytes(), false)
@@ -464,6 +473,13 @@ func writeLowTiles(is asmISA, file string) {
 // and each step's weights are VPMOVSXBD, VCVTDQ2PS, VMULPS by the scales; R12 counts the
 // block's steps (fewer in a short last block). Registers as in genAsmTile, but R12 and R13 (3ys, 5ys) are set at the store.
 func genLowTile(b *bytes.Buffer, is asmISA, prec, fn string, p, t int) {
+	genLowTileOpt(b, is, prec, fn, p, t, false)
+}
+
+// genLowTileOpt is genLowTile, with pf also prefetching (R14) the panel at pf+56(FP): one
+// 64-byte line per bf16 step pair (64 bytes of each panel), and for int8 the block's scales at
+// its start and one line every fourth step (16 bytes of each panel a step).
+func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf bool) {
 	v := 16 / is.lanes // vectors per panel
 	tokAddr := func(base, s, s3, s5 string, i, off int) string {
 		o := ""
@@ -514,8 +530,14 @@ func genLowTile(b *bytes.Buffer, is asmISA, prec, fn string, p, t int) {
 	reg := func(i int) string { return fmt.Sprintf("%s%d", is.reg, i) }
 	acc := func(j, tt, vv int) string { return reg(nw + nb + (tt*p+j)*v + vv) }
 	maskReg := reg(is.regs - 1)
-	fmt.Fprintf(b, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n", fn)
-	fmt.Fprintf(b, "TEXT ·%s(SB), NOSPLIT, $0-56\n", fn)
+	if pf {
+		fmt.Fprintf(b, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)\n", fn)
+		fmt.Fprintf(b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", fn)
+		fmt.Fprintf(b, "\tMOVQ pf+56(FP), R14\n")
+	} else {
+		fmt.Fprintf(b, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n", fn)
+		fmt.Fprintf(b, "TEXT ·%s(SB), NOSPLIT, $0-56\n", fn)
+	}
 	fmt.Fprintf(b, "\tMOVQ w+0(FP), SI\n")
 	if p > 1 {
 		fmt.Fprintf(b, "\tMOVQ ws+8(FP), AX\n")
@@ -572,12 +594,21 @@ func genLowTile(b *bytes.Buffer, is asmISA, prec, fn string, p, t int) {
 		for i := 0; i < t; i++ {
 			fma(i, 4)
 		}
+		if pf {
+			fmt.Fprintf(b, "\tPREFETCHT0 (R14)\n\tADDQ $64, R14\n")
+		}
 		fmt.Fprintf(b, "\tADDQ $64, SI\n\tADDQ $8, DI\n\tDECQ CX\n\tJNZ %s_loop\n", fn)
 	case "i8":
 		fmt.Fprintf(b, "\tTESTQ CX, CX\n\tJEQ %s_store\n", fn)
 		// R12 = min(32, the steps left): the last block is short when cols is not a multiple.
 		fmt.Fprintf(b, "%s_block:\n\tMOVQ SI, R13\n\tADDQ $64, SI\n\tMOVQ $32, R12\n\tCMPQ CX, R12\n\tCMOVQLT CX, R12\n\tSUBQ R12, CX\n", fn)
+		if pf {
+			fmt.Fprintf(b, "\tPREFETCHT0 (R14)\n\tADDQ $64, R14\n")
+		}
 		fmt.Fprintf(b, "%s_loop:\n", fn)
+		if pf {
+			fmt.Fprintf(b, "\tTESTQ $3, R12\n\tJNZ %s_nopf\n\tPREFETCHT0 (R14)\n\tADDQ $64, R14\n%s_nopf:\n", fn, fn)
+		}
 		for j := 0; j < p; j++ {
 			for vv := 0; vv < v; vv++ {
 				w := reg(j*v + vv)

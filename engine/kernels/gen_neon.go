@@ -1,7 +1,8 @@
 //go:build ignore
 
 // gen_neon writes the arm64 NEON tile kernels: kernels_neon_arm64.s (Go assembly, one TEXT per
-// tile shape) and kernels_neon_arm64.go (their declarations and the shape table); and the
+// tile shape) and kernels_neon_arm64.go (their declarations and the shape table), the bf16 and
+// int8 tiles in kernels_neon_bf16_arm64.* and kernels_neon_i8_arm64.*; and the
 // exponential, SwiGLU, MaxF32, FirstAtLeast and streaming-read kernels in vec_neon_arm64.s
 // (declared in vec_arm64.go and dispatch_arm64.go), whose floating-point vector instructions
 // the Go assembler lacks and which are encoded here. A 16-row
@@ -93,6 +94,233 @@ func main() {
 	write("kernels_neon_arm64.go", src)
 	write("kernels_neon_arm64.s", s.Bytes())
 	write("vec_neon_arm64.s", vecKernels())
+	writeBF16Tiles()
+	writeInt8Tiles()
+}
+
+// int8Fits reports whether an int8 P×T tile fits: 4·P weight vectors, 4·P·T accumulators, up to
+// two broadcasts and four scale registers, reloaded for each panel.
+func int8Fits(p, t int) bool { return 4*p+4*p*t+min(2, t)+4 <= vregs }
+
+// writeInt8Tiles writes kernels_neon_i8_arm64.s and .go: the tiles over int8 panels
+// (kernels.PackStackedAs), the same FMA chains as the float32 tiles on the effective weights.
+func writeInt8Tiles() {
+	var s, g bytes.Buffer
+	s.WriteString(header)
+	s.WriteString("#include \"textflag.h\"\n")
+	g.WriteString(header)
+	g.WriteString("package kernels\n\nimport \"unsafe\"\n\n")
+	var rows []string
+	for p := 1; p <= maxP; p++ {
+		var row []string
+		for t := 1; t <= maxT; t++ {
+			if !int8Fits(p, t) {
+				continue
+			}
+			n := "neonI8" + strings.TrimPrefix(name(p, t), "neon")
+			row = append(row, fmt.Sprintf("%d: %s", t, n))
+			fmt.Fprintf(&g, "// %s computes a %d-panel × %d-token int8 tile; see neonTile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n\n", n, p, t, n)
+			int8Tile(&s, n, p, t)
+		}
+		rows = append(rows, fmt.Sprintf("\t%d: {%s},\n", p, strings.Join(row, ", ")))
+	}
+	g.WriteString("// neonI8Tiles holds the int8 tile shapes by panels and tokens; nil where a shape does not\n// fit in the 32 V registers.\n")
+	fmt.Fprintf(&g, "var neonI8Tiles = [%d][%d]neonTile{\n%s}\n", maxP+1, maxT+1, strings.Join(rows, ""))
+	src, err := format.Source(g.Bytes())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	write("kernels_neon_i8_arm64.go", src)
+	write("kernels_neon_i8_arm64.s", s.Bytes())
+}
+
+// int8Tile writes one int8 tile. A panel's block of 32 steps starts with its 16 rows' float32
+// scales (kept in R20+j), then each step is 16 int8 weights: one 16-byte load, sign-extended
+// twice (SXTL, SXTL2) to four int32 vectors, converted (SCVTF) and multiplied by the scales
+// (FMUL): the effective weights, float32(q)·scale. R2 counts a block's steps (fewer in a short
+// last block), R4 the steps left after it. The FMA chains are the float32 tiles'.
+func int8Tile(s *bytes.Buffer, n string, p, t int) {
+	e := func(format string, args ...any) { fmt.Fprintf(s, "\t"+format+"\n", args...) }
+	a := vasm{s}
+	acc, w, sc, b := 0, 4*p*t, 4*p*t+4*p, 4*p*t+4*p+4
+	nb := min(2, t)
+	fmt.Fprintf(s, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n", n)
+	fmt.Fprintf(s, "TEXT ·%s(SB), NOSPLIT, $0-56\n", n)
+	e("MOVD w+0(FP), R7")
+	e("MOVD ws+8(FP), R1")
+	e("MOVD x+16(FP), R11")
+	e("MOVD xs+24(FP), R3")
+	e("MOVD cols+32(FP), R4")
+	e("MOVD y+40(FP), R5")
+	e("MOVD ys+48(FP), R6")
+	for j := 1; j < p; j++ {
+		e("ADD R1, %s, %s", wreg(j-1), wreg(j))
+	}
+	for i := 1; i < t; i++ {
+		e("ADD R3, %s, %s", xreg(i-1), xreg(i))
+	}
+	for i := range 4 * p * t {
+		e("VEOR V%d.B16, V%d.B16, V%d.B16", acc+i, acc+i, acc+i)
+	}
+	e("CBZ R4, %s_store", n)
+	fmt.Fprintf(s, "%s_block:\n", n)
+	for j := range p {
+		e("MOVD %s, R%d", wreg(j), 20+j)
+		e("ADD $64, %s, %s", wreg(j), wreg(j))
+	}
+	e("MOVD $32, R2")
+	e("CMP R2, R4")
+	e("CSEL LT, R4, R2, R2")
+	e("SUB R2, R4, R4")
+	fmt.Fprintf(s, "%s_loop:\n", n)
+	for j := range p {
+		w0 := w + 4*j
+		e("VLD1.P 16(%s), [V%d.B16]", wreg(j), w0+3)
+		a.word(0x0f08a400|uint32(w0+3)<<5|uint32(w0), "SXTL V%d.8H, V%d.8B", w0, w0+3)
+		a.word(0x4f08a400|uint32(w0+3)<<5|uint32(w0+2), "SXTL2 V%d.8H, V%d.16B", w0+2, w0+3)
+		a.word(0x4f10a400|uint32(w0)<<5|uint32(w0+1), "SXTL2 V%d.4S, V%d.8H", w0+1, w0)
+		a.word(0x0f10a400|uint32(w0)<<5|uint32(w0), "SXTL V%d.4S, V%d.4H", w0, w0)
+		a.word(0x4f10a400|uint32(w0+2)<<5|uint32(w0+3), "SXTL2 V%d.4S, V%d.8H", w0+3, w0+2)
+		a.word(0x0f10a400|uint32(w0+2)<<5|uint32(w0+2), "SXTL V%d.4S, V%d.4H", w0+2, w0+2)
+		e("VLD1 (R%d), %s", 20+j, quad(sc))
+		for q := range 4 {
+			a.word(0x4e21d800|uint32(w0+q)<<5|uint32(w0+q), "SCVTF V%d.4S, V%d.4S", w0+q, w0+q)
+			a.fp3("FMUL", w0+q, w0+q, sc+q)
+		}
+	}
+	for i := range t {
+		bc := b + i%nb
+		e("VLD1R.P 4(%s), [%s]", xreg(i), v(bc))
+		for j := range p {
+			for q := range 4 {
+				e("VFMLA %s, %s, %s", v(w+4*j+q), v(bc), v(acc+4*(i*p+j)+q))
+			}
+		}
+	}
+	e("SUBS $1, R2, R2")
+	e("BNE %s_loop", n)
+	e("CBNZ R4, %s_block", n)
+	fmt.Fprintf(s, "%s_store:\n", n)
+	for i := range t {
+		e("MOVD R5, R19")
+		for j := range p {
+			e("VST1.P %s, 64(R19)", quad(acc+4*(i*p+j)))
+		}
+		if i+1 < t {
+			e("ADD R6, R5, R5")
+		}
+	}
+	e("RET")
+}
+
+// bf16Fits reports whether a bf16 P×T tile fits: 4·P weight vectors, 4·P·T accumulators, up to
+// two broadcasts and the mask register.
+func bf16Fits(p, t int) bool { return 4*p+4*p*t+min(2, t)+1 <= vregs }
+
+// writeBF16Tiles writes kernels_neon_bf16_arm64.s and .go: the tiles over bf16 panels
+// (kernels.PackStackedAs), the same FMA chains as the float32 tiles on the effective weights.
+func writeBF16Tiles() {
+	var s, g bytes.Buffer
+	s.WriteString(header)
+	s.WriteString("#include \"textflag.h\"\n")
+	g.WriteString(header)
+	g.WriteString("package kernels\n\nimport \"unsafe\"\n\n")
+	var rows []string
+	for p := 1; p <= maxP; p++ {
+		var row []string
+		for t := 1; t <= maxT; t++ {
+			if !bf16Fits(p, t) {
+				continue
+			}
+			n := "neonBF16" + strings.TrimPrefix(name(p, t), "neon")
+			row = append(row, fmt.Sprintf("%d: %s", t, n))
+			fmt.Fprintf(&g, "// %s computes a %d-panel × %d-token bf16 tile; see neonTile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n\n", n, p, t, n)
+			bf16Tile(&s, n, p, t)
+		}
+		rows = append(rows, fmt.Sprintf("\t%d: {%s},\n", p, strings.Join(row, ", ")))
+	}
+	g.WriteString("// neonBF16Tiles holds the bf16 tile shapes by panels and tokens; nil where a shape does not\n// fit in the 32 V registers.\n")
+	fmt.Fprintf(&g, "var neonBF16Tiles = [%d][%d]neonTile{\n%s}\n", maxP+1, maxT+1, strings.Join(rows, ""))
+	src, err := format.Source(g.Bytes())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	write("kernels_neon_bf16_arm64.go", src)
+	write("kernels_neon_bf16_arm64.s", s.Bytes())
+}
+
+// bf16Tile writes one bf16 tile. A step pair (k, k+1) of a panel is 64 bytes of 32-bit words
+// (W[r][k] low, W[r][k+1] high): loaded into four vectors and shifted left 16 (VSHL) they are
+// step k's weights; loaded again and masked with 0xFFFF0000 (VAND, V31) step k+1's. Each
+// accumulator takes one VFMLA per step in ascending k from zero, as the float32 tiles.
+func bf16Tile(s *bytes.Buffer, n string, p, t int) {
+	e := func(format string, args ...any) { fmt.Fprintf(s, "\t"+format+"\n", args...) }
+	acc, w, b := 0, 4*p*t, 4*p*t+4*p
+	nb := min(2, t)
+	fmt.Fprintf(s, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n", n)
+	fmt.Fprintf(s, "TEXT ·%s(SB), NOSPLIT, $0-56\n", n)
+	e("MOVD w+0(FP), R7")
+	e("MOVD ws+8(FP), R1")
+	e("MOVD x+16(FP), R11")
+	e("MOVD xs+24(FP), R3")
+	e("MOVD cols+32(FP), R4")
+	e("MOVD y+40(FP), R5")
+	e("MOVD ys+48(FP), R6")
+	for j := 1; j < p; j++ {
+		e("ADD R1, %s, %s", wreg(j-1), wreg(j))
+	}
+	for i := 1; i < t; i++ {
+		e("ADD R3, %s, %s", xreg(i-1), xreg(i))
+	}
+	for i := range 4 * p * t {
+		e("VEOR V%d.B16, V%d.B16, V%d.B16", acc+i, acc+i, acc+i)
+	}
+	e("MOVW $0xffff0000, R0")
+	e("VDUP R0, V31.S4")
+	e("LSR $1, R4, R4")
+	e("CBZ R4, %s_store", n)
+	fmt.Fprintf(s, "%s_loop:\n", n)
+	fmas := func() {
+		for i := range t {
+			bc := b + i%nb
+			e("VLD1R.P 4(%s), [%s]", xreg(i), v(bc))
+			for j := range p {
+				for q := range 4 {
+					e("VFMLA %s, %s, %s", v(w+4*j+q), v(bc), v(acc+4*(i*p+j)+q))
+				}
+			}
+		}
+	}
+	for j := range p {
+		e("VLD1 (%s), %s", wreg(j), quad(w+4*j))
+		for q := range 4 {
+			e("VSHL $16, %s, %s", v(w+4*j+q), v(w+4*j+q))
+		}
+	}
+	fmas()
+	for j := range p {
+		e("VLD1.P 64(%s), %s", wreg(j), quad(w+4*j))
+		for q := range 4 {
+			r := w + 4*j + q
+			e("VAND V31.B16, V%d.B16, V%d.B16", r, r)
+		}
+	}
+	fmas()
+	e("SUBS $1, R4, R4")
+	e("BNE %s_loop", n)
+	fmt.Fprintf(s, "%s_store:\n", n)
+	for i := range t {
+		e("MOVD R5, R19")
+		for j := range p {
+			e("VST1.P %s, 64(R19)", quad(acc+4*(i*p+j)))
+		}
+		if i+1 < t {
+			e("ADD R6, R5, R5")
+		}
+	}
+	e("RET")
 }
 
 func write(file string, b []byte) {

@@ -101,6 +101,12 @@ func a512bf16P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, 
 //go:noescape
 func a512bf16P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
+// a512bf16P4T6PF is a512bf16P4T6 that also prefetches the panel at pf (PREFETCHT0), one line
+// per 64 bytes of its own panel read; see pfTileFunc.
+//
+//go:noescape
+func a512bf16P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+
 // a512i8P1T1 computes a 1-panel × 1-token i8 tile; see tileFunc.
 //
 //go:noescape
@@ -195,6 +201,12 @@ func a512i8P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y 
 //
 //go:noescape
 func a512i8P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512i8P4T6PF is a512i8P4T6 that also prefetches the panel at pf (PREFETCHT0), one line
+// per 64 bytes of its own panel read; see pfTileFunc.
+//
+//go:noescape
+func a512i8P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
 
 // a512bf16Tiles[P][T] is the a512 bf16 assembly tile for P panels × T tokens, nil where none
 // is generated.

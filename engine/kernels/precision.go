@@ -179,6 +179,11 @@ func getFloat32(b []byte) float32 {
 	return math.Float32frombits(uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24)
 }
 
+// PackedBytes is Bytes of a rows×cols matrix packed at prec, without packing one.
+func PackedBytes(prec Precision, rows, cols int) int64 {
+	return (&Matrix{Rows: rows, Cols: cols, Prec: prec}).Bytes()
+}
+
 // newLowMatrix allocates a zeroed matrix of precision p.
 func newLowMatrix(p Precision, rows, cols int) *Matrix {
 	m := &Matrix{Rows: rows, Cols: cols, Prec: p}

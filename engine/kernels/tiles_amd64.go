@@ -119,14 +119,3 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 		}
 	}
 }
-
-// base is the address of the first panel.
-func (m *Matrix) base() unsafe.Pointer {
-	switch m.Prec {
-	case BF16:
-		return unsafe.Pointer(unsafe.SliceData(m.half))
-	case Int8:
-		return unsafe.Pointer(unsafe.SliceData(m.q8))
-	}
-	return unsafe.Pointer(unsafe.SliceData(m.data))
-}

@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/rolloutkit/rollout/engine/kvcache"
 )
@@ -27,6 +28,55 @@ type Config struct {
 	BOSTokenID            int      `json:"bos_token_id"`
 	EOSTokenID            int      `json:"eos_token_id"`
 	TorchDtype            string   `json:"torch_dtype,omitempty"`
+	// AttentionBias adds a bias to the q, k and v projections (Qwen2; Llama's
+	// attention_bias, which also biases o_proj, is not supported).
+	AttentionBias bool `json:"attention_bias"`
+	// RopeScaling is Llama 3's frequency-dependent RoPE scaling; nil for plain RoPE.
+	RopeScaling *RopeScaling `json:"rope_scaling"`
+}
+
+// RopeScaling is the "llama3" rope_scaling of a Hugging Face config: long wavelengths are
+// stretched by Factor, short ones kept, and the band between interpolated.
+type RopeScaling struct {
+	RopeType                      string  `json:"rope_type"`
+	Factor                        float64 `json:"factor"`
+	LowFreqFactor                 float64 `json:"low_freq_factor"`
+	HighFreqFactor                float64 `json:"high_freq_factor"`
+	OriginalMaxPositionEmbeddings int     `json:"original_max_position_embeddings"`
+}
+
+// Llama3RopeScaling is the rope_scaling of Llama 3.1 and 3.2 checkpoints.
+func Llama3RopeScaling() *RopeScaling {
+	return &RopeScaling{RopeType: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}
+}
+
+// RopeInvFreq returns RoPE's inverse frequency of each of the HeadDim/2 rotated pairs:
+// theta^(-2i/d), divided per pair by the scaling's factor (transformers'
+// _compute_llama3_parameters, step for step).
+func (c Config) RopeInvFreq() []float64 {
+	hd := c.HeadDim()
+	inv := make([]float64, hd/2)
+	for i := range inv {
+		inv[i] = math.Pow(c.RopeTheta, -2*float64(i)/float64(hd))
+	}
+	s := c.RopeScaling
+	if s == nil {
+		return inv
+	}
+	old := float64(s.OriginalMaxPositionEmbeddings)
+	lowWave, highWave := old/s.LowFreqFactor, old/s.HighFreqFactor
+	for i, f := range inv {
+		wave := 2 * math.Pi / f
+		switch {
+		case wave < highWave:
+		case wave > lowWave:
+			inv[i] = f / s.Factor
+		default:
+			smooth := (old/wave - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
+			inv[i] = (1-smooth)*f/s.Factor + smooth*f
+		}
+	}
+	return inv
 }
 
 // KVLayout returns the KV pool layout of a model with this config: numBlocks blocks of
@@ -63,6 +113,9 @@ func (c Config) KVDim() int { return c.NumKeyValueHeads * c.HeadDim() }
 func (c Config) NumParams() int64 {
 	h, f, kv := int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.KVDim())
 	perLayer := 2*h + h*h + 2*h*kv + h*h + 3*h*f
+	if c.AttentionBias {
+		perLayer += h + 2*kv
+	}
 	n := int64(c.VocabSize)*h + int64(c.NumHiddenLayers)*perLayer + h
 	if !c.TieWordEmbeddings {
 		n += int64(c.VocabSize) * h
@@ -102,8 +155,25 @@ func (c Config) Validate() error {
 		return bad("bos_token_id", "%d outside vocab %d", c.BOSTokenID, c.VocabSize)
 	case c.EOSTokenID < 0 || c.EOSTokenID >= c.VocabSize:
 		return bad("eos_token_id", "%d outside vocab %d", c.EOSTokenID, c.VocabSize)
+	case c.RopeScaling != nil && c.RopeScaling.validate() != nil:
+		return bad("rope_scaling", "%v", c.RopeScaling.validate())
 	case c.NumParams() > maxParamsGB<<30/4:
 		return bad("shape", "%d parameters exceed the %d GiB limit", c.NumParams(), maxParamsGB)
+	}
+	return nil
+}
+
+// validate checks a llama3 scaling's parameters are those the formula can use.
+func (s *RopeScaling) validate() error {
+	switch {
+	case s.RopeType != "llama3":
+		return fmt.Errorf("rope_type %q is not supported (want llama3)", s.RopeType)
+	case !(s.Factor >= 1) || math.IsInf(s.Factor, 0):
+		return fmt.Errorf("factor %v must be finite and >= 1", s.Factor)
+	case !(s.LowFreqFactor > 0) || !(s.HighFreqFactor > s.LowFreqFactor) || math.IsInf(s.HighFreqFactor, 0):
+		return fmt.Errorf("need 0 < low_freq_factor %v < high_freq_factor %v", s.LowFreqFactor, s.HighFreqFactor)
+	case s.OriginalMaxPositionEmbeddings <= 0 || s.OriginalMaxPositionEmbeddings > MaxContext:
+		return fmt.Errorf("original_max_position_embeddings %d not in [1,%d]", s.OriginalMaxPositionEmbeddings, MaxContext)
 	}
 	return nil
 }

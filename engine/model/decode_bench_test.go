@@ -93,10 +93,11 @@ var config1B = Config{HiddenSize: 2048, IntermediateSize: 8192, NumHiddenLayers:
 
 // BenchmarkDecode1B is one decode step of 1 and of 64 sequences (40 positions of K/V behind
 // each) on the 1B shape with random weights, at each weight precision, on GOMAXPROCS workers.
-// W-GB/s is the stored weight bytes a step streams (Model.WeightBytes) per second: at batch 1
-// the figure to hold against the machine's read bandwidth (kernels.StreamReadBandwidth, `rollout
-// bench engine`). One precision's model is packed at a time; f32 needs about 9 GB (the float32
-// checkpoint and its packed copy).
+// W-GB/s is the stored weight bytes a step streams (Model.WeightBytes) per second, and
+// of-bandwidth that over the machine's read bandwidth (kernels.StreamReadBandwidth, probed
+// once at the start over 1 GiB): at batch 1 the share of the memory's speed decode reaches. One
+// precision's model is packed at a time; f32 needs about 9 GB (the float32 checkpoint and its
+// packed copy).
 func BenchmarkDecode1B(b *testing.B) {
 	w, err := Random(config1B, 1)
 	if err != nil {
@@ -104,6 +105,8 @@ func BenchmarkDecode1B(b *testing.B) {
 	}
 	pool := kernels.NewPool(runtime.GOMAXPROCS(0))
 	defer pool.Close()
+	bw := kernels.StreamReadBandwidth(pool, 1<<30)
+	b.Logf("read bandwidth %.1f GB/s", bw)
 	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
 		b.Run(prec.String(), func(b *testing.B) {
 			m, err := NewAs(w, pool, nil, prec)
@@ -120,7 +123,9 @@ func BenchmarkDecode1B(b *testing.B) {
 					}
 					s := b.Elapsed().Seconds()
 					b.ReportMetric(float64(n)*float64(b.N)/s, "tok/s")
-					b.ReportMetric(float64(m.WeightBytes())*float64(b.N)/s/1e9, "W-GB/s")
+					wgbs := float64(m.WeightBytes()) * float64(b.N) / s / 1e9
+					b.ReportMetric(wgbs, "W-GB/s")
+					b.ReportMetric(wgbs/bw, "of-bandwidth")
 				})
 			}
 		})

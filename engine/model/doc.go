@@ -1,5 +1,7 @@
 // Package model is the engine's Llama-family decoder in float32: RMSNorm, RoPE (Hugging Face
-// rotate-half convention), grouped-query attention, SwiGLU, tied or untied embeddings.
+// rotate-half convention, optionally with Llama 3's frequency scaling), grouped-query attention
+// with optional q/k/v biases (Qwen2), SwiGLU, tied or untied embeddings. Presets give random
+// weights of named shapes, up to Llama-3.2-1B's and Qwen2.5-0.5B's (docs/models.md).
 //
 // Two forward passes exist. [Model.Forward] is the paged, batched pass the engine runs: one call
 // computes a flat batch of tokens from many sequences (prefill chunks and decode tokens mixed),

@@ -56,6 +56,7 @@ type Model struct {
 type packedLayer struct {
 	attnNorm, ffnNorm []float32
 	qkv               *kernels.Matrix // q, k, v projections stacked: rows hidden+2*kvdim
+	qkvBias           []float32       // their biases stacked alike; nil without attention_bias
 	wo                *kernels.Matrix
 	gateUp            *kernels.Matrix // gate then up: rows 2*intermediate
 	down              *kernels.Matrix
@@ -107,6 +108,9 @@ func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision)
 		}
 		pl := &m.layers[i]
 		pl.attnNorm, pl.ffnNorm = l.AttnNorm, l.FFNNorm
+		if c.AttentionBias {
+			pl.qkvBias = slices.Concat(l.Bq, l.Bk, l.Bv)
+		}
 		pack(&pl.qkv, old.qkv, h+2*kvd, h, l.Wq, l.Wk, l.Wv)
 		pack(&pl.wo, old.wo, h, h, l.Wo)
 		pack(&pl.gateUp, old.gateUp, 2*f, h, l.WGate, l.WUp)
@@ -120,8 +124,9 @@ func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision)
 	if err := runPackJobs(jobs, runtime.GOMAXPROCS(0)); err != nil {
 		return nil, fmt.Errorf("model: packing weights: %w", err)
 	}
+	invFreq := c.RopeInvFreq()
 	if r := reuse; r != nil && r.Config.MaxPositionEmbeddings == c.MaxPositionEmbeddings &&
-		r.Config.RopeTheta == c.RopeTheta && r.Config.HeadDim() == c.HeadDim() {
+		slices.Equal(r.Config.RopeInvFreq(), invFreq) {
 		m.ropeCos, m.ropeSin = r.ropeCos, r.ropeSin // the same tables
 		return m, nil
 	}
@@ -129,8 +134,7 @@ func NewAs(w *Weights, pool *kernels.Pool, reuse *Model, prec kernels.Precision)
 	m.ropeCos = make([]float32, c.MaxPositionEmbeddings*half)
 	m.ropeSin = make([]float32, c.MaxPositionEmbeddings*half)
 	for p := range c.MaxPositionEmbeddings {
-		for i := range half {
-			freq := math.Pow(c.RopeTheta, -2*float64(i)/float64(c.HeadDim()))
+		for i, freq := range invFreq {
 			s, co := math.Sincos(float64(p) * freq)
 			m.ropeCos[p*half+i], m.ropeSin[p*half+i] = float32(co), float32(s)
 		}
@@ -258,6 +262,9 @@ func (m *Model) Forward(b *Batch, kv *kvcache.Storage, logits []float32) error {
 		// Distinct tokens of a batch write distinct KV slots (no two share a sequence and position).
 		m.perToken(n, func(t int) {
 			row := ws.qkv[t*qkvW : (t+1)*qkvW]
+			if l.qkvBias != nil {
+				addInto(row, l.qkvBias)
+			}
 			pos := int(b.Positions[t])
 			m.rope(row[:h+kvd], pos, hd)
 			table := b.BlockTables[b.Seq[t]]

@@ -83,9 +83,31 @@ func maxAbsDiff(a, b []float32) float64 {
 	return d
 }
 
-func TestForwardMatchesReference(t *testing.T) {
-	w, err := Preset("tiny", 1)
+// tinyShapes are the tiny preset and its variants with each feature of the larger presets:
+// Qwen2's q/k/v biases and Llama 3's RoPE scaling (its window shrunk so that every band of the
+// formula applies to the tiny head width).
+func tinyShapes(t *testing.T) map[string]Config {
+	t.Helper()
+	c, err := PresetConfig("tiny")
 	require.NoError(t, err)
+	qwen := c
+	qwen.AttentionBias = true
+	l3 := c
+	l3.RopeScaling = &RopeScaling{RopeType: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 64}
+	return map[string]Config{"tiny": c, "qwen2": qwen, "llama3": l3}
+}
+
+func TestForwardMatchesReference(t *testing.T) {
+	for name, c := range tinyShapes(t) {
+		t.Run(name, func(t *testing.T) {
+			w, err := Random(c, 1)
+			require.NoError(t, err)
+			testForwardMatchesReference(t, w)
+		})
+	}
+}
+
+func testForwardMatchesReference(t *testing.T, w *Weights) {
 	pool := kernels.NewPool(2)
 	defer pool.Close()
 	m, err := New(w, pool)
@@ -145,16 +167,20 @@ func TestForwardMatchesReference(t *testing.T) {
 // TestBatchInvariance: a sequence's logits are bitwise identical whatever else is in the
 // batch and however its prompt was chunked, at every weight precision.
 func TestBatchInvariance(t *testing.T) {
-	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
-		for _, workers := range []int{1, 2, 3} {
-			batchInvariance(t, prec, workers)
-		}
+	for name, c := range tinyShapes(t) {
+		t.Run(name, func(t *testing.T) {
+			for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+				for _, workers := range []int{1, 2, 3} {
+					batchInvariance(t, c, prec, workers)
+				}
+			}
+		})
 	}
 }
 
-func batchInvariance(t *testing.T, prec kernels.Precision, workers int) {
+func batchInvariance(t *testing.T, c Config, prec kernels.Precision, workers int) {
 	{
-		w, err := Preset("tiny", 3)
+		w, err := Random(c, 3)
 		require.NoError(t, err)
 		pool := kernels.NewPool(workers)
 		m, err := NewAs(w, pool, nil, prec)
@@ -323,4 +349,73 @@ func TestNewReusingEqualsNew(t *testing.T) {
 	m3, err := NewReusing(w3, nil, reused)
 	require.NoError(t, err)
 	require.NotSame(t, reused.cls, m3.cls, "another shape packs into new memory")
+}
+
+// TestRopeInvFreqLlama3 checks each band of Llama 3's scaling against values worked out by
+// hand from transformers' formula, for Llama-3.2-1B's settings (theta 500000, head dim 64,
+// factor 32, window 8192, low 1, high 4).
+func TestRopeInvFreqLlama3(t *testing.T) {
+	c, err := PresetConfig("llama3.2-1b-shape")
+	require.NoError(t, err)
+	inv := c.RopeInvFreq()
+	require.Len(t, inv, 32)
+	base := func(i int) float64 { return math.Pow(500000, -float64(2*i)/64) }
+	// Pair 0 turns every 2π positions: shorter than 8192/4, kept.
+	require.Equal(t, base(0), inv[0])
+	// Pair 31's wavelength is ~2.1M positions, beyond 8192: divided by the factor.
+	require.InDelta(t, base(31)/32, inv[31], 1e-18)
+	// Pair 16: wavelength 2π·500000^0.5 ≈ 4443, between 2048 and 8192: interpolated.
+	wave := 2 * math.Pi / base(16)
+	smooth := (8192/wave - 1) / (4 - 1)
+	require.InDelta(t, (1-smooth)*base(16)/32+smooth*base(16), inv[16], 1e-15)
+	require.Less(t, inv[16], base(16))
+	require.Greater(t, inv[16], base(16)/32)
+
+	c.RopeScaling = nil
+	for i, f := range c.RopeInvFreq() {
+		require.Equal(t, base(i), f)
+	}
+}
+
+// TestBiasChangesLogits: the q/k/v biases reach the logits (a forward that dropped them would
+// still match itself), and a bias-free checkpoint claiming them is refused.
+func TestBiasChangesLogits(t *testing.T) {
+	c := tinyShapes(t)["qwen2"]
+	w, err := Random(c, 4)
+	require.NoError(t, err)
+	toks := []int{1, 2, 3, 4, 5}
+	with, err := Reference(w, toks)
+	require.NoError(t, err)
+	for i := range w.Layers {
+		clear(w.Layers[i].Bk)
+		clear(w.Layers[i].Bq)
+		clear(w.Layers[i].Bv)
+	}
+	without, err := Reference(w, toks)
+	require.NoError(t, err)
+	require.Greater(t, maxAbsDiff(with[4], without[4]), 1e-2)
+
+	w.Layers[0].Bq = nil
+	require.Error(t, w.Check())
+	plain, err := Preset("tiny", 1)
+	require.NoError(t, err)
+	plain.Layers[0].Bq = make([]float32, c.HiddenSize)
+	require.ErrorContains(t, plain.Check(), "attention_bias")
+}
+
+// TestLargePresetShapes: the realistic presets have the published parameter counts (their
+// weights are not generated here: 1.2B floats are a benchmark's business, not a unit test's).
+func TestLargePresetShapes(t *testing.T) {
+	l, err := PresetConfig("llama3.2-1b-shape")
+	require.NoError(t, err)
+	require.EqualValues(t, 1235814400, l.NumParams(), "Llama-3.2-1B, tied")
+	require.Equal(t, "LlamaForCausalLM", l.Architectures[0])
+	q, err := PresetConfig("qwen2.5-0.5b-shape")
+	require.NoError(t, err)
+	require.EqualValues(t, 494032768, q.NumParams(), "Qwen2.5-0.5B, tied")
+	require.Equal(t, "qwen2", q.ModelType)
+	require.True(t, q.AttentionBias)
+	q.Architectures[0] = "changed"
+	q2, _ := PresetConfig("qwen2.5-0.5b-shape")
+	require.Equal(t, "Qwen2ForCausalLM", q2.Architectures[0], "callers get their own copy")
 }

@@ -77,6 +77,26 @@ func (e *embedding) bytes() int64 {
 	return int64(len(e.f32))*4 + int64(len(e.half))*2 + int64(len(e.q)) + int64(len(e.scales))*4
 }
 
+// ModelBytes is the ResidentBytes of a model of this config packed at prec (NewAs), computed
+// without packing one: what a memory budget has to leave the weights.
+func (c Config) ModelBytes(prec kernels.Precision) int64 {
+	h, f, kvd, v := c.HiddenSize, c.IntermediateSize, c.KVDim(), c.VocabSize
+	layer := kernels.PackedBytes(prec, h+2*kvd, h) + kernels.PackedBytes(prec, h, h) +
+		kernels.PackedBytes(prec, 2*f, h) + kernels.PackedBytes(prec, h, f) + int64(2*h)*4
+	n := int64(c.NumHiddenLayers)*layer + kernels.PackedBytes(prec, v, h)
+	var e int64
+	switch prec {
+	case kernels.F32:
+		e = int64(v*h) * 4
+	case kernels.BF16:
+		e = int64(v*h) * 2
+	case kernels.Int8:
+		e = int64(v*h) + int64(v*blocksPerRow(h))*4
+	}
+	rope := int64(c.MaxPositionEmbeddings*(c.HeadDim()/2)) * 2 * 4
+	return n + e + rope
+}
+
 // Effective returns a copy of w whose matrices and embedding hold the effective weights of
 // precision prec (kernels.Precision): a float32 model of the copy computes, bit for bit, what
 // a prec model of w does. The norms are float32 at every precision. It is the reference the

@@ -151,6 +151,7 @@ func TestLowPrecisionResidentBytes(t *testing.T) {
 		m, err := NewAs(w, nil, nil, prec)
 		require.NoError(t, err)
 		sizes[prec] = m.ResidentBytes() - int64(len(m.ropeCos)+len(m.ropeSin))*4
+		require.Equal(t, m.ResidentBytes(), w.Config.ModelBytes(prec), "%s: ModelBytes without packing", prec)
 		t.Logf("%s: weights %d bytes, resident %d bytes", prec, m.WeightBytes(), m.ResidentBytes())
 	}
 	for _, prec := range lowPrecisions {
@@ -168,4 +169,28 @@ func TestNewAsRejectsWhatAPrecisionCannotHold(t *testing.T) {
 	require.ErrorIs(t, err, kernels.ErrPrecision)
 	_, err = NewAs(w, nil, nil, kernels.Precision(7))
 	require.ErrorIs(t, err, kernels.ErrPrecision)
+}
+
+// TestNewAsReusesOnlyTheSamePrecision: a weight update packs into the retired model's memory
+// when it has the same precision, and gives the logits of a fresh pack.
+func TestNewAsReusesOnlyTheSamePrecision(t *testing.T) {
+	w1, err := Preset("tiny", 1)
+	require.NoError(t, err)
+	w2, err := Preset("tiny", 2)
+	require.NoError(t, err)
+	toks := randomTokens(rand.New(rand.NewPCG(4, 4)), 12, w1.Config.VocabSize)
+	for _, prec := range lowPrecisions {
+		old, err := NewAs(w1, nil, nil, prec)
+		require.NoError(t, err)
+		fresh, err := NewAs(w2, nil, nil, prec)
+		require.NoError(t, err)
+		reused, err := NewAs(w2, nil, old, prec)
+		require.NoError(t, err)
+		require.Same(t, old.cls, reused.cls, "%s: packed into the retired memory", prec)
+		want, got := logitsOf(t, fresh, toks), logitsOf(t, reused, toks)
+		require.Equal(t, want, got, "%s", prec)
+		f32, err := NewAs(w2, nil, reused, kernels.F32)
+		require.NoError(t, err)
+		require.NotSame(t, reused.cls, f32.cls, "%s: another precision packs into new memory", prec)
+	}
 }

@@ -5,7 +5,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -32,6 +34,17 @@ var presets = map[string]Config{
 	"stories110m": {HiddenSize: 768, IntermediateSize: 2048, NumHiddenLayers: 12, NumAttentionHeads: 12,
 		NumKeyValueHeads: 12, VocabSize: 32000, MaxPositionEmbeddings: 1024, RopeTheta: 10000,
 		RMSNormEps: 1e-5, TieWordEmbeddings: true, BOSTokenID: 1, EOSTokenID: 2},
+	// The shapes of two checkpoints RL is run on, with random weights. BOS and EOS are those of
+	// the synthetic vocabulary their tokenizer is (1 and 2), not Llama 3's 128000 or Qwen's
+	// 151643, which would name ordinary pieces of it.
+	"llama3.2-1b-shape": {HiddenSize: 2048, IntermediateSize: 8192, NumHiddenLayers: 16, NumAttentionHeads: 32,
+		NumKeyValueHeads: 8, VocabSize: 128256, MaxPositionEmbeddings: 131072, RopeTheta: 500000,
+		RMSNormEps: 1e-5, TieWordEmbeddings: true, BOSTokenID: 1, EOSTokenID: 2,
+		RopeScaling: Llama3RopeScaling()},
+	"qwen2.5-0.5b-shape": {HiddenSize: 896, IntermediateSize: 4864, NumHiddenLayers: 24, NumAttentionHeads: 14,
+		NumKeyValueHeads: 2, VocabSize: 151936, MaxPositionEmbeddings: 32768, RopeTheta: 1e6,
+		RMSNormEps: 1e-6, TieWordEmbeddings: true, BOSTokenID: 1, EOSTokenID: 2, AttentionBias: true,
+		ModelType: "qwen2", Architectures: []string{"Qwen2ForCausalLM"}},
 }
 
 // Presets lists the preset names.
@@ -50,8 +63,14 @@ func PresetConfig(name string) (Config, error) {
 	if !ok {
 		return Config{}, fmt.Errorf("%w %q (have %v)", ErrUnknownPreset, name, Presets())
 	}
-	c.ModelType = "llama"
-	c.Architectures = []string{"LlamaForCausalLM"}
+	if c.ModelType == "" {
+		c.ModelType, c.Architectures = "llama", []string{"LlamaForCausalLM"}
+	}
+	c.Architectures = slices.Clone(c.Architectures)
+	if c.RopeScaling != nil {
+		rs := *c.RopeScaling // callers may change their copy
+		c.RopeScaling = &rs
+	}
 	c.TorchDtype = "float32"
 	return c, nil
 }
@@ -95,6 +114,15 @@ func Random(c Config, seed uint64) (*Weights, error) {
 // fillTensor fills t's allocated data (Weights.Allocate).
 func fillTensor(t Tensor, seed uint64, i int) {
 	data := *t.Data
+	if strings.HasSuffix(t.Name, ".bias") {
+		// Qwen2's q/k biases are large next to its projections; 0.5 gives the attention
+		// logits an offset the forward must not lose, without saturating the softmax.
+		r := rand.New(rand.NewPCG(seed, uint64(i)+0x9e3779b97f4a7c15))
+		for j := range data {
+			data[j] = float32(r.NormFloat64() * 0.5)
+		}
+		return
+	}
 	if len(t.Shape) == 1 {
 		for j := range data {
 			data[j] = 1

@@ -20,6 +20,7 @@ func Reference(w *Weights, tokens []int) ([][]float32, error) {
 	}
 	h, hd, kvd := c.HiddenSize, c.HeadDim(), c.KVDim()
 	group := c.NumAttentionHeads / c.NumKeyValueHeads
+	invFreq := c.RopeInvFreq()
 	n := len(tokens)
 	xs := make([][]float64, n)
 	for t, id := range tokens {
@@ -38,9 +39,15 @@ func Reference(w *Weights, tokens []int) ([][]float32, error) {
 		qs := make([][]float64, n)
 		for t := range n {
 			xn := refNorm(xs[t], l.AttnNorm, c.RMSNormEps)
-			qs[t] = refRope(refMatVec(l.Wq, xn, h), t, hd, c.RopeTheta)
-			keys[t] = refRope(refMatVec(l.Wk, xn, kvd), t, hd, c.RopeTheta)
-			vals[t] = refMatVec(l.Wv, xn, kvd)
+			q, k, v := refMatVec(l.Wq, xn, h), refMatVec(l.Wk, xn, kvd), refMatVec(l.Wv, xn, kvd)
+			if c.AttentionBias {
+				refAdd(q, l.Bq)
+				refAdd(k, l.Bk)
+				refAdd(v, l.Bv)
+			}
+			qs[t] = refRope(q, t, hd, invFreq)
+			keys[t] = refRope(k, t, hd, invFreq)
+			vals[t] = v
 		}
 		for t := range n {
 			att := make([]float64, h)
@@ -126,13 +133,20 @@ func refNorm(x []float64, g []float32, eps float64) []float64 {
 	return y
 }
 
-// refRope applies HF rotate-half RoPE at position pos to every head of v.
-func refRope(v []float64, pos, hd int, theta float64) []float64 {
+// refAdd adds the bias b to y.
+func refAdd(y []float64, b []float32) {
+	for i, v := range b {
+		y[i] += float64(v)
+	}
+}
+
+// refRope applies HF rotate-half RoPE at position pos to every head of v, pair i turning at
+// invFreq[i] (Config.RopeInvFreq).
+func refRope(v []float64, pos, hd int, invFreq []float64) []float64 {
 	half := hd / 2
 	for h0 := 0; h0 < len(v); h0 += hd {
 		for i := range half {
-			freq := math.Pow(theta, -2*float64(i)/float64(hd))
-			s, c := math.Sincos(float64(pos) * freq)
+			s, c := math.Sincos(float64(pos) * invFreq[i])
 			a, b := v[h0+i], v[h0+i+half]
 			v[h0+i] = a*c - b*s
 			v[h0+i+half] = b*c + a*s

@@ -13,6 +13,9 @@ type Layer struct {
 	Wq       []float32 // self_attn.q_proj.weight [hidden][hidden]
 	Wk       []float32 // self_attn.k_proj.weight [kvdim][hidden]
 	Wv       []float32 // self_attn.v_proj.weight [kvdim][hidden]
+	Bq       []float32 // self_attn.q_proj.bias [hidden]; nil without Config.AttentionBias
+	Bk       []float32 // self_attn.k_proj.bias [kvdim]
+	Bv       []float32 // self_attn.v_proj.bias [kvdim]
 	Wo       []float32 // self_attn.o_proj.weight [hidden][hidden]
 	FFNNorm  []float32 // post_attention_layernorm.weight [hidden]
 	WGate    []float32 // mlp.gate_proj.weight [inter][hidden] (llama2.c w1)
@@ -62,6 +65,15 @@ func (w *Weights) Tensors() []Tensor {
 			Tensor{p + "self_attn.q_proj.weight", []int{h, h}, &l.Wq},
 			Tensor{p + "self_attn.k_proj.weight", []int{kv, h}, &l.Wk},
 			Tensor{p + "self_attn.v_proj.weight", []int{kv, h}, &l.Wv},
+		)
+		if c.AttentionBias {
+			ts = append(ts,
+				Tensor{p + "self_attn.q_proj.bias", []int{h}, &l.Bq},
+				Tensor{p + "self_attn.k_proj.bias", []int{kv}, &l.Bk},
+				Tensor{p + "self_attn.v_proj.bias", []int{kv}, &l.Bv},
+			)
+		}
+		ts = append(ts,
 			Tensor{p + "self_attn.o_proj.weight", []int{h, h}, &l.Wo},
 			Tensor{p + "post_attention_layernorm.weight", []int{h}, &l.FFNNorm},
 			Tensor{p + "mlp.gate_proj.weight", []int{f, h}, &l.WGate},
@@ -103,6 +115,13 @@ func (w *Weights) Check() error {
 			return fmt.Errorf("model: tensor %s has %d values, want %d (shape %v)", t.Name, len(*t.Data), n, t.Shape)
 		}
 	}
+	if !w.Config.AttentionBias {
+		for i, l := range w.Layers {
+			if l.Bq != nil || l.Bk != nil || l.Bv != nil {
+				return fmt.Errorf("model: layer %d has q/k/v biases but attention_bias is not set", i)
+			}
+		}
+	}
 	if w.Config.TieWordEmbeddings && w.LMHead != nil {
 		return fmt.Errorf("model: tie_word_embeddings is set but lm_head.weight is present")
 	}
@@ -116,7 +135,8 @@ func (w *Weights) Clone() *Weights {
 		c.Layers = make([]Layer, len(w.Layers))
 	}
 	for i, l := range w.Layers {
-		c.Layers[i] = Layer{AttnNorm: clone(l.AttnNorm), Wq: clone(l.Wq), Wk: clone(l.Wk), Wv: clone(l.Wv), Wo: clone(l.Wo),
+		c.Layers[i] = Layer{AttnNorm: clone(l.AttnNorm), Wq: clone(l.Wq), Wk: clone(l.Wk), Wv: clone(l.Wv),
+			Bq: clone(l.Bq), Bk: clone(l.Bk), Bv: clone(l.Bv), Wo: clone(l.Wo),
 			FFNNorm: clone(l.FFNNorm), WGate: clone(l.WGate), WDown: clone(l.WDown), WUp: clone(l.WUp)}
 	}
 	return c

@@ -556,6 +556,33 @@ func (t *HF) Piece(id int) (string, error) {
 	return t.pieces[id], nil
 }
 
+// Merges returns the BPE merges as the file spells their pieces, in rank order (first merged
+// first): what a converter to another format (GGUF's tokenizer.ggml.merges) needs.
+func (t *HF) Merges() [][2]string {
+	keys := make([]uint64, 0, len(t.merges))
+	for k := range t.merges {
+		keys = append(keys, k)
+	}
+	// Ranks can have gaps (a repeated merge keeps its later rank), so sort rather than index.
+	sort.Slice(keys, func(i, j int) bool { return t.merges[keys[i]].rank < t.merges[keys[j]].rank })
+	out := make([][2]string, len(keys))
+	for i, k := range keys {
+		out[i] = [2]string{t.pieces[k>>32], t.pieces[uint32(k)]}
+	}
+	return out
+}
+
+// IsSpecial reports whether id is an added token marked special in the file (control tokens
+// such as <|endoftext|>), whether or not it is BOS, EOS or PAD.
+func (t *HF) IsSpecial(id int) bool {
+	for _, a := range t.added {
+		if a.id == id {
+			return a.special
+		}
+	}
+	return false
+}
+
 // Encode splits text around added tokens (leftmost-longest; control tokens excepted), then
 // normalizes, pre-tokenizes and BPE-encodes each stretch between them.
 func (t *HF) Encode(text string) ([]int, error) {

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -167,4 +168,33 @@ func TestByteAsHF(t *testing.T) {
 	}
 	require.ErrorIs(t, WriteLlama2C(b, &buf), ErrNotWritable)
 	require.ErrorIs(t, WriteHF(hf, &buf), ErrNotWritable)
+}
+
+// TestHFMergesRoundTrip: Merges lists the file's merges in rank order, so a converter that
+// writes them (GGUF) and a reader of that file rebuild the same BPE; IsSpecial marks the added
+// control tokens only.
+func TestHFMergesRoundTrip(t *testing.T) {
+	st, err := Synthetic(600)
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	require.NoError(t, st.WriteHF(&buf))
+	var file struct {
+		Model struct {
+			Merges []string `json:"merges"`
+		} `json:"model"`
+	}
+	require.NoError(t, json.Unmarshal(buf.Bytes(), &file))
+	require.NotEmpty(t, file.Model.Merges)
+	var want [][2]string
+	for _, m := range file.Model.Merges {
+		a, b, ok := strings.Cut(m, " ")
+		require.True(t, ok, m)
+		want = append(want, [2]string{a, b})
+	}
+	hf, err := ParseHF(buf.Bytes())
+	require.NoError(t, err)
+	require.Equal(t, want, hf.Merges())
+	require.Equal(t, want, st.Merges(), "the synthetic tokenizer is that BPE in memory")
+	require.True(t, hf.IsSpecial(1))
+	require.False(t, hf.IsSpecial(300))
 }

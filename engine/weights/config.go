@@ -37,10 +37,41 @@ type hfConfigIn struct {
 	MLPBias               bool            `json:"mlp_bias"`
 	RopeScaling           json.RawMessage `json:"rope_scaling"`
 	RopeParameters        *struct {       // transformers v5 groups RoPE settings here
-		RopeType  string   `json:"rope_type"`
+		model.RopeScaling
 		RopeTheta *float64 `json:"rope_theta"`
 	} `json:"rope_parameters"`
-	SlidingWindow json.RawMessage `json:"sliding_window"`
+	SlidingWindow    json.RawMessage `json:"sliding_window"`
+	UseSlidingWindow bool            `json:"use_sliding_window"` // Qwen2: sliding_window applies only when set
+}
+
+// parseRopeScaling reads a rope_scaling object: null, the "default" type, or llama3's.
+func parseRopeScaling(m json.RawMessage) (*model.RopeScaling, error) {
+	if isNull(m) {
+		return nil, nil
+	}
+	var s model.RopeScaling
+	var legacy struct {
+		Type string `json:"type"` // the name before transformers 4.45
+	}
+	if err := json.Unmarshal(m, &s); err != nil {
+		return nil, fmt.Errorf("rope_scaling: %w", err)
+	}
+	if err := json.Unmarshal(m, &legacy); err == nil && s.RopeType == "" {
+		s.RopeType = legacy.Type
+	}
+	return ropeScaling(s, "rope_scaling")
+}
+
+// ropeScaling returns s as the model takes it: nil for plain RoPE, an error for types the
+// model does not implement.
+func ropeScaling(s model.RopeScaling, field string) (*model.RopeScaling, error) {
+	switch s.RopeType {
+	case "", "default":
+		return nil, nil
+	case "llama3":
+		return &s, nil
+	}
+	return nil, fmt.Errorf("%s: rope_type %q is not supported (default and llama3 are)", field, s.RopeType)
 }
 
 func isNull(m json.RawMessage) bool {
@@ -109,9 +140,12 @@ func parseHFConfig(data []byte) (model.Config, error) {
 	if in.RopeTheta != nil {
 		c.RopeTheta = *in.RopeTheta
 	}
+	if c.RopeScaling, err = parseRopeScaling(in.RopeScaling); err != nil {
+		return c, fmt.Errorf("config.json: %w", err)
+	}
 	if p := in.RopeParameters; p != nil {
-		if p.RopeType != "" && p.RopeType != "default" {
-			return c, fmt.Errorf("config.json: rope_parameters.rope_type %q is not supported", p.RopeType)
+		if c.RopeScaling, err = ropeScaling(p.RopeScaling, "rope_parameters"); err != nil {
+			return c, fmt.Errorf("config.json: %w", err)
 		}
 		if p.RopeTheta != nil {
 			c.RopeTheta = *p.RopeTheta
@@ -137,16 +171,19 @@ func parseHFConfig(data []byte) (model.Config, error) {
 		c.TorchDtype = in.Dtype
 	}
 
+	// Qwen2 is Llama with biases on q, k and v (always: its config has no switch for them).
+	qwen2 := in.ModelType == "qwen2"
+	c.AttentionBias = qwen2
 	switch {
-	case in.ModelType != "" && in.ModelType != "llama" && in.ModelType != "mistral":
+	case in.ModelType != "" && in.ModelType != "llama" && in.ModelType != "mistral" && !qwen2:
 		return c, fmt.Errorf("config.json: model_type %q is not a Llama-family decoder", in.ModelType)
 	case in.HiddenAct != nil && *in.HiddenAct != "silu":
 		return c, fmt.Errorf("config.json: hidden_act %q is not supported (want silu)", *in.HiddenAct)
-	case in.AttentionBias || in.MLPBias:
-		return c, fmt.Errorf("config.json: attention_bias/mlp_bias are not supported")
-	case !isNull(in.RopeScaling):
-		return c, fmt.Errorf("config.json: rope_scaling %s is not supported", bytes.TrimSpace(in.RopeScaling))
-	case !isNull(in.SlidingWindow):
+	case in.AttentionBias && !qwen2:
+		return c, fmt.Errorf("config.json: attention_bias (on q, k, v and o) is not supported; Qwen2's q/k/v biases are")
+	case in.MLPBias:
+		return c, fmt.Errorf("config.json: mlp_bias is not supported")
+	case !isNull(in.SlidingWindow) && (!qwen2 || in.UseSlidingWindow):
 		return c, fmt.Errorf("config.json: sliding_window is not supported")
 	case in.HeadDim != nil && c.NumAttentionHeads > 0 && *in.HeadDim != c.HiddenSize/c.NumAttentionHeads:
 		return c, fmt.Errorf("config.json: head_dim %d differs from hidden_size/num_attention_heads %d",
@@ -162,16 +199,21 @@ func parseHFConfig(data []byte) (model.Config, error) {
 // the architecture, so transformers builds exactly the model the engine runs.
 type hfConfigOut struct {
 	model.Config
-	HiddenAct     string    `json:"hidden_act"`
-	HeadDim       int       `json:"head_dim"`
-	AttentionBias bool      `json:"attention_bias"`
-	MLPBias       bool      `json:"mlp_bias"`
-	RopeScaling   *struct{} `json:"rope_scaling"` // always null
+	HiddenAct        string `json:"hidden_act"`
+	HeadDim          int    `json:"head_dim"`
+	MLPBias          bool   `json:"mlp_bias"`
+	UseSlidingWindow bool   `json:"use_sliding_window"`
 }
 
+// marshalHFConfig writes c as a Llama config or, with q/k/v biases (which LlamaConfig cannot
+// express: its attention_bias biases o_proj too), as a Qwen2 one.
 func marshalHFConfig(c model.Config, d DType) ([]byte, error) {
 	c.ModelType = "llama"
 	c.Architectures = []string{"LlamaForCausalLM"}
+	if c.AttentionBias {
+		c.ModelType = "qwen2"
+		c.Architectures = []string{"Qwen2ForCausalLM"}
+	}
 	c.TorchDtype = d.TorchName()
 	b, err := json.MarshalIndent(hfConfigOut{Config: c, HiddenAct: "silu", HeadDim: c.HeadDim()}, "", "  ")
 	if err != nil {

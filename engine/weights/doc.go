@@ -6,7 +6,9 @@
 //     model.safetensors.index.json plus its shard files. Tensors may be F32, F16 or BF16; they
 //     are converted to float32 on load. [SaveHF] and [SaveHFSharded] write what
 //     save_pretrained writes for LlamaForCausalLM (config fields, "format":"pt" metadata,
-//     8-byte aligned contiguous data), so transformers can load the result.
+//     8-byte aligned contiguous data), so transformers can load the result. A model with q/k/v
+//     biases is read from and written as Qwen2 (model_type qwen2); Llama 3's rope_scaling is
+//     read and written as it is.
 //   - llama2.c: the legacy .bin format of Karpathy's run.c (a 7-int32 header then float32
 //     tensors). llama2.c rotates adjacent pairs in RoPE while [model.Weights] uses the HF
 //     rotate-half layout, so q/k projection rows are permuted on load and back on save.

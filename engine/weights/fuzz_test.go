@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"math"
 	"path/filepath"
 	"testing"
 
@@ -90,5 +91,29 @@ func FuzzLlama2CHeader(f *testing.F) {
 		}
 		require.NoError(t, w.Check())
 		require.EqualValues(t, len(data), llama2cSize(w.Config))
+	})
+}
+
+// FuzzParseHFConfig: any config.json is refused with an error or yields a config the model
+// accepts, whose RoPE frequencies (the llama3 scaling's arithmetic included) are finite and
+// not negative (an extreme rope_theta may underflow one to 0: no rotation, still a model).
+func FuzzParseHFConfig(f *testing.F) {
+	f.Add([]byte(llama32Config))
+	f.Add([]byte(qwen25Config))
+	f.Add([]byte(`{"hidden_size":8,"intermediate_size":12,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,` +
+		`"rope_scaling":{"rope_type":"llama3","factor":1e308,"low_freq_factor":1e-300,"high_freq_factor":2,"original_max_position_embeddings":1}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := parseHFConfig(data)
+		if err != nil {
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("accepted a config Validate refuses: %v", err)
+		}
+		for i, v := range c.RopeInvFreq() {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				t.Fatalf("inverse frequency %d is %v", i, v)
+			}
+		}
 	})
 }

@@ -2,6 +2,7 @@ package weights
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -17,9 +18,12 @@ import (
 func TestHFRoundTrip(t *testing.T) {
 	tiny, err := model.Preset("tiny", 7)
 	require.NoError(t, err)
-	for _, w := range []*model.Weights{tiny, randomWeights(t, smallConfig(), 3)} {
+	qwen, llama3 := smallConfig(), smallConfig()
+	qwen.AttentionBias = true
+	llama3.RopeScaling = model.Llama3RopeScaling()
+	for i, w := range []*model.Weights{tiny, randomWeights(t, smallConfig(), 3), randomWeights(t, qwen, 4), randomWeights(t, llama3, 5)} {
 		for _, d := range []DType{F32, F16, BF16} {
-			t.Run(d.String(), func(t *testing.T) {
+			t.Run(fmt.Sprint(i, d), func(t *testing.T) {
 				dir := t.TempDir()
 				require.NoError(t, SaveHF(dir, w, d))
 				got, err := LoadHF(dir)
@@ -38,6 +42,10 @@ func convertedCopy(w *model.Weights, d DType) *model.Weights {
 	c.TorchDtype = d.TorchName()
 	c.ModelType = "llama"
 	c.Architectures = []string{"LlamaForCausalLM"}
+	if c.AttentionBias {
+		c.ModelType = "qwen2"
+		c.Architectures = []string{"Qwen2ForCausalLM"}
+	}
 	out := &model.Weights{Config: c}
 	src := w.Tensors()
 	for i, t := range out.Tensors() {
@@ -56,7 +64,10 @@ func convertedCopy(w *model.Weights, d DType) *model.Weights {
 }
 
 func TestHFShardedRoundTrip(t *testing.T) {
-	w := randomWeights(t, smallConfig(), 11)
+	qwen := smallConfig()
+	qwen.AttentionBias = true
+	qwen.TieWordEmbeddings = true
+	w := randomWeights(t, qwen, 11)
 	for _, d := range []DType{F32, BF16} {
 		dir := t.TempDir()
 		// A stale single file must not shadow the sharded checkpoint.
@@ -73,7 +84,7 @@ func TestHFShardedRoundTrip(t *testing.T) {
 			WeightMap map[string]string `json:"weight_map"`
 		}
 		require.NoError(t, json.Unmarshal(readFile(t, filepath.Join(dir, IndexFile)), &idx))
-		assert.Equal(t, smallConfig().NumParams()*int64(d.Size()), idx.Metadata.TotalSize)
+		assert.Equal(t, qwen.NumParams()*int64(d.Size()), idx.Metadata.TotalSize)
 		assert.Len(t, idx.WeightMap, len(w.Tensors()))
 
 		got, err := LoadHF(dir)
@@ -87,6 +98,23 @@ func TestHFShardedRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		requireSameWeights(t, convertedCopy(w, F32), got)
 	}
+}
+
+// TestHFQwen2ConfigWritten: a checkpoint with q/k/v biases is written as the Qwen2 model
+// transformers has for it, with its sliding window off, and loads back with its biases.
+func TestHFQwen2ConfigWritten(t *testing.T) {
+	c := smallConfig()
+	c.AttentionBias = true
+	dir := t.TempDir()
+	require.NoError(t, SaveHF(dir, randomWeights(t, c, 2), F32))
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(readFile(t, filepath.Join(dir, ConfigFile)), &m))
+	assert.Equal(t, []any{"Qwen2ForCausalLM"}, m["architectures"])
+	assert.Equal(t, "qwen2", m["model_type"])
+	assert.Equal(t, false, m["use_sliding_window"])
+	hdr, _ := splitST(t, readFile(t, filepath.Join(dir, SafetensorsFile)))
+	assert.Contains(t, hdr, "model.layers.1.self_attn.k_proj.bias")
+	assert.NotContains(t, hdr, "model.layers.1.self_attn.o_proj.bias")
 }
 
 func TestHFConfigWritten(t *testing.T) {
@@ -140,12 +168,28 @@ func TestParseHFConfig(t *testing.T) {
 	assert.Equal(t, "bfloat16", c.TorchDtype)
 	assert.Equal(t, 500000.0, c.RopeTheta)
 
+	// Qwen2: q/k/v biases without a switch; its sliding_window is inert unless enabled.
+	c, err = parseHFConfig([]byte(`{` + base + `,"model_type":"qwen2","sliding_window":32768,"use_sliding_window":false}`))
+	require.NoError(t, err)
+	assert.True(t, c.AttentionBias)
+	// Llama 3's scaling, in both the rope_scaling and the transformers v5 spelling.
+	l3 := `"rope_type":"llama3","factor":32,"low_freq_factor":1,"high_freq_factor":4,"original_max_position_embeddings":8192`
+	for _, js := range []string{`,"rope_scaling":{` + l3 + `}`, `,"rope_parameters":{"rope_theta":500000,` + l3 + `}`} {
+		c, err = parseHFConfig([]byte(`{` + base + js + `}`))
+		require.NoError(t, err, js)
+		assert.Equal(t, model.Llama3RopeScaling(), c.RopeScaling, js)
+	}
+
 	bad := []struct{ json, want string }{
 		{`{"intermediate_size":12}`, "missing hidden_size"},
-		{`{` + base + `,"model_type":"qwen2"}`, "model_type"},
+		{`{` + base + `,"model_type":"gemma"}`, "model_type"},
 		{`{` + base + `,"hidden_act":"gelu"}`, "hidden_act"},
 		{`{` + base + `,"attention_bias":true}`, "attention_bias"},
+		{`{` + base + `,"mlp_bias":true}`, "mlp_bias"},
 		{`{` + base + `,"rope_scaling":{"rope_type":"llama3","factor":8}}`, "rope_scaling"},
+		{`{` + base + `,"rope_scaling":{"type":"linear","factor":2}}`, "linear"},
+		{`{` + base + `,"rope_scaling":[1]}`, "rope_scaling"},
+		{`{` + base + `,"model_type":"qwen2","use_sliding_window":true,"sliding_window":4096}`, "sliding_window"},
 		{`{` + base + `,"rope_parameters":{"rope_type":"yarn"}}`, "rope_type"},
 		{`{` + base + `,"sliding_window":4096}`, "sliding_window"},
 		{`{` + base + `,"head_dim":8}`, "head_dim"},
@@ -386,4 +430,43 @@ func TestHFConfigLargerThanFilesFailsBeforeAllocating(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadCheckpoint)
 	assert.Contains(t, err.Error(), "config implies")
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "bytes allocated by the refused load")
+}
+
+// The config.json files of the two checkpoints the large presets are shaped like, as
+// published (Llama-3.2-1B and Qwen2.5-0.5B).
+const (
+	llama32Config = `{
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256}`
+	qwen25Config = `{
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+  "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+  "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+  "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936}`
+)
+
+// TestRealConfigsMatchPresets: the published configs load, and describe the model their
+// presets build (all but the special token ids, which are the synthetic vocabulary's).
+func TestRealConfigsMatchPresets(t *testing.T) {
+	for preset, js := range map[string]string{"llama3.2-1b-shape": llama32Config, "qwen2.5-0.5b-shape": qwen25Config} {
+		got, err := parseHFConfig([]byte(js))
+		require.NoError(t, err, preset)
+		want, err := model.PresetConfig(preset)
+		require.NoError(t, err)
+		got.BOSTokenID, got.EOSTokenID = want.BOSTokenID, want.EOSTokenID
+		got.TorchDtype = want.TorchDtype
+		require.Equal(t, want, got, preset)
+	}
 }

@@ -301,6 +301,9 @@ func SaveLlama2C(path string, w *model.Weights) error {
 		return fmt.Errorf("%w: llama2.c .bin fixes rope_theta=10000 and rms_norm_eps=1e-5, weights have %v and %v",
 			ErrUnsupportedFormat, c.RopeTheta, c.RMSNormEps)
 	}
+	if c.AttentionBias || c.RopeScaling != nil {
+		return fmt.Errorf("%w: llama2.c .bin has no q/k/v biases and no RoPE scaling", ErrUnsupportedFormat)
+	}
 	if c.MaxPositionEmbeddings > math.MaxInt32 || c.VocabSize > math.MaxInt32 {
 		return fmt.Errorf("%w: shape does not fit the int32 header", ErrUnsupportedFormat)
 	}

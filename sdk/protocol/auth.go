@@ -339,19 +339,22 @@ const macBytes = 12
 // secret a holds, so during a rotation a server issued under either key can check it.
 func (a *Auth) commandMACs(fleet string, targets []string, canonical []byte) string {
 	buf := make([]byte, 0, len(targets)*len(a.secrets)*macBytes)
+	digest := sha256.Sum256(canonical)
 	for _, id := range targets {
 		for _, kid := range a.order[:len(a.secrets)] {
 			key, _ := a.macKey(fleet, id, kid)
-			buf = append(buf, cmdMAC(key, canonical)...)
+			buf = append(buf, cmdMAC(key, &digest)...)
 		}
 	}
 	return strings.Join(a.order[:len(a.secrets)], ",") + ":" + base64.RawURLEncoding.EncodeToString(buf)
 }
 
-func cmdMAC(key, canonical []byte) []byte {
+// cmdMAC is one target's MAC of a command, over the SHA-256 digest of its canonical bytes:
+// a command to n targets hashes its (n-proportional) canonical bytes once, not n times.
+func cmdMAC(key []byte, digest *[sha256.Size]byte) []byte {
 	h := hmac.New(sha256.New, key)
 	h.Write([]byte("rollout.command-mac"))
-	h.Write(canonical)
+	h.Write(digest[:])
 	return h.Sum(nil)[:macBytes]
 }
 
@@ -368,13 +371,14 @@ func (a *Auth) verifyCommandMAC(fleet, id string, i, n int, canonical []byte, ma
 		return fmt.Errorf("%w: malformed command MACs", ErrBadSignature)
 	}
 	checked := 0
+	digest := sha256.Sum256(canonical)
 	for j, kid := range ids {
 		key, ok := a.macKey(fleet, id, kid)
 		if !ok {
 			continue
 		}
 		off := (i*len(ids) + j) * macBytes
-		if !hmac.Equal(raw[off:off+macBytes], cmdMAC(key, canonical)) {
+		if !hmac.Equal(raw[off:off+macBytes], cmdMAC(key, &digest)) {
 			return ErrBadSignature
 		}
 		checked++

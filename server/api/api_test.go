@@ -19,6 +19,7 @@ import (
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
 	"github.com/rolloutkit/rollout/internal/enginetest"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 func TestMain(m *testing.M) {
@@ -200,4 +201,12 @@ func TestUnknownErrorsAreGeneric(t *testing.T) {
 	assert.Equal(t, "internal error", e.Message)
 	assert.Equal(t, "max_tokens", jsonField("Params.max_tokens"))
 	assert.Equal(t, "sampling.max_tokens", jsonField("sampling.max_tokens"))
+}
+
+// TestWireNamesMatchTheEngine: the engine's finish reasons are what the protocol names on
+// the wire, so the server passes them through and the SDK compares with protocol's constants.
+func TestWireNamesMatchTheEngine(t *testing.T) {
+	assert.EqualValues(t, protocol.FinishStop, engine.FinishStop)
+	assert.EqualValues(t, protocol.FinishLength, engine.FinishLength)
+	assert.EqualValues(t, protocol.FinishAbort, engine.FinishAbort)
 }

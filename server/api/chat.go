@@ -30,16 +30,36 @@ type chatRequest struct {
 	// Logprobs shadows Params.Logprobs: in chat it is a bool, and top_logprobs the count.
 	Logprobs    *bool `json:"logprobs"`
 	TopLogprobs *int  `json:"top_logprobs"`
+	// Tools and ToolChoice are OpenAI's function calling (see parseTools);
+	// ParallelToolCalls is accepted and not enforced.
+	Tools             json.RawMessage `json:"tools"`
+	ToolChoice        json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
 }
 
 type chatMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
+	// ToolCalls are an assistant message's calls; ToolCallID and Name say which call a tool
+	// message answers.
+	ToolCalls  []chatToolCallIn `json:"tool_calls,omitempty"`
+	ToolCallID string           `json:"tool_call_id,omitempty"`
+	Name       string           `json:"name,omitempty"`
 }
 
+// chatMsgOut is a stream delta.
 type chatMsgOut struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string        `json:"role,omitempty"`
+	Content   *string       `json:"content,omitempty"`
+	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
+}
+
+// chatMessageOut is a whole response message: content is null when the model only called
+// tools, as OpenAI answers.
+type chatMessageOut struct {
+	Role      string        `json:"role"`
+	Content   *string       `json:"content"`
+	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
 }
 
 type chatTop struct {
@@ -60,13 +80,13 @@ type chatLogprobs struct {
 }
 
 type chatChoice struct {
-	Index          int           `json:"index"`
-	Message        *chatMsgOut   `json:"message,omitempty"`
-	Delta          *chatMsgOut   `json:"delta,omitempty"`
-	Logprobs       *chatLogprobs `json:"logprobs"`
-	FinishReason   *string       `json:"finish_reason"`
-	TokenIDs       []int         `json:"token_ids,omitempty"`
-	WeightVersions []int64       `json:"weight_versions"`
+	Index          int             `json:"index"`
+	Message        *chatMessageOut `json:"message,omitempty"`
+	Delta          *chatMsgOut     `json:"delta,omitempty"`
+	Logprobs       *chatLogprobs   `json:"logprobs"`
+	FinishReason   *string         `json:"finish_reason"`
+	TokenIDs       []int           `json:"token_ids,omitempty"`
+	WeightVersions []int64         `json:"weight_versions"`
 }
 
 type chatResponse struct {
@@ -118,7 +138,7 @@ func (a *API) handleChat(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
-	text, content, err := a.chat.renderPrompt(req.Messages)
+	text, content, tools, prefill, err := a.renderChat(req.Messages, req.Tools, req.ToolChoice)
 	if err != nil {
 		writeError(c, err)
 		return
@@ -157,7 +177,7 @@ func (a *API) handleChat(c *gin.Context) {
 		base.PromptTokenIDs = prompt
 	}
 	if req.Stream {
-		a.streamChat(c, run, base, req, withLogprobs)
+		a.streamChat(c, run, base, req, withLogprobs, tools, prefill)
 		return
 	}
 	if err := run.collect(ctx); err != nil {
@@ -169,8 +189,11 @@ func (a *API) handleChat(c *gin.Context) {
 	for i, ch := range run.choices {
 		content := ch.text.String()
 		fr := string(ch.finish)
-		cc := chatChoice{Index: ch.index, Message: &chatMsgOut{Role: "assistant", Content: &content}, FinishReason: &fr,
-			WeightVersions: versionsOf(ch.tokens)}
+		msg := &chatMessageOut{Role: "assistant", Content: &content}
+		if tools.mode != toolsOff {
+			msg.Content, msg.ToolCalls, fr = a.toolMessage(prefill+content, fr)
+		}
+		cc := chatChoice{Index: ch.index, Message: msg, FinishReason: &fr, WeightVersions: versionsOf(ch.tokens)}
 		if req.ReturnTokenIDs {
 			cc.TokenIDs = idsOf(ch.tokens)
 		}
@@ -182,6 +205,23 @@ func (a *API) handleChat(c *gin.Context) {
 	resp.Usage = usageOf(run.choices, run.prompts)
 	resp.WeightVersion = a.responseVersion(run.choices)
 	c.PureJSON(http.StatusOK, resp)
+}
+
+// toolMessage splits a finished choice's text (with the prefill a forced tool_choice put in
+// the prompt) into content and tool calls: content is nil when there are calls and no text,
+// and a choice that stopped on its own after calls finishes with "tool_calls".
+func (a *API) toolMessage(text, finish string) (*string, []toolCallOut, string) {
+	content, calls := a.splitToolCalls(text)
+	if len(calls) == 0 {
+		return &content, nil, finish
+	}
+	if finish == "stop" {
+		finish = "tool_calls"
+	}
+	if content == "" {
+		return nil, calls, finish
+	}
+	return &content, calls, finish
 }
 
 func (a *API) chatLogprobs(toks []engine.Token) *chatLogprobs {
@@ -208,7 +248,10 @@ func tokenBytes(a *API, id int) []int {
 	return out
 }
 
-func (a *API) streamChat(c *gin.Context, run *genRun, base chatResponse, req chatRequest, withLogprobs bool) {
+// streamChat streams the choices. With tools on, a choice's text is held back until it
+// finishes (a call cannot be told from text before it is whole) and then sent as one delta:
+// the content, or the tool calls with their index, id and whole arguments.
+func (a *API) streamChat(c *gin.Context, run *genRun, base chatResponse, req chatRequest, withLogprobs bool, tools toolSetup, prefill string) {
 	ctx := c.Request.Context()
 	base.Object = "chat.completion.chunk"
 	sseHeaders(c)
@@ -223,6 +266,7 @@ func (a *API) streamChat(c *gin.Context, run *genRun, base chatResponse, req cha
 	}
 	base.PromptTokenIDs = nil
 	sent := make([]int, len(run.choices))
+	held := make([]strings.Builder, len(run.choices))
 	var writeErr error
 	err := run.fanIn(ctx, func(ev event) bool {
 		ch := ev.ch
@@ -243,8 +287,21 @@ func (a *API) streamChat(c *gin.Context, run *genRun, base chatResponse, req cha
 		if withLogprobs {
 			cc.Logprobs = a.chatLogprobs(newToks)
 		}
+		fr := string(ch.finish)
+		if tools.mode != toolsOff {
+			held[pos].WriteString(text)
+			empty := ""
+			cc.Delta.Content = &empty
+			if done {
+				var calls []toolCallOut
+				cc.Delta.Content, calls, fr = a.toolMessage(prefill+held[pos].String(), fr)
+				for k := range calls {
+					calls[k].Index = &k
+				}
+				cc.Delta.ToolCalls = calls
+			}
+		}
 		if done {
-			fr := string(ch.finish)
 			cc.FinishReason = &fr
 		}
 		chunk := base

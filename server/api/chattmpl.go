@@ -11,9 +11,33 @@ import (
 )
 
 // chatMLTemplate is the template used when the checkpoint ships none: ChatML, with the
-// OpenAI "developer" role rendered as "system", and the assistant turn opened.
-const chatMLTemplate = `{%- for message in messages -%}
+// OpenAI "developer" role rendered as "system", and the assistant turn opened. With tools it
+// renders them, the assistant's tool calls and the tool results as Qwen 2.5 does (Hermes
+// style: a system turn listing the functions in <tools>, calls in <tool_call>, results in
+// <tool_response> inside a user turn), so the model's calls parse as toolcall.Hermes.
+const chatMLTemplate = `{%- if tools -%}
+{{- '<|im_start|>system\n' -}}
+{%- if messages[0].role == 'system' or messages[0].role == 'developer' -%}{{- messages[0].content + '\n\n' -}}{%- endif -%}
+{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+{%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if tools and loop.first and (message.role == 'system' or message.role == 'developer') -%}
+{%- elif message.role == 'assistant' and message.tool_calls -%}
+{{- '<|im_start|>assistant' -}}
+{%- if message.content -%}{{- '\n' + message.content -}}{%- endif -%}
+{%- for call in message.tool_calls -%}
+{{- '\n<tool_call>\n{"name": "' + call.function.name + '", "arguments": ' + (call.function.arguments | tojson) + '}\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>\n' -}}
+{%- elif message.role == 'tool' and tools -%}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' -}}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+{%- else -%}
 {{- '<|im_start|>' + ('system' if message.role == 'developer' else message.role) + '\n' + message.content + '<|im_end|>\n' -}}
+{%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
 {{- '<|im_start|>assistant\n' -}}
@@ -27,6 +51,9 @@ type chatTemplate struct {
 	builtin bool
 	// bos and eos are the checkpoint's bos_token and eos_token strings.
 	bos, eos string
+	// hermesTools: the template teaches <tool_call> calls (the built-in one does), so a
+	// forced tool_choice can prefill a call's opening.
+	hermesTools bool
 }
 
 // newChatTemplate compiles src, or the built-in ChatML template when src is empty. bos and eos
@@ -41,6 +68,7 @@ func newChatTemplate(src, bos, eos string) (*chatTemplate, error) {
 		return nil, fmt.Errorf("api: the checkpoint's chat template (tokenizer_config.json chat_template) does not compile: %w", err)
 	}
 	ct.tmpl = t
+	ct.hermesTools = strings.Contains(src, "<tool_call>")
 	return ct, nil
 }
 
@@ -53,12 +81,13 @@ func isChatML(t string) bool { return strings.Contains(t, "<|im_start|>") }
 // bos_token and eos_token, and tools and documents none. A template error, such as a
 // raise_exception on roles that do not alternate, is a 400 on "messages".
 func (ct *chatTemplate) render(msgs []chatMessage) (string, error) {
-	out, _, err := ct.renderContents(msgs)
+	out, _, err := ct.renderContents(msgs, nil)
 	return out, err
 }
 
-// renderContents is render that also returns the message contents it passed the template.
-func (ct *chatTemplate) renderContents(msgs []chatMessage) (string, []string, error) {
+// renderContents is render with tools (nil: none; else a []jinja.Value of the request's
+// tool definitions) that also returns the message contents it passed the template.
+func (ct *chatTemplate) renderContents(msgs []chatMessage, tools any) (string, []string, error) {
 	if len(msgs) == 0 {
 		return "", nil, badRequest("missing_field", "messages", "messages must not be empty")
 	}
@@ -73,9 +102,12 @@ func (ct *chatTemplate) renderContents(msgs []chatMessage) (string, []string, er
 		if err != nil {
 			return "", nil, err
 		}
+		if len(m.ToolCalls) > 0 && m.Role != "assistant" {
+			return "", nil, badRequest("invalid_value", "messages", "messages[%d]: only assistant messages carry tool_calls", i)
+		}
 		contents[i] = text
 	}
-	out, err := ct.renderWith(msgs, contents)
+	out, err := ct.renderWith(msgs, contents, tools)
 	return out, contents, err
 }
 
@@ -90,8 +122,8 @@ func placeholder(i int) string { return "\uE000" + strconv.Itoa(i) + "\uE001" }
 // gives the real rendering, the placeholders' positions are the contents'. Otherwise (a
 // template that transforms content some other way) every occurrence of a content in the
 // rendering is protected, which errs towards plain text.
-func (ct *chatTemplate) renderPrompt(msgs []chatMessage) (string, [][2]int, error) {
-	text, contents, err := ct.renderContents(msgs)
+func (ct *chatTemplate) renderPrompt(msgs []chatMessage, tools any) (string, [][2]int, error) {
+	text, contents, err := ct.renderContents(msgs, tools)
 	if err != nil {
 		return "", nil, err
 	}
@@ -99,7 +131,7 @@ func (ct *chatTemplate) renderPrompt(msgs []chatMessage) (string, [][2]int, erro
 	for i := range ph {
 		ph[i] = placeholder(i)
 	}
-	probe, err := ct.renderWith(msgs, ph)
+	probe, err := ct.renderWith(msgs, ph, tools)
 	if err == nil {
 		for _, trim := range []bool{false, true} {
 			if spans, ok := substitute(probe, contents, trim, text); ok {
@@ -154,11 +186,28 @@ func substitute(probe string, contents []string, trim bool, want string) ([][2]i
 	return spans, sb.String() == want
 }
 
-// renderWith renders msgs with the given contents.
-func (ct *chatTemplate) renderWith(msgs []chatMessage, contents []string) (out string, err error) {
-	list := make([]any, len(msgs))
+// renderWith renders msgs with the given contents and tools.
+func (ct *chatTemplate) renderWith(msgs []chatMessage, contents []string, tools any) (out string, err error) {
+	list := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {
-		list[i] = map[string]any{"role": m.Role, "content": contents[i]}
+		v := jinja.NewDict()
+		d := v.AsDict()
+		d.Set("role", jinja.NewString(m.Role))
+		d.Set("content", jinja.NewString(contents[i]))
+		if len(m.ToolCalls) > 0 {
+			calls, err := messageToolCalls(m.ToolCalls, i)
+			if err != nil {
+				return "", err
+			}
+			d.Set("tool_calls", calls)
+		}
+		if m.ToolCallID != "" {
+			d.Set("tool_call_id", jinja.NewString(m.ToolCallID))
+		}
+		if m.Name != "" {
+			d.Set("name", jinja.NewString(m.Name))
+		}
+		list[i] = v
 	}
 	// The template comes from the checkpoint: a failure inside the evaluator is the
 	// conversation's 400, never a crashed handler.
@@ -172,7 +221,7 @@ func (ct *chatTemplate) renderWith(msgs []chatMessage, contents []string) (out s
 		"add_generation_prompt": true,
 		"bos_token":             ct.bos,
 		"eos_token":             ct.eos,
-		"tools":                 nil,
+		"tools":                 tools,
 		"documents":             nil,
 	})
 	if err != nil {

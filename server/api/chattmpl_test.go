@@ -201,9 +201,9 @@ func TestRenderPromptLocatesContents(t *testing.T) {
 		if tc.file != "" {
 			ct = loadTemplate(t, tc.file, tc.bos, tc.eos)
 		}
-		text, spans, err := ct.renderPrompt(injected)
+		text, spans, err := ct.renderPrompt(injected, nil)
 		require.NoError(t, err, tc.file)
-		_, contents, err := ct.renderContents(injected)
+		_, contents, err := ct.renderContents(injected, nil)
 		require.NoError(t, err)
 		require.NotEmpty(t, spans, tc.file)
 		for _, sp := range spans {

@@ -30,6 +30,7 @@ type Metrics struct {
 	fetched       *prometheus.CounterVec
 	sourceFails   *prometheus.CounterVec
 	bodyRejected  *prometheus.CounterVec
+	toolOutcomes  *prometheus.CounterVec
 }
 
 // Peer distribution label values (rollout_weights_fetched_bytes_total{source},
@@ -44,6 +45,13 @@ const (
 	// FailNotMember: the assigned peer is not a member of the fleet; nothing was fetched
 	// from it.
 	FailNotMember = "not_member"
+)
+
+// Tool-output label values (rollout_chat_tool_outputs_total{outcome}).
+const (
+	ToolOutcomeCalls     = "calls"
+	ToolOutcomeText      = "text"
+	ToolOutcomeMalformed = "malformed"
 )
 
 // Control-plane label values exported at zero from the start, so a dashboard sees every
@@ -104,7 +112,14 @@ func NewMetrics() *Metrics {
 		Name: "rollout_reset_to_flush_seconds", Help: "Time from a cache reset to the moment its flush set reached the offload workers and they waited on it.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 	})
-	m.reg.MustRegister(m.ttft, m.resetToFlush, m.updateWeights, m.commands, m.rejected, m.fetched, m.sourceFails, m.bodyRejected, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.toolOutcomes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_chat_tool_outputs_total",
+		Help: "Chat choices generated with tools on, by what the output held: calls, text, or malformed (a call begun and not valid).",
+	}, []string{"outcome"})
+	for _, o := range []string{ToolOutcomeCalls, ToolOutcomeText, ToolOutcomeMalformed} {
+		m.toolOutcomes.WithLabelValues(o)
+	}
+	m.reg.MustRegister(m.ttft, m.resetToFlush, m.updateWeights, m.commands, m.rejected, m.fetched, m.sourceFails, m.bodyRejected, m.toolOutcomes, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -155,6 +170,11 @@ func (m *Metrics) Fetched(source string, n int64) { m.fetched.WithLabelValues(so
 // FailNotMember).
 func (m *Metrics) SourceFailed(reason string) { m.sourceFails.WithLabelValues(reason).Inc() }
 
+// ToolOutput counts one chat choice generated with tools on, by outcome (ToolOutcomeCalls,
+// ToolOutcomeText, ToolOutcomeMalformed): a rising malformed share is a model losing the
+// call format.
+func (m *Metrics) ToolOutput(outcome string) { m.toolOutcomes.WithLabelValues(outcome).Inc() }
+
 // Rejected counts one fleet control message this server refused, by reason.
 func (m *Metrics) Rejected(reason string) { m.rejected.WithLabelValues(reason).Inc() }
 
@@ -189,7 +209,7 @@ var (
 var connectorHelp = map[string]string{
 	"offload_jobs_inflight":         "Offload transfer jobs in flight.",
 	"offload_flush_pending":         "Job ids in the flush set not yet delivered to the workers.",
-	"offload_flush_delivered_total": "Flush sets delivered to the workers.",
+	"offload_flush_delivered_total": "Job ids delivered to the workers in flush sets (an empty set adds 0).",
 	"offload_resets_total":          "Connector resets.",
 	"offload_stored_bytes_total":    "Bytes stored to CPU.",
 	"offload_loaded_bytes_total":    "Bytes loaded from CPU.",

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -74,6 +75,8 @@ type tokenizeRequest struct {
 	Prompt           *string       `json:"prompt"`
 	Messages         []chatMessage `json:"messages"`
 	AddSpecialTokens *bool         `json:"add_special_tokens"`
+	// Tools are rendered into a messages prompt as /v1/chat/completions renders them.
+	Tools json.RawMessage `json:"tools"`
 }
 
 func (a *API) handleTokenize(c *gin.Context) {
@@ -96,7 +99,7 @@ func (a *API) handleTokenize(c *gin.Context) {
 	case req.Prompt != nil:
 		text = *req.Prompt
 	case req.Messages != nil:
-		t, cs, err := a.chat.renderPrompt(req.Messages)
+		t, cs, _, _, err := a.renderChat(req.Messages, req.Tools, nil)
 		if err != nil {
 			writeError(c, err)
 			return

@@ -370,6 +370,10 @@ func TestKeepsRunning(t *testing.T) {
 	}
 	cmd := []string(p.Services["rl-loop"].Command)
 	require.True(t, slices.Contains(cmd, "--resume"), "rl-loop: %v", cmd)
+	// A server restarted mid-update loses its stage command; under policy all the loop would
+	// wait out the stage timeout and exit (TestComposeSoak found it).
+	policy, ok := flag(cmd, "--policy")
+	require.True(t, ok && strings.HasPrefix(policy, "quorum:"), "rl-loop --policy %q: a restarting server would hold the loop", policy)
 	steps, ok := flag(cmd, "--steps")
 	require.True(t, ok)
 	n, err := strconv.Atoi(steps)

@@ -1,0 +1,200 @@
+package bench
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/engine/gguf"
+	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/tokenizer"
+)
+
+// findPeer returns the llama.cpp peer or skips: CI does not install node-llama-cpp (it is a
+// download of prebuilt binaries), so this runs where a developer did (make peer-install).
+func findPeer(t *testing.T) *LlamaCpp {
+	t.Helper()
+	module := os.Getenv(LlamaCppModuleEnv)
+	if module == "" {
+		module = filepath.Join("peer", "node_modules", "node-llama-cpp")
+	}
+	l, err := FindLlamaCpp(module)
+	if errors.Is(err, ErrNoLlamaCpp) {
+		t.Skipf("skipping the llama.cpp comparison: %v", err)
+	}
+	require.NoError(t, err)
+	return l
+}
+
+// peerModels are tiny models of each architecture and vocabulary form the GGUF writer has.
+// Their embeddings are scaled down to HF's initializer range so that attention, not the input
+// token, decides the next token: a model that only repeated its input would pass with RoPE or
+// the q/k row order wrong.
+func peerModels(t *testing.T) map[string]struct {
+	w   *model.Weights
+	tok tokenizer.Tokenizer
+} {
+	t.Helper()
+	tc, err := model.PresetConfig("tiny")
+	require.NoError(t, err)
+	qc := tc
+	qc.VocabSize, qc.AttentionBias, qc.TieWordEmbeddings = 512, true, false
+	lc := tc
+	lc.VocabSize = 512
+	lc.RopeScaling = &model.RopeScaling{RopeType: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 16}
+	syn, err := tokenizer.Synthetic(512)
+	require.NoError(t, err)
+	out := map[string]struct {
+		w   *model.Weights
+		tok tokenizer.Tokenizer
+	}{}
+	for name, m := range map[string]struct {
+		c   model.Config
+		tok tokenizer.Tokenizer
+	}{"llama": {tc, tokenizer.NewByte()}, "qwen2": {qc, syn}, "llama3": {lc, syn.Llama2C()}} {
+		w, err := model.Random(m.c, 7)
+		require.NoError(t, err)
+		for i := range w.Embed {
+			w.Embed[i] *= 0.1
+		}
+		out[name] = struct {
+			w   *model.Weights
+			tok tokenizer.Tokenizer
+		}{w, m.tok}
+	}
+	return out
+}
+
+// TestLlamaCppGreedyMatches: llama.cpp, loading rollout's f32 GGUF export, picks the same
+// greedy tokens as rollout's reference forward, from BOS and after every prefix of a random
+// prompt (so every position's attention and RoPE take part). Positions where rollout's top
+// two logits are within 1e-3 are near ties that float summation order may flip; the sequence
+// stops being compared there.
+func TestLlamaCppGreedyMatches(t *testing.T) {
+	peer := findPeer(t)
+	for name, m := range peerModels(t) {
+		t.Run(name, func(t *testing.T) {
+			w := m.w
+			path := filepath.Join(t.TempDir(), "m.gguf")
+			require.NoError(t, gguf.WriteFile(path, w, m.tok, gguf.F32, name))
+			r := rand.New(rand.NewPCG(1, 2))
+			bos := w.Config.BOSTokenID
+			prompts := [][]int{{bos}}
+			long := []int{bos}
+			for range 11 {
+				long = append(long, 3+r.IntN(250))
+			}
+			for k := 2; k <= len(long); k++ {
+				prompts = append(prompts, long[:k])
+			}
+			const tokens = 6
+			got, err := peer.Run(t.Context(), path, prompts, tokens, 1)
+			require.NoError(t, err)
+			compared, firsts := 0, map[int]bool{}
+			for i, p := range prompts {
+				toks := append([]int(nil), p...)
+				for j := range tokens {
+					lg, err := model.Reference(w, toks)
+					require.NoError(t, err)
+					last := lg[len(lg)-1]
+					best, gap := top2(last)
+					if gap < 1e-3 {
+						break
+					}
+					require.Equal(t, best, got.Tokens[i][j], "prompt %v, token %d (rollout's margin %.4f)", p, j, gap)
+					if j == 0 {
+						firsts[best] = true
+					}
+					compared++
+					toks = append(toks, best)
+				}
+			}
+			require.Greater(t, compared, len(prompts)*tokens/2, "too many near ties: the comparison says little")
+			require.Greater(t, len(firsts), 2, "the next token must depend on the context")
+		})
+	}
+}
+
+// TestLlamaCppLoadsEveryType: the bf16, f16 and q8_0 files load and decode too; their tokens are
+// not rollout's f32 ones, so only their count is checked.
+func TestLlamaCppLoadsEveryType(t *testing.T) {
+	peer := findPeer(t)
+	m := peerModels(t)["qwen2"]
+	for _, typ := range []gguf.Type{gguf.BF16, gguf.F16, gguf.Q8_0} {
+		path := filepath.Join(t.TempDir(), typ.String()+".gguf")
+		require.NoError(t, gguf.WriteFile(path, m.w, m.tok, typ, "qwen2"))
+		got, err := peer.Run(t.Context(), path, [][]int{{m.w.Config.BOSTokenID}, {m.w.Config.BOSTokenID}}, 4, 1)
+		require.NoError(t, err, typ)
+		require.Len(t, got.Tokens, 2)
+		require.Len(t, got.Tokens[1], 4)
+	}
+}
+
+// top2 returns the argmax of x (lowest id on ties) and its margin over the runner-up.
+func top2(x []float32) (int, float64) {
+	best := argmax(x)
+	second := -1
+	for i, v := range x {
+		if i != best && (second < 0 || v > x[second]) {
+			second = i
+		}
+	}
+	return best, float64(x[best] - x[second])
+}
+
+// TestLlamaCppFigures: the side-by-side figures of a preset, with the f32 peer reproducing
+// rollout's greedy tokens from BOS.
+func TestLlamaCppFigures(t *testing.T) {
+	peer := findPeer(t)
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	d, err := DecodeWeights(t.Context(), nil, w, "tiny", kernels.F32, 8, 8, 0)
+	require.NoError(t, err)
+	require.Len(t, d.Greedy, 8)
+	rs, err := LlamaCppFigures(t.Context(), peer, w, tokenizer.NewByte(), "tiny", []gguf.Type{gguf.F32, gguf.Q8_0}, d.Greedy, 8, 2, 1, 1)
+	require.NoError(t, err)
+	require.Len(t, rs, 2)
+	require.Equal(t, "f32", rs[0].Precision)
+	require.Equal(t, 8, rs[0].GreedyMatch, "llama.cpp's f32 greedy tokens are rollout's")
+	for _, r := range rs {
+		require.Positive(t, r.Batch1TokensPerSec)
+		require.Positive(t, r.AggregateTokensPerSec)
+		require.Equal(t, 2, r.Sequences)
+	}
+}
+
+func TestFindLlamaCppMissing(t *testing.T) {
+	_, err := FindLlamaCpp(filepath.Join(t.TempDir(), "node-llama-cpp"))
+	require.ErrorIs(t, err, ErrNoLlamaCpp)
+	require.ErrorContains(t, err, LlamaCppModuleEnv, "the error says how to point at an install")
+}
+
+// TestLlamaCppGreedyLargeShapes runs the realistic presets themselves through llama.cpp (f32
+// GGUF, greedy from BOS) when ROLLOUT_PEER_LARGE=1: 2 and 5 GB files and a few GB of memory
+// each, so only on request.
+//
+//	ROLLOUT_PEER_LARGE=1 go test -run LargeShapes -v -timeout 30m ./bench/
+func TestLlamaCppGreedyLargeShapes(t *testing.T) {
+	if os.Getenv("ROLLOUT_PEER_LARGE") != "1" {
+		t.Skip("set ROLLOUT_PEER_LARGE=1 to export the 0.5B and 1B presets to llama.cpp")
+	}
+	peer := findPeer(t)
+	for _, preset := range []string{"qwen2.5-0.5b-shape", "llama3.2-1b-shape"} {
+		t.Run(preset, func(t *testing.T) {
+			w, err := model.Preset(preset, 1)
+			require.NoError(t, err)
+			d, err := DecodeWeights(t.Context(), nil, w, preset, kernels.F32, 6, 1, 0)
+			require.NoError(t, err)
+			tok, err := tokenizer.Synthetic(w.Config.VocabSize)
+			require.NoError(t, err)
+			rs, err := LlamaCppFigures(t.Context(), peer, w, tok, preset, []gguf.Type{gguf.F32}, d.Greedy, 6, 0, 1, 1)
+			require.NoError(t, err)
+			require.Equal(t, len(d.Greedy), rs[0].GreedyMatch, "llama.cpp's greedy tokens from BOS are rollout's")
+		})
+	}
+}
