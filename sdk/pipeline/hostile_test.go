@@ -93,3 +93,25 @@ func TestSourcePanicStopsThePipelineWithAnError(t *testing.T) {
 	require.ErrorIs(t, err, pipeline.ErrPanic)
 	assert.Contains(t, err.Error(), "dataset shard missing")
 }
+
+// TestObserverPanicsLoseNothing: OnSample and OnGroup panicking on every call are logged and
+// recovered; every group still reaches the batch with its samples scored.
+func TestObserverPanicsLoseNothing(t *testing.T) {
+	g := gated{release: make(chan int, 4)}
+	for i := range 4 {
+		g.release <- i % 2
+	}
+	p, err := pipeline.Start(t.Context(), pipeline.Config{GroupSize: 2, BatchGroups: 2, MaxInFlight: 1, Generator: g,
+		Verifier: byIndex, Source: constSource, Logger: quiet,
+		OnSample: func(pipeline.Sample) { panic("dashboard down") }, OnGroup: func(*pipeline.Group) { panic("dashboard down") }})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	b, err := p.Next(t.Context(), 0)
+	require.NoError(t, err)
+	require.Len(t, b.Groups, 2)
+	for _, gr := range b.Groups {
+		assert.Equal(t, []float64{0, 1}, gr.Rewards())
+		assert.NoError(t, gr.Err)
+	}
+	assert.Zero(t, b.Failed)
+}

@@ -65,7 +65,8 @@ type Config struct {
 
 	// OnSample and OnGroup stream results as they finish: each sample once scored, each
 	// group once all its samples are (with Filtered or Err set when it will not be trained
-	// on). They are called from the pipeline's goroutines, concurrently, and must not block.
+	// on). They are called from the pipeline's goroutines, concurrently, and must not block; a
+	// panic in them is logged and recovered, and loses no sample or group.
 	OnSample func(Sample)
 	OnGroup  func(*Group)
 
@@ -436,7 +437,9 @@ func (p *Pipeline) runGroup(ctx context.Context, g *Group) {
 		span.SetStatus(codes.Error, g.Err.Error())
 	}
 	if p.cfg.OnGroup != nil {
-		p.cfg.OnGroup(g)
+		// A panicking callback is logged (recovered) and the group goes on to the buffer: it
+		// is only an observer, and the trainer must not lose the group to it.
+		_ = p.recovered("OnGroup", func() error { p.cfg.OnGroup(g); return nil })
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -521,7 +524,7 @@ func (p *Pipeline) score(ctx context.Context, g *Group, i int, t Trajectory) Sam
 	}
 	p.mu.Unlock()
 	if p.cfg.OnSample != nil {
-		p.cfg.OnSample(s)
+		_ = p.recovered("OnSample", func() error { p.cfg.OnSample(s); return nil })
 	}
 	return s
 }
