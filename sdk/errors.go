@@ -35,6 +35,9 @@ var (
 	// ErrBadSecret means the fleet's desired state or a heartbeat fails the signature check
 	// with the client's secret (or the fleet is signed and the client has none).
 	ErrBadSecret = errors.New("sdk: fleet secret does not match")
+	// ErrDecode means a session's Decode (the caller's tokenizer) failed or panicked on a
+	// turn's tokens; the turn is not kept and may be run again.
+	ErrDecode = errors.New("sdk: session decode failed")
 	// ErrClosed is returned by every call after Close.
 	ErrClosed = errors.New("sdk: client closed")
 )

@@ -122,6 +122,10 @@ type GenerateRequest struct {
 	AffinityKey string
 	// RequestID names the request on the servers (default: a random id); Abort takes it.
 	RequestID string
+
+	// pin, when routable and within the load bound, is the server to use before the
+	// affinity's home: a session's server, which holds its transcript's KV.
+	pin string
 }
 
 // Token is one generated token with the weight version that produced it.
@@ -450,7 +454,7 @@ func (g *genCall) segment(ctx context.Context, id string, prompt []int, n int, p
 	exclude := map[string]bool{}
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		cand, err := g.c.pick(ctx, g.key, g.req.MinVersion, n, exclude)
+		cand, err := g.c.pick(ctx, g.key, g.req.pin, g.req.MinVersion, n, exclude)
 		if err != nil {
 			if lastErr != nil {
 				return nil, "", fmt.Errorf("%w (last failure: %w)", err, lastErr)
@@ -570,7 +574,7 @@ func (c *Client) postJSON(ctx context.Context, base, path string, body []byte) (
 
 // pick waits for a routable server for a request of n sequences and counts the request in
 // its load; release undoes that.
-func (c *Client) pick(ctx context.Context, key uint64, minVersion int64, n int, exclude map[string]bool) (candidate, error) {
+func (c *Client) pick(ctx context.Context, key uint64, pin string, minVersion int64, n int, exclude map[string]bool) (candidate, error) {
 	deadline := time.NewTimer(c.opts.RouteTimeout)
 	defer deadline.Stop()
 	reread := false
@@ -581,7 +585,7 @@ func (c *Client) pick(ctx context.Context, key uint64, minVersion int64, n int, 
 			clear(exclude) // every server failed this call once: give them another chance
 			cands, wait, why = c.candidates(minVersion, exclude)
 		}
-		if i := choose(cands, key, n); i >= 0 {
+		if i := choose(cands, key, pin, n); i >= 0 {
 			c.view[cands[i].id].inflight += n
 			c.mu.Unlock()
 			return cands[i], nil

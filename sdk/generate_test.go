@@ -133,7 +133,7 @@ func TestGenerateGroupGoesToOneServer(t *testing.T) {
 func TestGenerateRetriesOnAnotherServer(t *testing.T) {
 	agents, gens, c := genFleet(t, 2, 0)
 	prompt := []int{1, 2, 3}
-	home := agents[choose([]candidate{{id: "a"}, {id: "b"}}, affinityKey(prompt, ""), 1)].id
+	home := agents[choose([]candidate{{id: "a"}, {id: "b"}}, affinityKey(prompt, ""), "", 1)].id
 	other := map[string]int{"a": 1, "b": 0}[home]
 	gens[1-other].mu.Lock()
 	gens[1-other].status = http.StatusServiceUnavailable
@@ -220,22 +220,32 @@ func TestGenerateErrors(t *testing.T) {
 func TestChooseBoundedLoad(t *testing.T) {
 	cands := []candidate{{id: "a"}, {id: "b"}, {id: "c"}}
 	key := affinityKey([]int{1, 2, 3}, "")
-	home := choose(cands, key, 1)
+	home := choose(cands, key, "", 1)
 	require.GreaterOrEqual(t, home, 0)
-	assert.Equal(t, home, choose(cands, key, 1), "deterministic")
+	assert.Equal(t, home, choose(cands, key, "", 1), "deterministic")
 	// The home server runs far ahead: the request spills to the next-ranked one.
 	cands[home].load = 100
-	spill := choose(cands, key, 1)
+	spill := choose(cands, key, "", 1)
 	assert.NotEqual(t, home, spill)
 	// Within the slack it stays home.
 	cands[home].load = 5
-	assert.Equal(t, home, choose(cands, key, 1))
-	assert.Equal(t, -1, choose(nil, key, 1))
+	assert.Equal(t, home, choose(cands, key, "", 1))
+	assert.Equal(t, -1, choose(nil, key, "", 1))
+
+	// A pin wins over the home while it is a candidate within the load bound, and falls back
+	// to the bounded-load choice when it runs ahead or is gone (a dead server).
+	cands[home].load = 0
+	other := (home + 1) % len(cands)
+	assert.Equal(t, other, choose(cands, key, cands[other].id, 1))
+	cands[other].load = 100
+	assert.Equal(t, home, choose(cands, key, cands[other].id, 1))
+	assert.Equal(t, home, choose(cands, key, "gone", 1))
+	cands[other].load = 0
 
 	// Keys spread over the servers.
 	counts := map[string]int{}
 	for i := range 300 {
-		counts[cands[choose([]candidate{{id: "a"}, {id: "b"}, {id: "c"}}, affinityKey([]int{i, i + 1}, ""), 1)].id]++
+		counts[cands[choose([]candidate{{id: "a"}, {id: "b"}, {id: "c"}}, affinityKey([]int{i, i + 1}, ""), "", 1)].id]++
 	}
 	for _, id := range []string{"a", "b", "c"} {
 		assert.Greater(t, counts[id], 50, id)

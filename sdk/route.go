@@ -61,11 +61,12 @@ func rendezvous(key uint64, id string) uint64 {
 	return x
 }
 
-// choose picks the server for a request of n sequences: the key's highest-ranked server whose
-// load is within slack of the least loaded one (bounded-load rendezvous hashing). It keeps a
-// prompt group on its home server while the fleet is balanced and spills over when that
-// server runs ahead. It returns -1 for no candidates.
-func choose(cands []candidate, key uint64, n int) int {
+// choose picks the server for a request of n sequences: the pinned server when it is a
+// candidate within the load bound, else the key's highest-ranked server whose load is within
+// slack of the least loaded one (bounded-load rendezvous hashing). It keeps a prompt group
+// on its home server while the fleet is balanced and spills over when that server runs
+// ahead. It returns -1 for no candidates.
+func choose(cands []candidate, key uint64, pin string, n int) int {
 	if len(cands) == 0 {
 		return -1
 	}
@@ -74,6 +75,13 @@ func choose(cands []candidate, key uint64, n int) int {
 		minLoad = min(minLoad, c.load)
 	}
 	slack := 8 + n
+	if pin != "" {
+		for i, c := range cands {
+			if c.id == pin && c.load <= minLoad+slack {
+				return i
+			}
+		}
+	}
 	best, bestScore := -1, uint64(0)
 	for i, c := range cands {
 		if c.load > minLoad+slack {

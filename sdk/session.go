@@ -55,7 +55,8 @@ type SessionOptions struct {
 	MinVersion int64
 	// Decode turns a model turn's token ids into text, for tool-call parsing (optional: with
 	// no Decode, turns carry no text and no calls). Any tokenizer of the served model does;
-	// the SDK itself has none.
+	// the SDK itself has none. When it fails or panics the turn fails with ErrDecode and is
+	// not kept.
 	Decode func(ctx context.Context, ids []int) (string, error)
 	// ToolFormat is the tool-call syntax Decode's text is parsed with (empty: toolcall.Auto).
 	ToolFormat toolcall.Format
@@ -67,6 +68,14 @@ type SessionOptions struct {
 // trajectory a trainer sees is the one the policy was conditioned on. Every turn of a
 // session is routed by its affinity key to one server (while that server is healthy and in
 // rotation), which therefore already holds the transcript's KV.
+//
+// When that server fails (killed, out of rotation, behind the fleet's version) the turn
+// moves to another one, like any Generate request: the transcript is held here as token ids,
+// so any server can continue it, and only the KV cache is lost. The session then re-pins:
+// later turns go to the server that ran the last turn while it is routable and within the
+// routing's load bound, also once the old home is back (it lost the KV). A turn fails, with
+// the transcript unchanged, only when no server can take it (ErrNoServers, ErrTimeout,
+// ErrStale), when a server rejects it (ErrRejected) or when ctx ends.
 //
 // A weight update during a turn does not break the episode: the turn is continued like any
 // Generate sample a pause aborted, and every model token keeps the version that sampled it.
@@ -82,6 +91,9 @@ type Session struct {
 	prompt []int
 	toks   []SessionToken
 	turns  int
+	// server is where the last turn ended: the next turn goes there first (it holds the
+	// transcript's KV), whatever the affinity key's home is by now.
+	server string
 }
 
 // Turn is the result of one model turn of a Session.
@@ -185,7 +197,8 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 	}
 	transcript := s.transcriptLocked()
 	req := GenerateRequest{PromptTokenIDs: transcript, N: 1, Sampling: p, MinVersion: s.opts.MinVersion,
-		CacheSalt: s.opts.CacheSalt, AffinityKey: s.opts.AffinityKey, RequestID: s.opts.ID + "-t" + strconv.Itoa(s.turns)}
+		CacheSalt: s.opts.CacheSalt, AffinityKey: s.opts.AffinityKey, RequestID: s.opts.ID + "-t" + strconv.Itoa(s.turns),
+		pin: s.server}
 	span.SetAttributes(attribute.String("rollout.session", s.opts.ID), attribute.Int("rollout.turn", s.turns),
 		attribute.Int("rollout.prompt_tokens", len(transcript)))
 	res, err := s.c.Generate(ctx, req)
@@ -195,9 +208,9 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 	smp := res.Samples[0]
 	t := &Turn{Index: s.turns, Sample: smp, PromptTokens: len(transcript)}
 	if s.opts.Decode != nil {
-		text, err := s.opts.Decode(ctx, textIDs(smp, p.StopTokenIDs))
+		text, err := s.decode(ctx, textIDs(smp, p.StopTokenIDs))
 		if err != nil {
-			return nil, fmt.Errorf("session %s turn %d: decoding: %w", s.opts.ID, s.turns, err)
+			return nil, fmt.Errorf("session %s turn %d: %w: %w", s.opts.ID, s.turns, ErrDecode, err)
 		}
 		t.Text = text
 		r, perr := toolcall.Parse(text, s.opts.ToolFormat)
@@ -208,9 +221,23 @@ func (s *Session) Generate(ctx context.Context, opts TurnOptions) (turn *Turn, e
 			WeightVersion: tok.WeightVersion, Turn: s.turns})
 	}
 	s.turns++
+	if len(smp.Servers) > 0 {
+		s.server = smp.Servers[len(smp.Servers)-1]
+	}
 	span.SetAttributes(attribute.Int("rollout.tokens", len(smp.Tokens)), attribute.Int("rollout.cached_tokens", smp.NumCachedTokens),
 		attribute.StringSlice("rollout.servers", smp.Servers))
 	return t, nil
+}
+
+// decode runs the caller's Decode, turning a panic into an error: a tokenizer that chokes on
+// an odd id must fail the turn, not the process (a pipeline runs sessions on its goroutines).
+func (s *Session) decode(ctx context.Context, ids []int) (text string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return s.opts.Decode(ctx, ids)
 }
 
 // textIDs are the ids of a turn's text: without the stop token that ended it (the chat

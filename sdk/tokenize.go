@@ -137,7 +137,7 @@ func (c *Client) callAny(ctx context.Context, path string, body []byte, out any)
 	exclude := map[string]bool{}
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		cand, err := c.pick(ctx, 0, 0, 0, exclude)
+		cand, err := c.pick(ctx, 0, "", 0, 0, exclude)
 		if err != nil {
 			if lastErr != nil {
 				return fmt.Errorf("%w (last failure: %w)", err, lastErr)

@@ -29,6 +29,13 @@ func TestPropertyMatchesReference(t *testing.T) {
 		}
 		seed := rapid.Uint64().Draw(rt, "seed")
 		kept := refKept(row, p.Temperature, p.TopK, p.TopP, p.MinP)
+		if p.TopP < 1 && (len(refKept(row, p.Temperature, p.TopK, p.TopP*(1-1e-9), p.MinP)) != len(kept) ||
+			len(refKept(row, p.Temperature, p.TopK, min(p.TopP*(1+1e-9), 1), p.MinP)) != len(kept)) {
+			// The nucleus ends exactly at top_p (e.g. 6 of 12 tied tokens at 0.5): whether the
+			// sum reaches it is a rounding of the summation order, which the sampler and the
+			// reference need not share.
+			rt.Skip("top_p boundary within rounding")
+		}
 		raw := logSoftmax(row, 1)
 
 		pp := p

@@ -27,11 +27,16 @@ const (
 	KindUnanswered = "unanswered"
 	// KindCounter: a server's violation counter above 0.
 	KindCounter = "violation-counter"
+	// KindSession: a session's transcript is not its successful steps in order (a token lost,
+	// duplicated or out of place), or a model token's version or loss mask is not the one its
+	// turn returned.
+	KindSession = "session-transcript"
 )
 
 // Kinds lists every violation kind, in report order.
 func Kinds() []string {
-	return []string{KindTwoDigests, KindUncommitted, KindBelowFloor, KindBackwards, KindNotConverged, KindUnanswered, KindCounter}
+	return []string{KindTwoDigests, KindUncommitted, KindBelowFloor, KindBackwards, KindNotConverged, KindUnanswered, KindCounter,
+		KindSession}
 }
 
 // maxDetails bounds how many violations of one kind the report spells out.
@@ -100,6 +105,9 @@ func Check(h *History) *Report {
 		if !c.Converged {
 			add(KindNotConverged, "server %s not in rotation on version %d %s after the heal; last heartbeat %s", c.Server, c.Want, c.After, c.Last)
 		}
+	}
+	for _, o := range h.Sessions {
+		checkSession(o, add)
 	}
 	type key struct{ server, metric string }
 	worst := map[key]CounterObs{}
@@ -270,4 +278,44 @@ func counts(m map[string]int) string {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
 	}
 	return "(" + strings.Join(parts, " ") + ")"
+}
+
+// checkSession compares a session's final trajectory with its steps: the completion is the
+// steps' tokens in order, each model token with its turn's version and mask 1, each
+// environment token with mask 0.
+func checkSession(o SessionObs, add func(kind, format string, args ...any)) {
+	var want []int
+	var versions []int64
+	var mask []uint8
+	for _, st := range o.Steps {
+		want = append(want, st.Env...)
+		for range st.Env {
+			versions, mask = append(versions, 0), append(mask, 0)
+		}
+		want = append(want, st.Tokens...)
+		versions = append(versions, st.Versions...)
+		for range st.Tokens {
+			mask = append(mask, 1)
+		}
+	}
+	switch {
+	case !slices.Equal(want, o.Completion):
+		add(KindSession, "session %s (%s): transcript after the prompt is %d tokens, its steps give %d; first difference at %d",
+			o.ID, o.Process, len(o.Completion), len(want), firstDiff(want, o.Completion))
+	case !slices.Equal(versions, o.Versions):
+		add(KindSession, "session %s (%s): token versions %s, its turns returned %s", o.ID, o.Process, runs(o.Versions), runs(versions))
+	case !slices.Equal(mask, o.Mask):
+		add(KindSession, "session %s (%s): loss mask differs from its steps at token %d", o.ID, o.Process, firstDiff(mask, o.Mask))
+	}
+}
+
+// firstDiff is the first index where a and b differ (the shorter length when one is a prefix
+// of the other).
+func firstDiff[T comparable](a, b []T) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
 }

@@ -46,6 +46,10 @@ func clean() History {
 			{At: ms(2500), Server: "s3", Version: 1, Digest: digestA, Source: "heartbeat", Why: "converged to the desired state"},
 			{At: ms(2600), Server: "s2", Version: 1, Digest: "", Source: "heartbeat"}, // unknown: no evidence
 		},
+		Sessions: []SessionObs{{ID: "ep-0", Process: "session-0", Prompt: []int{5, 6},
+			Steps: []SessionStep{{Request: 0, Tokens: []int{9, 9}, Versions: []int64{0, 1}}, {Env: []int{7, 8}},
+				{Request: 1, Tokens: []int{3, 4}, Versions: []int64{1, 1}}},
+			Completion: []int{9, 9, 7, 8, 3, 4}, Versions: []int64{0, 1, 0, 0, 1, 1}, Mask: []uint8{1, 1, 0, 0, 1, 1}}},
 		Desired:     []DesiredObs{{At: ms(800), Epoch: 2, Version: 1, Digest: digestA}},
 		Counters:    []CounterObs{{At: ms(3200), Server: "s1", Metric: "rollout_safety_violations_total", Value: 0}},
 		HealedAt:    ms(2000),
@@ -120,6 +124,25 @@ func TestCheckFindsEachViolationKind(t *testing.T) {
 		{KindCounter, func(h *History) {
 			h.Counters = append(h.Counters, CounterObs{At: ms(1400), Server: "s3", Metric: "rollout_safety_violations_total", Value: 2})
 		}, "server s3: rollout_safety_violations_total = 2"},
+		{KindSession, func(h *History) {
+			// a turn's tokens lost from the transcript
+			o := &h.Sessions[0]
+			o.Completion, o.Versions, o.Mask = o.Completion[:4], o.Versions[:4], o.Mask[:4]
+		}, "transcript after the prompt is 4 tokens, its steps give 6; first difference at 4"},
+		{KindSession, func(h *History) {
+			// a turn counted twice
+			o := &h.Sessions[0]
+			o.Completion = append(o.Completion, 3, 4)
+			o.Versions, o.Mask = append(o.Versions, 1, 1), append(o.Mask, 1, 1)
+		}, "its steps give 6"},
+		{KindSession, func(h *History) {
+			// a model token that lost the version that sampled it
+			h.Sessions[0].Versions[1] = 0
+		}, "token versions v0x4 v1x2, its turns returned v0x1 v1x1 v0x2 v1x2"},
+		{KindSession, func(h *History) {
+			// an environment token trained on
+			h.Sessions[0].Mask[2] = 1
+		}, "loss mask differs from its steps at token 2"},
 	}
 	for _, c := range cases {
 		t.Run(c.kind, func(t *testing.T) {

@@ -3,7 +3,8 @@
 // TestFaults (run only with ROLLOUT_FAULTS=n set; `make faults-ci`, `make faults`) starts a
 // real redis-server, a TCP proxy per server between it and Redis, three `rollout serve`
 // processes (internal/fleettest) and two trainers (sdk clients, each publishing its own
-// checkpoints from a weightstore over HTTP), keeps a generation load running, and
+// checkpoints from a weightstore over HTTP), keeps a generation load running (single
+// requests, and multi-turn sdk.Session episodes whose transcripts are checked too), and
 // plays a schedule drawn up front from a seed (ROLLOUT_FAULTS_SEED replays one): weight
 // updates under every policy, cancelled updates, two trainers updating at once, fleet and
 // per-server pause/resume/sleep/wake, SIGKILL and restart of servers (also mid-stage and

@@ -45,6 +45,9 @@ const (
 	// thinkTime separates a load worker's requests (the tiny model answers in a few ms; the
 	// history stays a readable size).
 	thinkTime = 20 * time.Millisecond
+	// sessionTurns and sessionTurnTokens shape the session worker's episodes.
+	sessionTurns      = 6
+	sessionTurnTokens = 8
 )
 
 // serverArgs give every server a KV offloading connector, so its safety violation counter
@@ -360,6 +363,8 @@ func (h *harness) run() {
 		h.loadWG.Add(1)
 		go h.loadWorker(i)
 	}
+	h.loadWG.Add(1)
+	go h.sessionWorker()
 	for _, e := range h.sched.Events {
 		if d := time.Until(h.start.Add(e.At)); d > 0 {
 			time.Sleep(d) // the schedule's clock: events run at their offsets
@@ -752,6 +757,67 @@ func (h *harness) loadWorker(w int) {
 		case <-time.After(pause):
 		}
 	}
+}
+
+// sessionWorker runs multi-turn episodes (sdk.Session) through the faults, as an agentic
+// trainer's rollout worker does: turns of sessionTurns tokens with environment tokens
+// between them. Each turn is a Request of the history (checked like the load's); each
+// episode's steps and final trajectory are a SessionObs, checked for lost, duplicated or
+// misversioned tokens. A failed turn is retried on the same session, as a caller would.
+func (h *harness) sessionWorker() {
+	defer h.loadWG.Done()
+	const process = "session-0"
+	for ep := 0; ; ep++ {
+		prompt := []int{1, 9, 9, 3 + ep%50}
+		s, err := h.load.NewSession(prompt, sdk.SessionOptions{ID: fmt.Sprintf("ep-%d", ep),
+			Sampling: sdk.SamplingParams{MaxTokens: sessionTurnTokens, Temperature: 1, IgnoreEOS: true}})
+		if err != nil {
+			h.t.Errorf("faults: new session: %v", err)
+			return
+		}
+		o := SessionObs{ID: s.ID(), Process: process, Prompt: prompt}
+		for turn := 0; turn < sessionTurns; {
+			select {
+			case <-h.stopLoad:
+				h.endSession(s, o)
+				return
+			default:
+			}
+			id := h.rec.Request(process, PhaseLoad, h.floor.Load())
+			ctx, cancel := context.WithTimeout(context.Background(), requestBound)
+			tr, err := s.Generate(ctx, sdk.TurnOptions{})
+			cancel()
+			if err != nil {
+				h.rec.Answer(id, nil, err)
+				select {
+				case <-h.stopLoad:
+				case <-time.After(50 * time.Millisecond): // no server right now: do not spin
+				}
+				continue
+			}
+			h.rec.Answer(id, []Sample{{Versions: tr.Sample.WeightVersions(), Servers: tr.Sample.Servers}}, nil)
+			o.Steps = append(o.Steps, SessionStep{Request: id, Tokens: tr.Sample.TokenIDs(), Versions: tr.Sample.WeightVersions()})
+			env := []int{7, 8 + turn%20}
+			if err := s.Append(env...); err != nil {
+				h.t.Errorf("faults: append: %v", err)
+				return
+			}
+			o.Steps = append(o.Steps, SessionStep{Env: env})
+			turn++
+			select {
+			case <-h.stopLoad:
+			case <-time.After(thinkTime): // the environment's step; the history stays readable
+			}
+		}
+		h.endSession(s, o)
+	}
+}
+
+// endSession records an episode with the session's trajectory.
+func (h *harness) endSession(s *sdk.Session, o SessionObs) {
+	tj := s.Trajectory()
+	o.Completion, o.Versions, o.Mask = tj.Completion, tj.Versions, tj.LossMask
+	h.rec.Session(o)
 }
 
 func (h *harness) generate(process, phase string, prompt []int) error {

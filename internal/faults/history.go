@@ -30,6 +30,8 @@ type History struct {
 	// Counters are the servers' violation counters, scraped at the end (and before every
 	// restart of a server, which resets them).
 	Counters []CounterObs `json:"counters"`
+	// Sessions are the multi-turn episodes the session worker ran.
+	Sessions []SessionObs `json:"sessions,omitempty"`
 	// HealedAt is when every fault was healed and the fleet resumed and woken.
 	HealedAt time.Duration `json:"healed_at"`
 	// Convergence is, per server, whether it heartbeat in rotation on the final desired
@@ -112,6 +114,31 @@ type Request struct {
 type Sample struct {
 	Versions []int64  `json:"versions"`
 	Servers  []string `json:"servers"`
+}
+
+// SessionObs is one multi-turn episode (sdk.Session): the steps the worker saw succeed, in
+// order, and the transcript the session held at the end. Each turn is also a Request (its
+// tokens' versions are checked there).
+type SessionObs struct {
+	ID      string `json:"id"`
+	Process string `json:"process"`
+	Prompt  []int  `json:"prompt"`
+	// Steps are the appends and the successful turns; a failed turn is no step.
+	Steps []SessionStep `json:"steps"`
+	// Completion, Versions and Mask are the session's trajectory at the end (sdk.Trajectory):
+	// every token after the prompt, its weight version and loss mask.
+	Completion []int   `json:"completion"`
+	Versions   []int64 `json:"versions"`
+	Mask       []uint8 `json:"mask"`
+}
+
+// SessionStep is environment tokens appended (Env) or a model turn: its request's id in
+// Requests and the tokens the turn returned with their versions.
+type SessionStep struct {
+	Env      []int   `json:"env,omitempty"`
+	Request  int     `json:"request,omitempty"`
+	Tokens   []int   `json:"tokens,omitempty"`
+	Versions []int64 `json:"versions,omitempty"`
 }
 
 // Publish is one checkpoint a trainer published.
@@ -234,6 +261,13 @@ func (r *Recorder) Answer(id int, samples []Sample, err error) {
 	if err != nil {
 		q.Err = err.Error()
 	}
+}
+
+// Session records a finished episode.
+func (r *Recorder) Session(o SessionObs) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.h.Sessions = append(r.h.Sessions, o)
 }
 
 // Publish records a checkpoint a trainer published.

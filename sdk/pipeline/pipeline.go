@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -64,7 +65,8 @@ type Config struct {
 
 	// OnSample and OnGroup stream results as they finish: each sample once scored, each
 	// group once all its samples are (with Filtered or Err set when it will not be trained
-	// on). They are called from the pipeline's goroutines, concurrently, and must not block.
+	// on). They are called from the pipeline's goroutines, concurrently, and must not block; a
+	// panic in them is logged and recovered, and loses no sample or group.
 	OnSample func(Sample)
 	OnGroup  func(*Group)
 
@@ -309,7 +311,8 @@ func (p *Pipeline) admitLoop(ctx context.Context) {
 		}
 		if held == nil {
 			p.mu.Unlock()
-			prompt, err := p.cfg.Source(ctx)
+			var prompt Prompt
+			err := p.recovered("source", func() (err error) { prompt, err = p.cfg.Source(ctx); return err })
 			p.mu.Lock()
 			switch {
 			case p.closed || ctx.Err() != nil:
@@ -384,7 +387,9 @@ func (p *Pipeline) runGroup(ctx context.Context, g *Group) {
 			g.Samples[i] = p.score(ctx, g, i, t)
 		}()
 	}
-	err := p.cfg.Generator.Generate(ctx, Request{Group: g.ID, Prompt: g.Prompt, N: n, MinVersion: g.RequestedVersion}, emit)
+	err := p.recovered("generator", func() error {
+		return p.cfg.Generator.Generate(ctx, Request{Group: g.ID, Prompt: g.Prompt, N: n, MinVersion: g.RequestedVersion}, emit)
+	})
 	mu.Lock()
 	done = true
 	missing := 0
@@ -432,7 +437,9 @@ func (p *Pipeline) runGroup(ctx context.Context, g *Group) {
 		span.SetStatus(codes.Error, g.Err.Error())
 	}
 	if p.cfg.OnGroup != nil {
-		p.cfg.OnGroup(g)
+		// A panicking callback is logged (recovered) and the group goes on to the buffer: it
+		// is only an observer, and the trainer must not lose the group to it.
+		_ = p.recovered("OnGroup", func() error { p.cfg.OnGroup(g); return nil })
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -477,7 +484,8 @@ func (p *Pipeline) score(ctx context.Context, g *Group, i int, t Trajectory) Sam
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		r, err := p.cfg.Verifier.Verify(vctx, g.Prompt, t)
+		var r float64
+		err := p.recovered("verifier", func() (err error) { r, err = p.cfg.Verifier.Verify(vctx, g.Prompt, t); return err })
 		res <- result{r, err}
 	}()
 	var r result
@@ -516,7 +524,20 @@ func (p *Pipeline) score(ctx context.Context, g *Group, i int, t Trajectory) Sam
 	}
 	p.mu.Unlock()
 	if p.cfg.OnSample != nil {
-		p.cfg.OnSample(s)
+		_ = p.recovered("OnSample", func() error { p.cfg.OnSample(s); return nil })
 	}
 	return s
+}
+
+// recovered calls f, the caller's code (what names it), turning a panic into an error
+// wrapping ErrPanic: it runs on the pipeline's goroutines, where a panic would end the whole
+// process. The stack goes to the log, the error stays one line.
+func (p *Pipeline) recovered(what string, f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: %v", ErrPanic, what, r)
+			p.cfg.Logger.Error("pipeline: recovered a panic", "in", what, "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	return f()
 }

@@ -29,6 +29,10 @@ var (
 	ErrNoSignal = errors.New("pipeline: groups without reward variance")
 	// ErrClosed is returned by Next after Close.
 	ErrClosed = errors.New("pipeline: closed")
+	// ErrPanic wraps a panic of the caller's Verifier (with ErrVerifier: its sample fails),
+	// Generator (with ErrGenerate) or Source: the pipeline recovers it rather than crash
+	// the trainer's process over one bad sample.
+	ErrPanic = errors.New("pipeline: panic in caller's code")
 )
 
 // Prompt is one task instance: the prompt's tokens and whatever the verifier needs to score
