@@ -259,14 +259,25 @@ func streamIDs(streams []*engine.Stream) []string {
 	return ids
 }
 
-// meanStepMillis is the engine's mean step time over the next five steps.
+// meanStepMillis is the engine's mean step time over the next five steps, or over the steps
+// it ran before it had nothing left to run (0 when it ran none): the requests that keep it
+// stepping may finish first, on a slow or loaded machine, and it must not wait for steps
+// that will never come.
 func meanStepMillis(e *engine.Engine) float64 {
 	m0 := e.Metrics().Steps
 	t0 := time.Now()
-	for e.Metrics().Steps < m0+5 {
+	for {
+		m := e.Metrics()
+		if m.Steps >= m0+5 || (m.Running == 0 && m.Waiting == 0) {
+			break
+		}
 		time.Sleep(100 * time.Microsecond)
 	}
-	return time.Since(t0).Seconds() * 1e3 / float64(e.Metrics().Steps-m0)
+	n := e.Metrics().Steps - m0
+	if n == 0 {
+		return 0
+	}
+	return time.Since(t0).Seconds() * 1e3 / float64(n)
 }
 
 // IdleResult is the engine's CPU use while idle.
