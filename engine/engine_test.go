@@ -544,6 +544,10 @@ func TestCallsAfterShutdown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
+	// Paused, the engine queues the request and runs none of it, so the shutdown finds it
+	// unfinished however long this goroutine waits to cancel.
+	_, err = e.Pause(context.Background(), PauseKeep, false)
+	require.NoError(t, err)
 	s, err := e.Add(context.Background(), Request{ID: "a", PromptTokenIDs: prompt(4, 1), Sampling: greedy(1000)})
 	require.NoError(t, err)
 	cancel()
