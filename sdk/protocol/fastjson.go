@@ -290,26 +290,14 @@ func (s *scanner) strings() ([]string, bool) {
 	return out, true
 }
 
-func (s *scanner) stringMap() (map[string]string, bool) {
-	out := map[string]string{}
+// objectOf reads an object whose values read reads, each name at most once.
+func objectOf[T any](s *scanner, read func() (T, bool)) (map[string]T, bool) {
+	out := map[string]T{}
 	ok := s.object(func(name []byte) bool {
 		if _, dup := out[string(name)]; dup {
 			return false
 		}
-		v, ok := s.str()
-		out[string(name)] = v
-		return ok
-	})
-	return out, ok
-}
-
-func (s *scanner) int64Map() (map[string]int64, bool) {
-	out := map[string]int64{}
-	ok := s.object(func(name []byte) bool {
-		if _, dup := out[string(name)]; dup {
-			return false
-		}
-		v, ok := s.int64()
+		v, ok := read()
 		out[string(name)] = v
 		return ok
 	})
@@ -317,10 +305,7 @@ func (s *scanner) int64Map() (map[string]int64, bool) {
 }
 
 // fields reads an object's members into a struct, each name at most once.
-type fields struct {
-	s    *scanner
-	seen uint32
-}
+type fields struct{ seen uint32 }
 
 // first marks member bit as read, false when it was read before.
 func (f *fields) first(bit uint) bool {
@@ -331,100 +316,68 @@ func (f *fields) first(bit uint) bool {
 	return true
 }
 
-func (f *fields) str(bit uint, dst *string) bool {
+// take reads member bit into dst with read, refusing a second reading of it.
+func take[T any](f *fields, bit uint, dst *T, read func() (T, bool)) bool {
 	if !f.first(bit) {
 		return false
 	}
-	v, ok := f.s.str()
+	v, ok := read()
 	*dst = v
 	return ok
 }
 
-func (f *fields) int64(bit uint, dst *int64) bool {
-	if !f.first(bit) {
-		return false
-	}
-	v, ok := f.s.int64()
-	*dst = v
-	return ok
+// integer reads a JSON integer into an int (the version fields).
+func (s *scanner) integer() (int, bool) {
+	v, ok := s.int64()
+	return int(v), ok
 }
 
-func (f *fields) int(bit uint, dst *int) bool {
-	var v int64
-	ok := f.int64(bit, &v)
-	*dst = int(v)
-	return ok
+func (s *scanner) kind() (Kind, bool) {
+	v, ok := s.str()
+	return Kind(v), ok
 }
 
-func (f *fields) boolean(bit uint, dst *bool) bool {
-	if !f.first(bit) {
-		return false
-	}
-	v, ok := f.s.boolean()
-	*dst = v
-	return ok
+func (s *scanner) result() (Result, bool) {
+	v, ok := s.str()
+	return Result(v), ok
 }
 
-func (f *fields) float64(bit uint, dst *float64) bool {
-	if !f.first(bit) {
-		return false
-	}
-	v, ok := f.s.float64()
-	*dst = v
-	return ok
-}
-
-func (f *fields) raw(bit uint, dst *json.RawMessage) bool {
-	if !f.first(bit) {
-		return false
-	}
-	v, ok := f.s.raw()
-	*dst = v
-	return ok
-}
+func (s *scanner) stringMap() (map[string]string, bool) { return objectOf(s, s.str) }
 
 // fastEnvelope decodes what Envelope.Encode writes; false means "ask the standard decoder".
 func fastEnvelope(b []byte, e *Envelope) bool {
 	s := scanner{b: b}
-	f := fields{s: &s}
+	var f fields
 	ok := s.object(func(name []byte) bool {
 		switch string(name) {
 		case "v":
-			return f.int(0, &e.V)
+			return take(&f, 0, &e.V, s.integer)
 		case "id":
-			return f.str(1, &e.ID)
+			return take(&f, 1, &e.ID, s.str)
 		case "fleet":
-			return f.str(2, &e.Fleet)
+			return take(&f, 2, &e.Fleet, s.str)
 		case "targets":
-			var ok bool
-			if f.first(3) {
-				e.Targets, ok = s.strings()
-			}
-			return ok
+			return take(&f, 3, &e.Targets, s.strings)
 		case "issued_at":
-			return f.int64(4, &e.IssuedAt)
+			return take(&f, 4, &e.IssuedAt, s.int64)
 		case "deadline":
-			return f.int64(5, &e.Deadline)
+			return take(&f, 5, &e.Deadline, s.int64)
 		case "trace":
-			var ok bool
-			if f.first(6) {
-				e.Trace, ok = s.stringMap()
-			}
-			return ok
+			return take(&f, 6, &e.Trace, s.stringMap)
 		case "kind":
-			return f.str(7, (*string)(&e.Kind))
+			return take(&f, 7, &e.Kind, s.kind)
 		case "body":
-			return f.raw(8, &e.Body)
+			return take(&f, 8, &e.Body, s.raw)
 		case "epoch":
-			return f.int64(9, &e.Epoch)
+			return take(&f, 9, &e.Epoch, s.int64)
 		case "fleet_wide":
-			return f.boolean(10, &e.FleetWide)
+			return take(&f, 10, &e.FleetWide, s.boolean)
 		case "desired":
-			return f.raw(11, &e.Desired)
+			return take(&f, 11, &e.Desired, s.raw)
 		case "macs":
-			return f.str(12, &e.MACs)
+			return take(&f, 12, &e.MACs, s.str)
 		case "sig":
-			return f.str(13, &e.Sig)
+			return take(&f, 13, &e.Sig, s.str)
 		}
 		return false
 	})
@@ -434,74 +387,72 @@ func fastEnvelope(b []byte, e *Envelope) bool {
 // fastAck decodes what Ack.Encode writes; false means "ask the standard decoder".
 func fastAck(b []byte, a *Ack) bool {
 	s := scanner{b: b}
-	f := fields{s: &s}
+	var f fields
 	ok := s.object(func(name []byte) bool {
 		switch string(name) {
 		case "v":
-			return f.int(0, &a.V)
+			return take(&f, 0, &a.V, s.integer)
 		case "command_id":
-			return f.str(1, &a.CommandID)
+			return take(&f, 1, &a.CommandID, s.str)
 		case "server_id":
-			return f.str(2, &a.ServerID)
+			return take(&f, 2, &a.ServerID, s.str)
 		case "kind":
-			return f.str(3, (*string)(&a.Kind))
+			return take(&f, 3, &a.Kind, s.kind)
 		case "result":
-			return f.str(4, (*string)(&a.Result))
+			return take(&f, 4, &a.Result, s.result)
 		case "code":
-			return f.str(5, &a.Code)
+			return take(&f, 5, &a.Code, s.str)
 		case "error":
-			return f.str(6, &a.Error)
+			return take(&f, 6, &a.Error, s.str)
 		case "phases":
-			if !f.first(7) {
-				return false
-			}
-			a.Phases = []Phase{}
-			return s.array(func() bool {
-				var p Phase
-				ok := fastPhase(&s, &p)
-				a.Phases = append(a.Phases, p)
-				return ok
-			})
+			return take(&f, 7, &a.Phases, s.phases)
 		case "weight_version":
-			return f.int64(8, &a.WeightVersion)
+			return take(&f, 8, &a.WeightVersion, s.int64)
 		case "staged_version":
-			return f.int64(9, &a.StagedVersion)
+			return take(&f, 9, &a.StagedVersion, s.int64)
 		case "weight_sha256":
-			return f.str(10, &a.WeightSHA256)
+			return take(&f, 10, &a.WeightSHA256, s.str)
 		case "last_token_before":
-			return f.int64(11, &a.LastTokenBefore)
+			return take(&f, 11, &a.LastTokenBefore, s.int64)
 		case "first_token_after":
-			return f.int64(12, &a.FirstTokenAfter)
+			return take(&f, 12, &a.FirstTokenAfter, s.int64)
 		case "duplicate":
-			return f.boolean(13, &a.Duplicate)
+			return take(&f, 13, &a.Duplicate, s.boolean)
 		case "at":
-			return f.int64(14, &a.At)
+			return take(&f, 14, &a.At, s.int64)
 		case "sig":
-			return f.str(15, &a.Sig)
+			return take(&f, 15, &a.Sig, s.str)
 		}
 		return false
 	})
 	return ok && s.atEnd()
 }
 
-func fastPhase(s *scanner, p *Phase) bool {
-	f := fields{s: s}
+func (s *scanner) phases() ([]Phase, bool) {
+	out := []Phase{}
+	ok := s.array(func() bool {
+		var p Phase
+		ok := s.phase(&p)
+		out = append(out, p)
+		return ok
+	})
+	return out, ok
+}
+
+func (s *scanner) phase(p *Phase) bool {
+	var f fields
 	return s.object(func(name []byte) bool {
 		switch string(name) {
 		case "name":
-			return f.str(0, &p.Name)
+			return take(&f, 0, &p.Name, s.str)
 		case "ok":
-			return f.boolean(1, &p.OK)
+			return take(&f, 1, &p.OK, s.boolean)
 		case "error":
-			return f.str(2, &p.Error)
+			return take(&f, 2, &p.Error, s.str)
 		case "seconds":
-			return f.float64(3, &p.Seconds)
+			return take(&f, 3, &p.Seconds, s.float64)
 		case "detail":
-			var ok bool
-			if f.first(4) {
-				p.Detail, ok = s.int64Map()
-			}
-			return ok
+			return take(&f, 4, &p.Detail, func() (map[string]int64, bool) { return objectOf(s, s.int64) })
 		}
 		return false
 	})
