@@ -415,7 +415,7 @@ func (e *Engine) StageBuilt(ctx context.Context, b *model.Builder, version int64
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
-	if !sameShape(m.Config, e.shape) {
+	if !m.Config.SameShape(e.shape) {
 		return fmt.Errorf("%w: built weights have shape %+v, the engine serves %+v", ErrInvalidArgument, m.Config, e.shape)
 	}
 	_, err = controlCall(ctx, e, "update_weights.stage", func(_ context.Context, done func(struct{}, error)) {
@@ -447,7 +447,7 @@ func (e *Engine) pack(w *model.Weights) (*model.Model, error) {
 	if w == nil {
 		return nil, fmt.Errorf("%w: nil weights", ErrInvalidArgument)
 	}
-	if !sameShape(w.Config, e.shape) {
+	if !w.Config.SameShape(e.shape) {
 		return nil, fmt.Errorf("%w: staged weights have shape %+v, the engine serves %+v", ErrInvalidArgument, w.Config, e.shape)
 	}
 	// A failed pack leaves the spare half-written: it is dropped, not put back.
@@ -465,7 +465,7 @@ func (e *Engine) pack(w *model.Weights) (*model.Model, error) {
 // norms but is never run (a pack only takes its matrices), so w is free again once
 // PrepareSpare returns.
 func (e *Engine) PrepareSpare(ctx context.Context, w *model.Weights) error {
-	if w == nil || !sameShape(w.Config, e.shape) {
+	if w == nil || !w.Config.SameShape(e.shape) {
 		return fmt.Errorf("%w: a spare needs weights of the serving shape", ErrInvalidArgument)
 	}
 	m, err := model.NewAs(w, nil, nil, e.cfg.Precision)
@@ -673,5 +673,3 @@ func (c *copyCount) versions(vs []int64) []int64 {
 	}
 	return vs
 }
-
-func sameShape(a, b model.Config) bool { return a.SameShape(b) }
