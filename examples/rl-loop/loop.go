@@ -410,6 +410,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(tr.Steps())))
 	tracer := cfg.tracerProvider().Tracer("rollout/examples/rl-loop")
 	var pending *update
+	tally := newViolationTally(cfg.Logger)
 	for i := 0; i < cfg.Steps; i++ {
 		stepStart := time.Now()
 		rec := record{Step: tr.Steps() + 1}
@@ -544,7 +545,7 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 				sum.After = ev
 			}
 		}
-		if rec.Violations, err = violations(ctx, c); err != nil {
+		if rec.Violations, err = tally.observe(ctx, c); err != nil {
 			return sum, err
 		}
 		rec.StepSec = time.Since(stepStart).Seconds()
@@ -679,21 +680,59 @@ func minServing(ctx context.Context, c *sdk.Client) (int64, error) {
 	return v, nil
 }
 
-// violations sums rollout_safety_violations_total over the fleet's /metrics.
-func violations(ctx context.Context, c *sdk.Client) (int64, error) {
+// violationTally sums rollout_safety_violations_total over the fleet's /metrics
+// across the whole run. A server that is down between its crash and the
+// expiry of its heartbeat cannot be scraped; the run must outlive it (a soak
+// restarts servers on purpose), so the tally keeps each server's last figure
+// instead of failing the step. A restarted server's counter starts again at
+// zero, so a drop is read as a restart and what it had counted is kept.
+type violationTally struct {
+	last map[string]int64 // server id -> the counter's value at its last scrape
+	base map[string]int64 // server id -> what earlier processes of that id counted
+	log  *slog.Logger
+}
+
+func newViolationTally(log *slog.Logger) *violationTally {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &violationTally{last: map[string]int64{}, base: map[string]int64{}, log: log}
+}
+
+// observe scrapes every server the fleet lists and returns the run's total.
+func (v *violationTally) observe(ctx context.Context, c *sdk.Client) (int64, error) {
 	st, err := c.Status(ctx)
 	if err != nil {
 		return 0, err
 	}
-	var total int64
 	for _, s := range st {
 		n, err := scrapeCounter(ctx, strings.TrimSuffix(s.AdvertiseURL, "/")+"/metrics", "rollout_safety_violations_total")
 		if err != nil {
-			return 0, fmt.Errorf("server %s: %w", s.ID, err)
+			if ctx.Err() != nil {
+				return 0, ctx.Err()
+			}
+			v.log.Warn("rl-loop: safety counter not scraped; keeping its last figure", "server_id", s.ID, "err", err)
+			continue
 		}
-		total += n
+		v.record(s.ID, n)
 	}
-	return total, nil
+	return v.total(), nil
+}
+
+// record takes one scraped value; a value below the last one is a restart.
+func (v *violationTally) record(id string, n int64) {
+	if n < v.last[id] {
+		v.base[id] += v.last[id]
+	}
+	v.last[id] = n
+}
+
+func (v *violationTally) total() int64 {
+	var t int64
+	for id, n := range v.last {
+		t += n + v.base[id]
+	}
+	return t
 }
 
 func scrapeCounter(ctx context.Context, url, name string) (int64, error) {
