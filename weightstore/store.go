@@ -1,13 +1,14 @@
 package weightstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -287,7 +288,7 @@ func (s *Store) Versions() []Entry {
 	for _, c := range s.entries {
 		out = append(out, c.entry)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Version, b.Version) })
 	return out
 }
 

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"strings"
 	"sync"
 )
@@ -49,12 +50,38 @@ type Auth struct {
 	trusted  map[string]ed25519.PublicKey // key id -> trainer public key
 	order    []string                     // trusted key ids, the signing one first
 	server   *serverKey                   // an issued key (keyed servers)
-	derived  sync.Map                     // fleet, id, key id -> derived server key ([]byte)
+	derived  sync.Map                     // fleet, id, key id -> derived server key (*keyedMAC)
 }
 
 type serverKey struct {
 	fleet, id, kid string
-	key            []byte
+	key            *keyedMAC
+}
+
+// keyedMAC is one server's key with a pool of HMAC-SHA256 states keyed with it. An HMAC
+// that has produced a sum resets to its keyed state without hashing the key again, so a MAC
+// from the pool costs two block compressions and no allocation: every command and every ack
+// pays one per server, the trainer one per target.
+type keyedMAC struct {
+	key  []byte
+	pool sync.Pool // hash.Hash
+}
+
+func newKeyedMAC(key []byte) *keyedMAC {
+	k := &keyedMAC{key: key}
+	k.pool.New = func() any { return hmac.New(sha256.New, key) }
+	return k
+}
+
+// sum appends the HMAC of a followed by b to dst.
+func (k *keyedMAC) sum(dst, a, b []byte) []byte {
+	h := k.pool.Get().(hash.Hash)
+	h.Reset()
+	h.Write(a)
+	h.Write(b)
+	dst = h.Sum(dst)
+	k.pool.Put(h)
+	return dst
 }
 
 // NewAuth returns the Auth of a fleet-secret holder: secrets[0] signs, every one verifies
@@ -217,7 +244,7 @@ func ParseServerKey(b []byte) (*Auth, error) {
 	if _, ok := a.trusted[f.KeyID]; !ok {
 		return nil, fmt.Errorf("%w: server key: issued under key %s, which it does not trust", ErrInvalid, f.KeyID)
 	}
-	a.server = &serverKey{fleet: f.Fleet, id: f.ServerID, kid: f.KeyID, key: key}
+	a.server = &serverKey{fleet: f.Fleet, id: f.ServerID, kid: f.KeyID, key: newKeyedMAC(key)}
 	return a, nil
 }
 
@@ -292,7 +319,7 @@ func (a *Auth) verifyTrainer(canonical []byte, sig string) error {
 
 // macKey returns the key server id of fleet signs with under trainer key kid, and whether
 // a can know it: from a secret with that key id, or its own issued key.
-func (a *Auth) macKey(fleet, id, kid string) ([]byte, bool) {
+func (a *Auth) macKey(fleet, id, kid string) (*keyedMAC, bool) {
 	if a == nil {
 		return nil, false
 	}
@@ -303,11 +330,10 @@ func (a *Auth) macKey(fleet, id, kid string) ([]byte, bool) {
 		if k == kid && i < len(a.secrets) {
 			ck := derivedKey{fleet, id, kid}
 			if v, ok := a.derived.Load(ck); ok {
-				return v.([]byte), true
+				return v.(*keyedMAC), true
 			}
-			key := serverMACKey(a.secrets[i], fleet, id)
-			a.derived.Store(ck, key) // one per server and key id: bounded by the fleet
-			return key, true
+			v, _ := a.derived.LoadOrStore(ck, newKeyedMAC(serverMACKey(a.secrets[i], fleet, id))) // one per server and key id: bounded by the fleet
+			return v.(*keyedMAC), true
 		}
 	}
 	return nil, false
@@ -325,14 +351,17 @@ func (a *Auth) signServer(fleet, id string, canonical []byte) string {
 	if !ok {
 		return ""
 	}
-	h := hmac.New(sha256.New, key)
-	h.Write(canonical)
-	return schemeServer + ":" + kid + ":" + hex.EncodeToString(h.Sum(nil))
+	var buf [sha256.Size]byte
+	return schemeServer + ":" + kid + ":" + hex.EncodeToString(key.sum(buf[:0], canonical, nil))
 }
 
 // macBytes is the length of a command MAC: 96 bits, forgeable only online, one guess per
 // message, within the command's lifetime.
 const macBytes = 12
+
+// macChars is a MAC's length in unpadded base64: 12 bytes are 16 characters, so every
+// target's MACs start on a character boundary and can be decoded alone.
+const macChars = macBytes * 4 / 3
 
 // commandMACs authenticates a command to each target: the HMAC of canonical under the
 // target's key (domain-separated from its own messages), truncated to macBytes, under every
@@ -343,7 +372,7 @@ func (a *Auth) commandMACs(fleet string, targets []string, canonical []byte) str
 	for _, id := range targets {
 		for _, kid := range a.order[:len(a.secrets)] {
 			key, _ := a.macKey(fleet, id, kid)
-			buf = append(buf, cmdMAC(key, &digest)...)
+			buf = cmdMAC(buf, key, &digest)
 		}
 	}
 	return strings.Join(a.order[:len(a.secrets)], ",") + ":" + base64.RawURLEncoding.EncodeToString(buf)
@@ -351,12 +380,14 @@ func (a *Auth) commandMACs(fleet string, targets []string, canonical []byte) str
 
 // cmdMAC is one target's MAC of a command, over the SHA-256 digest of its canonical bytes:
 // a command to n targets hashes its (n-proportional) canonical bytes once, not n times.
-func cmdMAC(key []byte, digest *[sha256.Size]byte) []byte {
-	h := hmac.New(sha256.New, key)
-	h.Write([]byte("rollout.command-mac"))
-	h.Write(digest[:])
-	return h.Sum(nil)[:macBytes]
+// It appends the MAC to dst.
+func cmdMAC(dst []byte, key *keyedMAC, digest *[sha256.Size]byte) []byte {
+	var buf [sha256.Size]byte
+	return append(dst, key.sum(buf[:0], cmdMACDomain, digest[:])[:macBytes]...)
 }
+
+// cmdMACDomain separates command MACs from what a server signs with the same key.
+var cmdMACDomain = []byte("rollout.command-mac")
 
 // verifyCommandMAC checks the MACs of target i (of n) for server id: every key id listed
 // that a can derive (its own issued key, or a secret) must match, and at least one must.
@@ -365,20 +396,26 @@ func (a *Auth) verifyCommandMAC(fleet, id string, i, n int, canonical []byte, ma
 	if !ok {
 		return fmt.Errorf("%w: malformed command MACs", ErrBadSignature)
 	}
-	ids := strings.Split(kids, ",")
-	raw, err := base64.RawURLEncoding.DecodeString(b64)
-	if err != nil || len(raw) != n*len(ids)*macBytes {
+	k := strings.Count(kids, ",") + 1
+	// A MAC is 12 bytes, 16 base64 characters: only this server's are decoded.
+	if len(b64) != n*k*macChars {
 		return fmt.Errorf("%w: malformed command MACs", ErrBadSignature)
 	}
 	checked := 0
 	digest := sha256.Sum256(canonical)
-	for j, kid := range ids {
+	for j := 0; kids != ""; j++ {
+		var kid string
+		kid, kids, _ = strings.Cut(kids, ",")
 		key, ok := a.macKey(fleet, id, kid)
 		if !ok {
 			continue
 		}
-		off := (i*len(ids) + j) * macBytes
-		if !hmac.Equal(raw[off:off+macBytes], cmdMAC(key, &digest)) {
+		off := (i*k + j) * macChars
+		var got, want [macBytes]byte
+		if m, err := base64.RawURLEncoding.Decode(got[:], []byte(b64[off:off+macChars])); err != nil || m != macBytes {
+			return fmt.Errorf("%w: malformed command MACs", ErrBadSignature)
+		}
+		if !hmac.Equal(got[:], cmdMAC(want[:0], key, &digest)) {
 			return ErrBadSignature
 		}
 		checked++
@@ -415,9 +452,8 @@ func (a *Auth) verifyServer(fleet, id string, canonical []byte, sig string) erro
 	if err != nil {
 		return ErrBadSignature
 	}
-	h := hmac.New(sha256.New, key)
-	h.Write(canonical)
-	if !hmac.Equal(got, h.Sum(nil)) {
+	var want [sha256.Size]byte
+	if !hmac.Equal(got, key.sum(want[:0], canonical, nil)) {
 		return ErrBadSignature
 	}
 	return nil

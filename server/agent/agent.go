@@ -181,6 +181,10 @@ type Agent struct {
 
 	// bus is the loop's bus once connected: the worker reads a peer's heartbeat through it.
 	bus atomic.Pointer[busBox]
+
+	// The span kinds of a command's process and ack spans, built once: every server starts
+	// both per command, traced or not.
+	consumerSpan, producerSpan []trace.SpanStartOption
 }
 
 type busBox struct{ b bus.Bus }
@@ -191,7 +195,9 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	return &Agent{cfg: cfg, names: protocol.Names{Fleet: cfg.Fleet}, log: cfg.Logger.With("fleet", cfg.Fleet, "server_id", cfg.ServerID),
-		drainReq: make(chan struct{}, 1)}, nil
+		drainReq:     make(chan struct{}, 1),
+		consumerSpan: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)},
+		producerSpan: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}}, nil
 }
 
 // Drain takes the server out of rotation at once (its next heartbeat, written right away,
@@ -325,8 +331,36 @@ type workDone struct {
 	res Result
 }
 
-// loop is Run's state: the I/O around the core. One goroutine runs it; a second executes
-// the core's Work one at a time and reports on done.
+// laneJob is a Work handed to a lane, with the context it runs under.
+type laneJob struct {
+	ctx context.Context
+	w   *Work
+}
+
+// startLanes starts the two long-lived goroutines that run Works: a command then costs no
+// goroutine start and no stack growth, which every server pays per command. The core hands
+// a lane its next Work only after the loop heard the last one is done, so a lane's channel
+// (one slot) never blocks the loop.
+func (l *loop) startLanes() {
+	l.control, l.fetch = make(chan laneJob, 1), make(chan laneJob, 1)
+	for _, in := range []chan laneJob{l.control, l.fetch} {
+		l.lanes.Go(func() {
+			for j := range in {
+				l.done <- workDone{w: j.w, res: l.a.execute(j.ctx, j.w)}
+			}
+		})
+	}
+}
+
+// stopLanes ends the lanes once no Work is out.
+func (l *loop) stopLanes() {
+	close(l.control)
+	close(l.fetch)
+	l.lanes.Wait()
+}
+
+// loop is Run's state: the I/O around the core. One goroutine runs it; two more, the
+// lanes, execute the core's Work (at most one Work per lane at a time) and report on done.
 type loop struct {
 	a    *Agent
 	core *Core
@@ -335,6 +369,9 @@ type loop struct {
 
 	working     int // Works out (at most one per lane)
 	done        chan workDone
+	control     chan laneJob // the control lane's next Work
+	fetch       chan laneJob // the fetch lane's next Work
+	lanes       sync.WaitGroup
 	cancelFetch context.CancelFunc // cancels the fetch lane's convergence stage (nil: none)
 	fetchWork   *Work
 	pending     []pendingAck // acks not pushed yet (the bus was down)
@@ -357,6 +394,7 @@ func (l *loop) run(ctx context.Context) (err error) {
 	defer retry.Stop()
 	var events <-chan bus.Event
 
+	l.startLanes()
 	defer func() { l.stop(ctx, err) }()
 	beat := false
 	for {
@@ -603,10 +641,10 @@ func (l *loop) flush(ctx context.Context) {
 	l.queueAcks(r)
 	l.pushAcks(ctx)
 	if r.Work != nil {
-		l.start(ctx, r.Work)
+		l.start(ctx, r.Work, l.control)
 	}
 	if r.Fetch != nil {
-		l.start(ctx, r.Fetch)
+		l.start(ctx, r.Fetch, l.fetch)
 	}
 }
 
@@ -724,7 +762,7 @@ func (l *loop) ackSpan(ctx context.Context, p pendingAck) (context.Context, trac
 	if p.trace.Parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, p.trace.Parent)
 	}
-	ctx, span := l.a.cfg.Tracer.Start(ctx, SpanAck, trace.WithSpanKind(trace.SpanKindProducer))
+	ctx, span := l.a.cfg.Tracer.Start(ctx, SpanAck, l.a.producerSpan...)
 	if !span.IsRecording() {
 		return ctx, span
 	}
@@ -736,9 +774,9 @@ func (l *loop) ackSpan(ctx context.Context, p pendingAck) (context.Context, trac
 	return ctx, span
 }
 
-// start runs w on its own goroutine; the loop keeps heartbeating meanwhile. Convergence
-// work is cancelled with ctx (the run's).
-func (l *loop) start(ctx context.Context, w *Work) {
+// start runs w on lane (the core's lane for it); the loop keeps heartbeating meanwhile.
+// Convergence work is cancelled with ctx (the run's).
+func (l *loop) start(ctx context.Context, w *Work, lane chan<- laneJob) {
 	l.working++
 	if w.Envelope != nil {
 		// A command runs to its end even when the agent stops (its deadline bounds it), so a
@@ -751,7 +789,7 @@ func (l *loop) start(ctx context.Context, w *Work) {
 		ctx, cancel = context.WithCancel(ctx)
 		l.cancelFetch, l.fetchWork = cancel, w
 	}
-	go func() { l.done <- workDone{w: w, res: l.a.execute(ctx, w)} }()
+	lane <- laneJob{ctx: ctx, w: w}
 }
 
 // stop is Run's epilogue: stop taking work, finish the work in progress, ack, heartbeat
@@ -765,6 +803,7 @@ func (l *loop) stop(ctx context.Context, runErr error) {
 	for l.working > 0 {
 		l.finished(<-l.done)
 	}
+	l.stopLanes()
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if l.b != nil {

@@ -80,7 +80,7 @@ func (a *Agent) span(ctx context.Context, w *Work) (context.Context, trace.Span)
 	if parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
 	}
-	ctx, span := a.cfg.Tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer))
+	ctx, span := a.cfg.Tracer.Start(ctx, name, a.consumerSpan...)
 	if !span.IsRecording() {
 		return ctx, span // no tracing: every server pays this per command, so build nothing
 	}
