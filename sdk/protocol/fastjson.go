@@ -22,6 +22,17 @@ import (
 type scanner struct {
 	b []byte
 	i int
+	// text is b as a string, made on the first string read: every string decoded is a
+	// substring of it, one allocation per message instead of one per field and target.
+	text string
+}
+
+// substr returns b[i:j] as a substring of text.
+func (s *scanner) substr(i, j int) string {
+	if s.text == "" {
+		s.text = string(s.b)
+	}
+	return s.text[i:j]
 }
 
 func (s *scanner) ws() {
@@ -85,7 +96,11 @@ func (s *scanner) rawString() ([]byte, bool) {
 
 func (s *scanner) str() (string, bool) {
 	v, ok := s.rawString()
-	return string(v), ok
+	if !ok || len(v) == 0 {
+		return "", ok
+	}
+	end := s.i - 1 // the closing quote
+	return s.substr(end-len(v), end), true
 }
 
 // number returns the bytes of a JSON number and whether it is an integer.
@@ -271,21 +286,19 @@ func (s *scanner) array(elem func() bool) bool {
 // command names up to 256 targets, and one allocation beats one per name.
 func (s *scanner) strings() ([]string, bool) {
 	s.ws()
-	start := s.i
-	var spans [][2]int
+	spans := make([][2]int, 0, 64) // on the stack for up to 64 strings
 	ok := s.array(func() bool {
 		v, ok := s.rawString()
-		at := s.i - 1 - len(v) - start
+		at := s.i - 1 - len(v)
 		spans = append(spans, [2]int{at, at + len(v)})
 		return ok
 	})
 	if !ok {
 		return nil, false
 	}
-	backing := string(s.b[start:s.i])
 	out := make([]string, len(spans))
 	for i, sp := range spans {
-		out[i] = backing[sp[0]:sp[1]]
+		out[i] = s.substr(sp[0], sp[1])
 	}
 	return out, true
 }

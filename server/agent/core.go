@@ -442,7 +442,9 @@ func (c *Core) Envelope(raw []byte, now time.Time) {
 		c.reject(e, ReasonMalformed, err, now)
 		return
 	}
-	c.seen[e.ID] = &seenCmd{deadline: e.Deadline + c.cfg.ClockSkew.Milliseconds()}
+	// A decoded envelope's strings share the message's bytes: the key is cloned so the
+	// replay window keeps ids, not whole messages.
+	c.seen[strings.Clone(e.ID)] = &seenCmd{deadline: e.Deadline + c.cfg.ClockSkew.Milliseconds()}
 	// The command runs until its lifetime from arrival has passed, and never past its
 	// deadline plus the skew allowance: a sender whose clock runs behind gets its whole
 	// lifetime, not a deadline already past on this server's clock.
