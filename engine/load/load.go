@@ -125,6 +125,12 @@ func (m *Model) openPath(path string, prec kernels.Precision) error {
 		return fmt.Errorf("%w: %w", ErrBadSpec, err)
 	}
 	if st.IsDir() {
+		if llama2c := filepath.Join(path, "model.bin"); !exists(filepath.Join(path, "config.json")) && exists(llama2c) {
+			// What `rollout model init --format llama2c --out dir` writes: dir names it.
+			path = llama2c
+		}
+	}
+	if st.IsDir() && !strings.HasSuffix(path, ".bin") {
 		if err := m.openHF(path, prec); err != nil {
 			return err
 		}
@@ -143,6 +149,11 @@ func (m *Model) openPath(path string, prec kernels.Precision) error {
 		return m.tokenizerBeside(filepath.Dir(path), "tokenizer.bin", "tokenizer.json")
 	}
 	return fmt.Errorf("%w: %s is neither a checkpoint directory nor a llama2.c .bin file", ErrBadSpec, path)
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // openHF loads the checkpoint directory path: whole at F32, into a Builder below.

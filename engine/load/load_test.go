@@ -60,6 +60,12 @@ func TestCheckpointsRoundTrip(t *testing.T) {
 		assert.Equal(t, w.Config.BOSTokenID, m.Weights.Config.BOSTokenID, preset)
 		assert.Equal(t, w.Config.EOSTokenID, m.Weights.Config.EOSTokenID, preset)
 		assert.Equal(t, w.Layers[0].WUp, m.Weights.Layers[0].WUp)
+
+		// The directory `model init --format llama2c --out` wrote names the model too.
+		d, err := Open(l2, "")
+		require.NoError(t, err, preset)
+		assert.Equal(t, m.Weights.Layers[0].WUp, d.Weights.Layers[0].WUp)
+		assert.Equal(t, m.Tokenizer.VocabSize(), d.Tokenizer.VocabSize())
 	}
 }
 
