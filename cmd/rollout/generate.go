@@ -51,7 +51,7 @@ func newGenerateCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.model, "model", load.DefaultSpec, "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file")
+	f.StringVar(&o.model, "model", load.DefaultSpec, "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file (or its directory)")
 	f.StringVar(&o.tokenizer, "tokenizer", "", "tokenizer file overriding the one beside the checkpoint")
 	f.StringVar(&o.server, "server", "", "generate on a running server (its base URL, e.g. http://127.0.0.1:8000) instead of in-process")
 	f.StringVar(&o.apiKey, "api-key", "", "API key of the --server or the fleet's servers (sent as a bearer token)")

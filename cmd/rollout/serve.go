@@ -145,7 +145,7 @@ func newServeCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Model, "model", load.DefaultSpec, "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file")
+	f.StringVar(&cfg.Model, "model", load.DefaultSpec, "model: builtin:NAME[@SEED], an HF checkpoint directory, or a llama2.c .bin file (or its directory)")
 	f.StringVar(&cfg.Tokenizer, "tokenizer", "", "tokenizer file overriding the one beside the checkpoint")
 	f.StringVar(&cfg.Addr, "addr", server.DefaultAddr, "listen address")
 	f.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV pool size in blocks (0: derived)")

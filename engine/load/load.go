@@ -148,7 +148,7 @@ func (m *Model) openPath(path string, prec kernels.Precision) error {
 		m.Config = m.Weights.Config
 		return m.tokenizerBeside(filepath.Dir(path), "tokenizer.bin", "tokenizer.json")
 	}
-	return fmt.Errorf("%w: %s is neither a checkpoint directory nor a llama2.c .bin file", ErrBadSpec, path)
+	return fmt.Errorf("%w: %s is neither a checkpoint directory (HF, or llama2.c with model.bin) nor a llama2.c .bin file", ErrBadSpec, path)
 }
 
 func exists(path string) bool {
