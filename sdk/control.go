@@ -41,7 +41,7 @@ func (m PauseMode) orDefault() string {
 // Call is what every control call takes besides its own options: which servers it reaches
 // and how long it waits. Each control call's options embed it (PauseOptions{Call:
 // Call{Targets: ids}}); its zero value is every live server and Options.CommandTimeout.
-// UpdateWeights takes neither: its Plan has its own Targets and timeouts, per phase.
+// UpdateWeights does not take it: its Plan has its own Targets and per-phase timeouts.
 type Call struct {
 	// Targets limits the call to the named servers (default: every live server). A call
 	// with targets does not change the fleet's desired state.
