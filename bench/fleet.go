@@ -69,16 +69,16 @@ func ControlRoundTrip(ctx context.Context, transport string, b bus.Bus, n, round
 	}
 	defer f.Close()
 	defer c.Close()
-	ids := f.IDs()
+	all := sdk.ResumeOptions{Call: sdk.Call{Targets: f.IDs()}}
 	for range 5 { // warm the connections
-		if _, err := c.Resume(ctx, sdk.Targets(ids...)); err != nil {
+		if _, err := c.Resume(ctx, all); err != nil {
 			return r, err
 		}
 	}
 	lat := make([]time.Duration, 0, rounds)
 	for range rounds {
 		t0 := time.Now()
-		if _, err := c.Resume(ctx, sdk.Targets(ids...)); err != nil {
+		if _, err := c.Resume(ctx, all); err != nil {
 			return r, err
 		}
 		lat = append(lat, time.Since(t0))

@@ -79,7 +79,7 @@ func Simulate(ctx context.Context, cfg SimConfig, n int) (SimResult, error) {
 	for range cfg.Rounds {
 		t0 := time.Now()
 		// No explicit targets: the command is small, as a fleet-wide call's is.
-		if _, err := c.Resume(ctx); err != nil {
+		if _, err := c.Resume(ctx, sdk.ResumeOptions{}); err != nil {
 			return res, fmt.Errorf("control round trip: %w", err)
 		}
 		lat = append(lat, time.Since(t0))

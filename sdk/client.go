@@ -36,20 +36,17 @@ const (
 // tracerName names the SDK's tracer.
 const tracerName = "github.com/rolloutkit/rollout/sdk"
 
-// Options configure a Client. Fleet and one of RedisURL or Bus are required.
+// Options configure a Client. Fleet and one of Redis.URL or Bus are required.
 type Options struct {
-	// RedisURL is the fleet's Redis: redis://[user@]host:port[/db], rediss:// for TLS,
-	// redis+sentinel://host:port,.../MASTER or redis+cluster://host:port,... (see package
-	// redisconf); ignored when Bus is set. It is shorthand for RedisConfig.URL: set either
-	// (both only to the same URL, redisconf.Config.WithURL).
-	RedisURL string
-	// RedisConfig is how to reach Redis beyond a URL: password (or a file holding it), TLS
-	// files, Sentinel master and credentials; what the --redis flags fill
-	// (redisconf.Config.RegisterFlags). Call RedisConfig.LoadEnv(os.LookupEnv) to take
-	// passwords from the environment.
-	RedisConfig redisconf.Config
-	// Bus is an open bus to use instead of RedisURL (e.g. an embedded fleet's in-process
-	// bus). The client does not close it.
+	// Redis is how to reach the fleet's Redis, ignored when Bus is set. Redis.URL is
+	// redis://[user@]host:port[/db], rediss:// for TLS, redis+sentinel://host:port,.../MASTER
+	// or redis+cluster://host:port,... (see package redisconf); the other fields add a
+	// password (or a file holding it), TLS files, Sentinel credentials. It is what the
+	// --redis flags fill (redisconf.Config.RegisterFlags); call Redis.LoadEnv(os.LookupEnv)
+	// to take passwords from the environment.
+	Redis redisconf.Config
+	// Bus is an open bus to use instead of Redis (e.g. an embedded fleet's in-process bus).
+	// The client does not close it.
 	Bus bus.Bus
 	// Fleet is the fleet name every server was started with.
 	Fleet string
@@ -78,7 +75,7 @@ type Options struct {
 	Propagator propagation.TextMapPropagator
 	// RefreshInterval is how often the routing cache rereads heartbeats (default 500ms).
 	RefreshInterval time.Duration
-	// CommandTimeout bounds a control call without a Timeout option (default 30s).
+	// CommandTimeout bounds a control call whose Call.Timeout is 0 (default 30s).
 	CommandTimeout time.Duration
 	// RouteTimeout bounds how long Generate waits for a server in rotation (during an
 	// update every server may be out of rotation for a moment; default 60s).
@@ -202,13 +199,10 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 	switch {
 	case o.Bus != nil:
 		c.bus = o.Bus
-	case o.RedisURL == "" && o.RedisConfig.URL == "":
-		return nil, invalid("RedisURL or Bus is required")
+	case o.Redis.URL == "":
+		return nil, invalid("Redis.URL or Bus is required")
 	default:
-		conf, err := o.RedisConfig.WithURL(o.RedisURL)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
-		}
+		conf := o.Redis
 		b, err := bus.DialRedisConfig(ctx, conf, bus.RedisOptions{Logger: o.Logger})
 		if errors.Is(err, redisconf.ErrInvalid) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)

@@ -150,7 +150,7 @@ func TestControlPrimitives(t *testing.T) {
 	assert.Equal(t, []string{"a", "b", "c"}, env.Targets)
 	require.NoError(t, env.Verify(secret, "f", time.Now()), "envelopes are signed")
 
-	require.NoError(t, errOf(c.Resume(ctx)))
+	require.NoError(t, errOf(c.Resume(ctx, ResumeOptions{})))
 	d, err = c.DesiredState(ctx)
 	require.NoError(t, err)
 	assert.False(t, d.Paused)
@@ -178,7 +178,7 @@ func TestControlPrimitives(t *testing.T) {
 
 	// Targets: only b hears it, and the desired state does not change.
 	epoch := d.Epoch
-	require.NoError(t, errOf(c.Pause(ctx, PauseOptions{}, Targets("b"))))
+	require.NoError(t, errOf(c.Pause(ctx, PauseOptions{Call: Call{Targets: []string{"b"}}})))
 	assert.Len(t, agents[0].got(), 6)
 	assert.Len(t, agents[1].got(), 7)
 	d, err = c.DesiredState(ctx)
@@ -188,9 +188,10 @@ func TestControlPrimitives(t *testing.T) {
 
 	// Unknown target: refused before publishing.
 	s := newSpy(t, b, "f")
-	require.ErrorIs(t, errOf(c.Pause(ctx, PauseOptions{}, Targets("nope"))), ErrNoServers)
+	require.ErrorIs(t, errOf(c.Pause(ctx, PauseOptions{Call: Call{Targets: []string{"nope"}}})), ErrNoServers)
 	require.ErrorIs(t, errOf(c.Pause(ctx, PauseOptions{Mode: "sideways"})), ErrInvalid)
 	require.ErrorIs(t, errOf(c.Sleep(ctx, SleepOptions{Level: 3})), ErrInvalid)
+	require.ErrorIs(t, errOf(c.Sleep(ctx, SleepOptions{Level: 1, PauseOnly: true})), ErrInvalid)
 	require.ErrorIs(t, errOf(c.WakeUp(ctx, WakeOptions{Tags: []string{"gpu"}})), ErrInvalid)
 	require.ErrorIs(t, errOf(c.Abort(ctx, AbortOptions{RequestIDs: []string{""}})), ErrInvalid)
 	s.nothingPublished()
@@ -201,7 +202,7 @@ func TestControlFailures(t *testing.T) {
 	agents[1].set(func(a *fakeAgent) { a.fail[protocol.KindReset] = "not_cleared" })
 	agents[2].set(func(a *fakeAgent) { a.silent[protocol.KindReset] = true })
 
-	res, err := c.ResetCache(t.Context(), ResetOptions{}, Timeout(200*time.Millisecond))
+	res, err := c.ResetCache(t.Context(), ResetOptions{Call: Call{Timeout: 200 * time.Millisecond}})
 	require.ErrorIs(t, err, ErrPartial)
 	require.ErrorIs(t, err, ErrFailed)
 	require.ErrorIs(t, err, ErrTimeout)
@@ -227,7 +228,7 @@ func TestControlRejected(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	a.set(func(a *fakeAgent) { a.secret = secret })
-	res, err := c.Pause(t.Context(), PauseOptions{}, Targets("a"))
+	res, err := c.Pause(t.Context(), PauseOptions{Call: Call{Targets: []string{"a"}}})
 	require.ErrorIs(t, err, ErrRejected)
 	require.ErrorIs(t, err, ErrPartial)
 	require.Len(t, res, 1)
@@ -266,3 +267,24 @@ func TestLostHeartbeatKeysKeepServersLive(t *testing.T) {
 
 // errOf drops a control call's results, for tests that check only its error.
 func errOf(_ []ServerResult, err error) error { return err }
+
+// TestSleepLevels: a zero SleepOptions.Level is DefaultSleepLevel, as Plan.SleepLevel is, and
+// the level-0 sleep (pause, release nothing) is asked for with PauseOnly.
+func TestSleepLevels(t *testing.T) {
+	_, agents, c := newMemFleet(t, secret, 1, 0)
+	ctx := t.Context()
+	one := Call{Targets: []string{"a"}}
+	for _, o := range []SleepOptions{{Call: one}, {Call: one, Level: 2}, {Call: one, PauseOnly: true}} {
+		require.NoError(t, errOf(c.Sleep(ctx, o)))
+		require.NoError(t, errOf(c.WakeUp(ctx, WakeOptions{Call: one})))
+	}
+	var levels []int
+	for _, e := range agents[0].got() {
+		if e.Kind == protocol.KindSleep {
+			cmd, err := e.Command()
+			require.NoError(t, err)
+			levels = append(levels, cmd.(protocol.Sleep).Level)
+		}
+	}
+	assert.Equal(t, []int{DefaultSleepLevel, 2, 0}, levels)
+}

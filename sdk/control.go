@@ -38,30 +38,69 @@ func (m PauseMode) orDefault() string {
 	return string(m)
 }
 
+// Call is what every control call takes besides its own options: which servers it reaches
+// and how long it waits. Each control call's options embed it (PauseOptions{Call:
+// Call{Targets: ids}}); its zero value is every live server and Options.CommandTimeout.
+// UpdateWeights does not take it: its Plan has its own Targets and per-phase timeouts.
+type Call struct {
+	// Targets limits the call to the named servers (default: every live server). A call
+	// with targets does not change the fleet's desired state.
+	Targets []string
+	// Timeout bounds how long the call waits for every target's ack (0:
+	// Options.CommandTimeout). The command's deadline on the servers is the same.
+	Timeout time.Duration
+}
+
 // PauseOptions configure Pause.
 type PauseOptions struct {
+	Call
 	// Mode defaults to PauseAbort.
 	Mode PauseMode
 	// ClearCache resets the prefix cache and the offloaded KV after pausing.
 	ClearCache bool
 }
 
+// ResumeOptions configure Resume.
+type ResumeOptions struct {
+	Call
+}
+
 // SleepOptions configure Sleep.
 type SleepOptions struct {
-	// Level 1 releases the KV cache, 2 also the weights; 0 only pauses.
+	Call
+	// Level 1 releases the KV cache, 2 also the weights (0: DefaultSleepLevel, as for
+	// Plan.SleepLevel).
 	Level int
+	// PauseOnly sleeps at level 0: the servers pause and release nothing (without targets
+	// the desired state records a pause, as for Pause). Level must then be 0.
+	PauseOnly bool
 	// Mode is the pause mode used when the server is not paused already (default abort).
 	Mode PauseMode
 }
 
+// level is the protocol's sleep level of o: 0 only with PauseOnly.
+func (o SleepOptions) level() (int, error) {
+	switch {
+	case o.PauseOnly && o.Level != 0:
+		return 0, invalid("SleepOptions: PauseOnly with level %d", o.Level)
+	case o.PauseOnly:
+		return 0, nil
+	case o.Level == 0:
+		return DefaultSleepLevel, nil
+	}
+	return o.Level, nil
+}
+
 // WakeOptions configure WakeUp.
 type WakeOptions struct {
+	Call
 	// Tags name what to restore ("weights", "kv_cache"); empty restores everything.
 	Tags []string
 }
 
 // ResetOptions configure ResetCache.
 type ResetOptions struct {
+	Call
 	// ResetExternal also resets the offloaded (external) KV.
 	ResetExternal bool
 	// ResetRunning preempts running requests so that no block stays in use.
@@ -70,17 +109,15 @@ type ResetOptions struct {
 
 // AbortOptions configure Abort.
 type AbortOptions struct {
+	Call
 	// RequestIDs name the requests to finish with finish reason abort; empty aborts all.
 	RequestIDs []string
 }
 
-// CallOption tunes one control call.
-type CallOption func(*callConfig)
-
+// callConfig is a Call with what the client adds to the command it sends.
 type callConfig struct {
-	targets []string
-	timeout time.Duration
-	pub     pubOpts
+	Call
+	pub pubOpts
 }
 
 // pubOpts is what a command carries about the desired state it was sent for.
@@ -90,16 +127,6 @@ type pubOpts struct {
 	fleetWide bool
 	desired   []byte // the record written for it, attached (nil: none)
 }
-
-// Targets limits a call to the named servers (default: every live server). A call with
-// targets does not change the fleet's desired state.
-func Targets(ids ...string) CallOption {
-	return func(c *callConfig) { c.targets = append(c.targets, ids...) }
-}
-
-// Timeout bounds how long the call waits for every target's ack (default
-// Options.CommandTimeout). The command's deadline on the servers is the same.
-func Timeout(d time.Duration) CallOption { return func(c *callConfig) { c.timeout = d } }
 
 // ServerResult is how one command ended on one server.
 type ServerResult struct {
@@ -153,12 +180,12 @@ func errText(err error) string {
 // a *FleetError wrapping ErrPartial when some targets failed (errors.Is also finds their
 // ErrTimeout, ErrRejected or ErrFailed), or the context's error. The other control calls
 // return the same.
-func (c *Client) Pause(ctx context.Context, o PauseOptions, opts ...CallOption) ([]ServerResult, error) {
+func (c *Client) Pause(ctx context.Context, o PauseOptions) ([]ServerResult, error) {
 	cmd := protocol.Pause{Mode: o.Mode.orDefault(), ClearCache: o.ClearCache}
 	if err := cmd.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	return c.runState(ctx, "pause", cmd, callOpts(opts), func(d *protocol.DesiredState) {
+	return c.runState(ctx, "pause", cmd, callConfig{Call: o.Call}, func(d *protocol.DesiredState) {
 		d.Paused, d.PauseMode = true, cmd.Mode
 	})
 }
@@ -166,21 +193,25 @@ func (c *Client) Pause(ctx context.Context, o PauseOptions, opts ...CallOption) 
 // Resume lets the targets schedule again. Without targets it clears the fleet's pause in the
 // desired state first, so every server resumes, also one that misses the command. Results
 // and errors as for Pause.
-func (c *Client) Resume(ctx context.Context, opts ...CallOption) ([]ServerResult, error) {
-	return c.runState(ctx, "resume", protocol.Resume{}, callOpts(opts), func(d *protocol.DesiredState) {
+func (c *Client) Resume(ctx context.Context, o ResumeOptions) ([]ServerResult, error) {
+	return c.runState(ctx, "resume", protocol.Resume{}, callConfig{Call: o.Call}, func(d *protocol.DesiredState) {
 		d.Paused, d.PauseMode = false, ""
 	})
 }
 
-// Sleep pauses the targets and releases memory (level 1: KV cache; 2: also the weights).
-// Without targets the desired state records the sleep first, as for Pause. Results and
-// errors as for Pause.
-func (c *Client) Sleep(ctx context.Context, o SleepOptions, opts ...CallOption) ([]ServerResult, error) {
-	cmd := protocol.Sleep{Level: o.Level, Mode: string(o.Mode)}
+// Sleep pauses the targets and releases memory (level 1, the default: KV cache; 2: also the
+// weights). Without targets the desired state records the sleep first, as for Pause. Results
+// and errors as for Pause.
+func (c *Client) Sleep(ctx context.Context, o SleepOptions) ([]ServerResult, error) {
+	level, err := o.level()
+	if err != nil {
+		return nil, err
+	}
+	cmd := protocol.Sleep{Level: level, Mode: string(o.Mode)}
 	if err := cmd.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	return c.runState(ctx, "sleep", cmd, callOpts(opts), func(d *protocol.DesiredState) {
+	return c.runState(ctx, "sleep", cmd, callConfig{Call: o.Call}, func(d *protocol.DesiredState) {
 		if cmd.Level > 0 {
 			d.Sleep = cmd.Level
 		} else {
@@ -196,12 +227,12 @@ func (c *Client) Sleep(ctx context.Context, o SleepOptions, opts ...CallOption) 
 // Without targets, a wake of everything clears the desired state's sleep first, as Resume
 // does the pause; a partial wake (one tag: the weights before an update, say) leaves the
 // fleet recorded as asleep until the rest wakes. Results and errors as for Pause.
-func (c *Client) WakeUp(ctx context.Context, o WakeOptions, opts ...CallOption) ([]ServerResult, error) {
+func (c *Client) WakeUp(ctx context.Context, o WakeOptions) ([]ServerResult, error) {
 	cmd := protocol.Wake{Tags: slices.Clone(o.Tags)}
 	if err := cmd.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	cfg := callOpts(opts)
+	cfg := callConfig{Call: o.Call}
 	change := func(d *protocol.DesiredState) { d.Sleep = 0 }
 	if len(cmd.Tags) > 0 && !(slices.Contains(cmd.Tags, protocol.TagWeights) && slices.Contains(cmd.Tags, protocol.TagKVCache)) {
 		change = nil // a partial wake is not a run state the fleet records
@@ -213,7 +244,7 @@ func (c *Client) WakeUp(ctx context.Context, o WakeOptions, opts ...CallOption) 
 // desired state first and sends the command with that epoch: a server reads the record
 // before it acts, and a command the record has since superseded changes nothing.
 func (c *Client) runState(ctx context.Context, op string, cmd any, cfg callConfig, change func(*protocol.DesiredState)) ([]ServerResult, error) {
-	if len(cfg.targets) == 0 && change != nil {
+	if len(cfg.Targets) == 0 && change != nil {
 		if err := c.checkOpen(ctx); err != nil {
 			return nil, err
 		}
@@ -232,30 +263,20 @@ func (c *Client) runState(ctx context.Context, op string, cmd any, cfg callConfi
 
 // ResetCache resets the targets' prefix cache (and with ResetExternal the offloaded KV). A
 // server acks ok only when everything was cleared. Results and errors as for Pause.
-func (c *Client) ResetCache(ctx context.Context, o ResetOptions, opts ...CallOption) ([]ServerResult, error) {
-	return c.control(ctx, "reset", protocol.Reset{ResetExternal: o.ResetExternal, ResetRunning: o.ResetRunning}, callOpts(opts))
+func (c *Client) ResetCache(ctx context.Context, o ResetOptions) ([]ServerResult, error) {
+	return c.control(ctx, "reset", protocol.Reset{ResetExternal: o.ResetExternal, ResetRunning: o.ResetRunning}, callConfig{Call: o.Call})
 }
 
 // Abort finishes the named requests (empty: all) with finish reason abort. Generate does not
 // continue a sample the caller aborted. Results and errors as for Pause.
-func (c *Client) Abort(ctx context.Context, o AbortOptions, opts ...CallOption) ([]ServerResult, error) {
+func (c *Client) Abort(ctx context.Context, o AbortOptions) ([]ServerResult, error) {
 	for _, id := range o.RequestIDs {
 		if id == "" {
 			return nil, invalid("empty request id")
 		}
 	}
 	ids := c.aborts.record(o.RequestIDs)
-	return c.control(ctx, "abort", protocol.Abort{RequestIDs: ids}, callOpts(opts))
-}
-
-func callOpts(opts []CallOption) callConfig {
-	var cfg callConfig
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
-	return cfg
+	return c.control(ctx, "abort", protocol.Abort{RequestIDs: ids}, callConfig{Call: o.Call})
 }
 
 // control runs one command on the configured targets and waits for their acks; it
@@ -266,14 +287,14 @@ func (c *Client) control(ctx context.Context, op string, cmd any, cfg callConfig
 	if err := c.checkOpen(ctx); err != nil {
 		return nil, err
 	}
-	timeout := cfg.timeout
+	timeout := cfg.Timeout
 	if timeout == 0 {
 		timeout = c.opts.CommandTimeout
 	}
 	if timeout < 0 {
 		return nil, invalid("timeout %s must be > 0", timeout)
 	}
-	targets, err := c.resolveTargets(ctx, cfg.targets, false)
+	targets, err := c.resolveTargets(ctx, cfg.Targets, false)
 	if err != nil {
 		return nil, err
 	}

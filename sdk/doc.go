@@ -1,7 +1,8 @@
 // Package sdk is the trainer-facing client of a Rollout fleet: a Go training loop dials the
 // fleet, generates rollouts on it and moves every server to new weights each step.
 //
-//	c, err := sdk.Dial(ctx, sdk.Options{RedisURL: "redis://127.0.0.1:6379", Fleet: "demo", Secret: secret})
+//	c, err := sdk.Dial(ctx, sdk.Options{Redis: redisconf.Config{URL: "redis://127.0.0.1:6379"},
+//		Fleet: "demo", Secret: secret})
 //	...
 //	for step := int64(1); ; step++ {
 //		out, err := c.Generate(ctx, sdk.GenerateRequest{PromptTokenIDs: prompt, N: 8,
@@ -20,7 +21,15 @@
 // The control calls (Pause, Resume, Sleep, WakeUp, ResetCache, Abort) publish one command to
 // every target (all live servers unless Targets is given) and wait for every ack; a failure
 // on any target returns a *FleetError holding each server's result (errors.Is(err,
-// ErrPartial)). Results, Targets and Timeout tune one call.
+// ErrPartial)). Each takes one options struct (PauseOptions, ResumeOptions, ...) that embeds
+// Call, whose Targets and Timeout tune that call:
+//
+//	c.Pause(ctx, sdk.PauseOptions{Mode: sdk.PauseKeep})                        // the whole fleet
+//	c.Resume(ctx, sdk.ResumeOptions{Call: sdk.Call{Targets: []string{"s1"}}}) // one server
+//
+// Every option is passed one way, in one struct, and its zero value is its documented
+// default: no pointer fields, no variadic options. Redis is configured in one place,
+// Options.Redis.
 //
 // UpdateWeights is one transaction: stage on every target while it keeps serving, decide by
 // the policy (AllOrNothing, Quorum(K), Rolling(K)), move the desired state (the commit point),

@@ -46,7 +46,7 @@ func ExampleDial() {
 		log.Fatal(err)
 	}
 	defer fleet.Close()
-	// Against a real fleet: sdk.Options{RedisURL: "redis://host:6379", Fleet: "demo", Secret: secret}.
+	// Against a real fleet: sdk.Options{Redis: redisconf.Config{URL: "redis://host:6379"}, Fleet: "demo", Secret: secret}.
 	c, err := sdk.Dial(ctx, fleet.DialOptions())
 	if err != nil {
 		log.Fatal(err)
@@ -165,11 +165,11 @@ func ExampleClient_Pause() {
 		log.Fatal(err)
 	}
 	fmt.Println("desired paused:", d.Paused)
-	results, err = c.Resume(ctx)
+	results, err = c.Resume(ctx, sdk.ResumeOptions{})
 	printResults("resume", results, err)
 
 	// A target that is not a live server is refused before anything is sent.
-	_, err = c.Pause(ctx, sdk.PauseOptions{}, sdk.Targets("s9"))
+	_, err = c.Pause(ctx, sdk.PauseOptions{Call: sdk.Call{Targets: []string{"s9"}}})
 	fmt.Println(errors.Is(err, sdk.ErrNoServers))
 	// Output:
 	// pause s0: ok=true version=0
@@ -185,12 +185,14 @@ func ExampleClient_Sleep() {
 	fleet, c := startFleet(ctx)
 	defer fleet.Close()
 	defer c.Close()
-	// Release the KV cache of one server, then restore it.
-	results, err := c.Sleep(ctx, sdk.SleepOptions{Level: 1}, sdk.Targets("s1"))
+	// Release the KV cache of one server (the default level, 1), then restore it. Targets
+	// leave the fleet's desired state alone, so the server resumes with a targeted Resume.
+	one := sdk.Call{Targets: []string{"s1"}}
+	results, err := c.Sleep(ctx, sdk.SleepOptions{Call: one})
 	printResults("sleep", results, err)
-	results, err = c.WakeUp(ctx, sdk.WakeOptions{}, sdk.Targets("s1"))
+	results, err = c.WakeUp(ctx, sdk.WakeOptions{Call: one})
 	printResults("wake", results, err)
-	results, err = c.Resume(ctx, sdk.Targets("s1"))
+	results, err = c.Resume(ctx, sdk.ResumeOptions{Call: one})
 	printResults("resume", results, err)
 	// Output:
 	// sleep s1: ok=true version=0

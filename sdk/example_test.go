@@ -31,7 +31,7 @@ func saveCheckpoint(ctx context.Context, dir string, seed uint64) (string, error
 // A training loop: generate a GRPO group of rollouts on the fleet, train on them, publish
 // the new weights to every server, and ask for rollouts on at least that version next step.
 // The fleet here is embedded (two servers in this process); against `rollout serve`
-// processes only Dial's options change (RedisURL, Fleet, Secret).
+// processes only Dial's options change (Redis, Fleet, Secret).
 func Example() {
 	ctx := context.Background()
 	fleet, err := embedded.Start(ctx, embedded.Options{Servers: 2, Logger: slog.New(slog.DiscardHandler)})

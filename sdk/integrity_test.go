@@ -19,7 +19,9 @@ func TestForgedAcksAreIgnored(t *testing.T) {
 	b, agents, c := newMemFleet(t, secret, 1, 0)
 	agents[0].set(func(a *fakeAgent) { a.silent[protocol.KindPause] = true })
 	done := make(chan error, 1)
-	go func() { done <- errOf(c.Pause(t.Context(), PauseOptions{}, Targets("a"), Timeout(2*time.Second))) }()
+	go func() {
+		done <- errOf(c.Pause(t.Context(), PauseOptions{Call: Call{Targets: []string{"a"}, Timeout: 2 * time.Second}}))
+	}()
 	require.Eventually(t, func() bool { return len(agents[0].got()) == 1 }, 10*time.Second, time.Millisecond)
 	env := agents[0].got()[0]
 	for _, key := range [][]byte{nil, []byte("another-secret-another-secret-0123456")} {
@@ -118,7 +120,7 @@ func TestGarbageDesiredStateDoesNotBrickClients(t *testing.T) {
 	fraw, err := forged.Encode()
 	require.NoError(t, err)
 	require.NoError(t, b.Set(t.Context(), key, fraw, 0))
-	require.NoError(t, errOf(c.Resume(t.Context())))
+	require.NoError(t, errOf(c.Resume(t.Context(), ResumeOptions{})))
 	raw, err = b.Get(t.Context(), key)
 	require.NoError(t, err)
 	d, err = protocol.DecodeDesiredState(raw)

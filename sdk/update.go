@@ -16,7 +16,7 @@ import (
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
-// Defaults of Plan.
+// Defaults of Plan (DefaultSleepLevel is SleepOptions' too).
 const (
 	DefaultStageTimeout  = 2 * time.Minute
 	DefaultCommitTimeout = time.Minute
@@ -97,10 +97,13 @@ type Plan struct {
 	// Mode is the pause mode of the cut (default PauseAbort: Generate continues the aborted
 	// samples on the new weights).
 	Mode PauseMode
-	// ClearCache resets the prefix cache and offloaded KV at the pause (nil: true).
-	ClearCache *bool
-	// SleepLevel is the sleep level of the cut (nil: 1; 0 skips sleeping).
-	SleepLevel *int
+	// KeepCache keeps the prefix cache and offloaded KV at the pause (default: both are
+	// cleared, so that no KV computed by the old weights meets the new ones).
+	KeepCache bool
+	// SleepLevel is the sleep level of the cut (0: DefaultSleepLevel; 2 also releases the old
+	// weights before the swap). NoSleep skips sleeping (SleepLevel must then be 0).
+	SleepLevel int
+	NoSleep    bool
 	// StageTimeout bounds fetching and staging (default 2m); CommitTimeout each commit
 	// command (per batch when rolling; default 1m).
 	StageTimeout, CommitTimeout time.Duration
@@ -226,7 +229,7 @@ func resolvePlan(p Plan) (resolvedPlan, error) {
 	if err != nil {
 		return resolvedPlan{}, err
 	}
-	r := resolvedPlan{kind: kind, k: k, mode: p.Mode.orDefault(), clearCache: true, sleepLevel: DefaultSleepLevel,
+	r := resolvedPlan{kind: kind, k: k, mode: p.Mode.orDefault(), clearCache: !p.KeepCache, sleepLevel: p.SleepLevel,
 		stageTimeout: p.StageTimeout, commitTimeout: p.CommitTimeout, fanOut: p.PeerFanOut, originFanOut: p.OriginFanOut}
 	if r.fanOut == 0 {
 		r.fanOut = DefaultPeerFanOut
@@ -237,11 +240,13 @@ func resolvePlan(p Plan) (resolvedPlan, error) {
 	if r.originFanOut < 0 {
 		return resolvedPlan{}, invalid("origin fan-out must be >= 0")
 	}
-	if p.ClearCache != nil {
-		r.clearCache = *p.ClearCache
-	}
-	if p.SleepLevel != nil {
-		r.sleepLevel = *p.SleepLevel
+	switch {
+	case p.NoSleep && p.SleepLevel != 0:
+		return resolvedPlan{}, invalid("plan: NoSleep with sleep level %d", p.SleepLevel)
+	case p.NoSleep:
+		r.sleepLevel = 0
+	case r.sleepLevel == 0:
+		r.sleepLevel = DefaultSleepLevel
 	}
 	if r.stageTimeout == 0 {
 		r.stageTimeout = DefaultStageTimeout

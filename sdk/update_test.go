@@ -55,7 +55,7 @@ func TestUpdateWeightsAllOrNothing(t *testing.T) {
 
 	// One failing stage: nobody commits, the desired state stays.
 	agents[1].set(func(a *fakeAgent) { a.fail[protocol.KindStage] = "digest_mismatch" })
-	res, err = c.UpdateWeights(t.Context(), ref(2), Plan{Policy: AllOrNothing, ClearCache: new(false), SleepLevel: new(0)})
+	res, err = c.UpdateWeights(t.Context(), ref(2), Plan{Policy: AllOrNothing, KeepCache: true, NoSleep: true})
 	require.ErrorIs(t, err, ErrAborted)
 	require.ErrorIs(t, err, ErrFailed)
 	assert.Equal(t, OutcomeAborted, res.Outcome)
@@ -73,6 +73,37 @@ func TestUpdateWeightsAllOrNothing(t *testing.T) {
 	}
 	assert.False(t, res.Server("b").Staged)
 	assert.Contains(t, res.Server("b").Err.Error(), "digest_mismatch")
+}
+
+// TestPlanCut: the zero Plan clears the cache and sleeps at DefaultSleepLevel; KeepCache,
+// SleepLevel and NoSleep reach the commit command and the desired state's plan as given.
+func TestPlanCut(t *testing.T) {
+	_, agents, c := newMemFleet(t, secret, 1, 0)
+	for i, tc := range []struct {
+		plan  Plan
+		clear bool
+		level int
+	}{
+		{Plan{}, true, DefaultSleepLevel},
+		{Plan{KeepCache: true, SleepLevel: 2}, false, 2},
+		{Plan{NoSleep: true}, true, 0},
+	} {
+		v := int64(i + 1)
+		_, err := c.UpdateWeights(t.Context(), ref(v), tc.plan)
+		require.NoError(t, err, "%+v", tc.plan)
+		var cmd protocol.Commit
+		for _, e := range agents[0].got() {
+			if e.Kind == protocol.KindCommit {
+				cmd = mustCommit(t, e)
+			}
+		}
+		assert.Equal(t, v, cmd.Version)
+		assert.Equal(t, tc.clear, cmd.ClearCache, "%+v", tc.plan)
+		assert.Equal(t, tc.level, cmd.SleepLevel, "%+v", tc.plan)
+		d, err := c.DesiredState(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, &protocol.Commit{Mode: "abort", ClearCache: tc.clear, SleepLevel: tc.level}, d.Plan)
+	}
 }
 
 func mustCommit(t *testing.T, e protocol.Envelope) protocol.Commit {
@@ -153,7 +184,8 @@ func TestUpdateWeightsBadInput(t *testing.T) {
 		{"empty uri", false, WeightsRef{Version: 9}, Plan{}, ErrInvalid, "uri is empty"},
 		{"bad digest", false, WeightsRef{Version: 9, URI: "file:///x", SHA256: "zz"}, Plan{}, ErrInvalid, "sha256"},
 		{"bad mode", false, ref(4), Plan{Mode: "sideways"}, ErrInvalid, "mode"},
-		{"bad sleep level", false, ref(4), Plan{SleepLevel: new(5)}, ErrInvalid, "sleep level"},
+		{"bad sleep level", false, ref(4), Plan{SleepLevel: 5}, ErrInvalid, "sleep level"},
+		{"no sleep at a level", false, ref(4), Plan{SleepLevel: 2, NoSleep: true}, ErrInvalid, "NoSleep"},
 		{"unknown target", false, ref(4), Plan{Targets: []string{"zz"}}, ErrNoServers, "zz"},
 		{"cancelled context", true, ref(4), Plan{}, context.Canceled, "canceled"},
 	} {
@@ -184,7 +216,7 @@ func TestUpdateWeightsBadInput(t *testing.T) {
 	require.NoError(t, s.sub.Close())
 	// Control calls target the servers of the last refresh: the agents are gone, so nobody
 	// hears the command.
-	require.ErrorIs(t, errOf(c.Pause(t.Context(), PauseOptions{}, Targets("a"))), ErrNoServers)
+	require.ErrorIs(t, errOf(c.Pause(t.Context(), PauseOptions{Call: Call{Targets: []string{"a"}}})), ErrNoServers)
 	_, err = c.Status(t.Context())
 	require.NoError(t, err)
 	require.ErrorIs(t, errOf(c.Pause(t.Context(), PauseOptions{})), ErrNoServers)

@@ -9,7 +9,7 @@
 //	// or: server.Run(ctx, cfg)
 //
 //	// In a fleet: over Redis, or over a bus the caller owns (an embedded fleet's).
-//	cfg := server.Config{Fleet: "demo", Redis: "redis://127.0.0.1:6379", FleetSecret: secret}
+//	cfg := server.Config{Fleet: "demo", Redis: redisconf.Config{URL: "redis://127.0.0.1:6379"}, FleetSecret: secret}
 //	cfg = server.Config{Fleet: "demo", Bus: bus.NewMem(bus.MemOptions{}), ServerID: "s1"}
 //
 // In a fleet, /ready also requires the fleet's desired weight version (and no fleet pause),

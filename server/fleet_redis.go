@@ -9,20 +9,11 @@ import (
 	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
-// redisConfig is RedisConfig with its URL defaulted to Redis (checkRedis refused two).
-func (c *Config) redisConfig() redisconf.Config {
-	conf, _ := c.RedisConfig.WithURL(c.Redis)
-	return conf
-}
-
 // checkRedis refuses a Redis configuration the bus could never use (a bad URL, an unreadable
 // CA or password file, ...), at start-up rather than in the agent's retry loop (which is for
 // a Redis that is down, not misconfigured). The error never holds the password.
 func (c *Config) checkRedis() error {
-	if _, err := c.RedisConfig.WithURL(c.Redis); err != nil {
-		return fmt.Errorf("%w: Redis and RedisConfig.URL differ: %w", ErrInvalidConfig, err)
-	}
-	if _, err := c.redisConfig().Resolve(); err != nil {
+	if _, err := c.Redis.Resolve(); err != nil {
 		return fmt.Errorf("%w: --redis: %w", ErrInvalidConfig, err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/server"
 )
 
@@ -256,11 +257,11 @@ func TestNewErrorsLeakNothing(t *testing.T) {
 
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Model: "builtin:nope", Logger: quietLogger()})
 	assert.Error(t, err)
-	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Redis: "redis://x", Logger: quietLogger()})
+	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Redis: redisconf.Config{URL: "redis://x"}, Logger: quietLogger()})
 	assert.ErrorIs(t, err, server.ErrInvalidConfig, "--redis without --fleet")
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Fleet: "f", Logger: quietLogger()})
 	assert.ErrorIs(t, err, server.ErrInvalidConfig, "--fleet without a bus")
-	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Fleet: "f", Redis: "redis://x", FleetSecret: "short", Logger: quietLogger()})
+	_, err = server.New(server.Config{Addr: "127.0.0.1:0", Fleet: "f", Redis: redisconf.Config{URL: "redis://x"}, FleetSecret: "short", Logger: quietLogger()})
 	assert.ErrorIs(t, err, server.ErrInvalidConfig, "a secret under 32 bytes")
 	_, err = server.New(server.Config{Addr: "127.0.0.1:0", OTel: "jaeger", Logger: quietLogger()})
 	assert.ErrorIs(t, err, server.ErrInvalidConfig)

@@ -82,15 +82,15 @@ type Config struct {
 	BeforeForward func(step uint64) error
 	// Fleet membership: with Fleet set the server runs a fleet agent over Bus (an open bus
 	// the server uses and does not close, e.g. an embedded fleet's in-process bus) or over
-	// the Redis at the URL Redis (dialled, and redialled while it is down, by the server).
+	// the Redis that Redis describes (dialled, and redialled while it is down, by the server).
 	// ServerID defaults to hostname-port, AdvertiseURL to the server's URL. FleetSecret, when
 	// set, must be at least 32 bytes.
-	Redis, Fleet, ServerID, AdvertiseURL, FleetSecret string
-	Bus                                               bus.Bus
-	// RedisConfig carries the rest of how to reach Redis (password or its file, TLS files,
-	// Sentinel master and credentials); its URL, when empty, is Redis. Its files are read
+	Fleet, ServerID, AdvertiseURL, FleetSecret string
+	Bus                                        bus.Bus
+	// Redis is how to reach the fleet's Redis: Redis.URL (the --redis flag), and the rest
+	// (password or its file, TLS files, Sentinel master and credentials). Its files are read
 	// again at every dial, so a rotated password or CA is picked up on reconnect.
-	RedisConfig redisconf.Config
+	Redis redisconf.Config
 	// FleetHeartbeat and FleetHeartbeatTTL pace the agent's heartbeat (0: 1s and 5s).
 	FleetHeartbeat, FleetHeartbeatTTL time.Duration
 	// FleetKey is this server's issued key file's contents (`rollout fleet keys issue`),
@@ -403,7 +403,7 @@ func (s *Server) newAgent(steps *agent.StepClock, metrics *api.Metrics) (*agent.
 		}
 	}
 	if acfg.Bus == nil {
-		conf, log := cfg.redisConfig(), cfg.Logger
+		conf, log := cfg.Redis, cfg.Logger
 		acfg.Dial = func(ctx context.Context) (bus.Bus, error) { return dialRedis(ctx, conf, id, log) }
 	}
 	a, err := agent.New(acfg)
@@ -502,15 +502,12 @@ func (c Config) Validate() error {
 // fleetDefaults checks the fleet settings: a fleet needs a bus (Redis or Bus, not both),
 // and the other fleet settings need a fleet.
 func (c *Config) fleetDefaults() error {
-	if c.Redis == "" && c.RedisConfig.URL != "" {
-		c.Redis = c.RedisConfig.URL
-	}
-	if c.Redis != "" && c.Bus != nil {
+	if c.Redis.URL != "" && c.Bus != nil {
 		return fmt.Errorf("%w: Redis and Bus are exclusive", ErrInvalidConfig)
 	}
 	if c.Fleet == "" {
 		var given []string
-		for _, f := range []struct{ flag, v string }{{"--redis", c.Redis}, {"--server-id", c.ServerID},
+		for _, f := range []struct{ flag, v string }{{"--redis", c.Redis.URL}, {"--server-id", c.ServerID},
 			{"--advertise-url", c.AdvertiseURL}, {"--fleet-secret", c.FleetSecret}} {
 			if f.v != "" {
 				given = append(given, f.flag)
@@ -524,10 +521,10 @@ func (c *Config) fleetDefaults() error {
 		}
 		return nil
 	}
-	if c.Redis == "" && c.Bus == nil {
+	if c.Redis.URL == "" && c.Bus == nil {
 		return fmt.Errorf("%w: --fleet needs --redis URL", ErrInvalidConfig)
 	}
-	if c.Redis != "" {
+	if c.Redis.URL != "" {
 		if err := c.checkRedis(); err != nil {
 			return err
 		}

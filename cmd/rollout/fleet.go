@@ -60,7 +60,7 @@ func (c *fleetConn) dial(ctx context.Context, cmd *cobra.Command) (*sdk.Client, 
 		}
 		secret = s
 	}
-	cl, err := sdk.Dial(ctx, sdk.Options{RedisConfig: c.redis.config(cmd), Fleet: c.fleet, Secret: []byte(secret), Logger: loggerFrom(cmd),
+	cl, err := sdk.Dial(ctx, sdk.Options{Redis: c.redis.config(cmd), Fleet: c.fleet, Secret: []byte(secret), Logger: loggerFrom(cmd),
 		InsecureUnsigned: c.insecure})
 	if err != nil {
 		return nil, fmt.Errorf("fleet %q: %w", c.fleet, err)
@@ -197,12 +197,8 @@ func (f *controlFlags) register(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&f.timeout, "timeout", sdk.DefaultCommandTimeout, "how long to wait for every target's ack")
 }
 
-func (f *controlFlags) opts() []sdk.CallOption {
-	o := []sdk.CallOption{sdk.Timeout(f.timeout)}
-	if len(f.targets) > 0 {
-		o = append(o, sdk.Targets(f.targets...))
-	}
-	return o
+func (f *controlFlags) call() sdk.Call {
+	return sdk.Call{Targets: f.targets, Timeout: f.timeout}
 }
 
 // controlView is what the one-command subcommands print with --json.
@@ -241,9 +237,9 @@ func resultView(r sdk.ServerResult) serverResultView {
 // control runs one command through call and prints its per-server results. A failure with
 // results (some targets failed) prints them and then returns the error, so the exit code is 1;
 // a failure without (bad flags, no servers) is just the error.
-func (fc *fleetCmd) control(cmd *cobra.Command, name string, f controlFlags, call func(context.Context, *sdk.Client, []sdk.CallOption) ([]sdk.ServerResult, error)) error {
+func (fc *fleetCmd) control(cmd *cobra.Command, name string, f controlFlags, call func(context.Context, *sdk.Client, sdk.Call) ([]sdk.ServerResult, error)) error {
 	return fc.withClient(cmd, func(ctx context.Context, c *sdk.Client) error {
-		results, err := call(ctx, c, f.opts())
+		results, err := call(ctx, c, f.call())
 		if err != nil && len(results) == 0 {
 			return fmt.Errorf("fleet %s: %w", name, err)
 		}
@@ -305,8 +301,8 @@ func (fc *fleetCmd) pauseCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return fc.control(cmd, "pause", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
-				return c.Pause(ctx, sdk.PauseOptions{Mode: m, ClearCache: clearCache}, o...)
+			return fc.control(cmd, "pause", f, func(ctx context.Context, c *sdk.Client, o sdk.Call) ([]sdk.ServerResult, error) {
+				return c.Pause(ctx, sdk.PauseOptions{Call: o, Mode: m, ClearCache: clearCache})
 			})
 		},
 	}
@@ -331,8 +327,8 @@ func (fc *fleetCmd) resumeCmd() *cobra.Command {
 		Short: "Let the fleet schedule again (and clear a fleet pause from the desired state)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return fc.control(cmd, "resume", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
-				return c.Resume(ctx, o...)
+			return fc.control(cmd, "resume", f, func(ctx context.Context, c *sdk.Client, o sdk.Call) ([]sdk.ServerResult, error) {
+				return c.Resume(ctx, sdk.ResumeOptions{Call: o})
 			})
 		},
 	}
@@ -358,8 +354,9 @@ func (fc *fleetCmd) sleepCmd() *cobra.Command {
 			if level < 0 || level > 2 {
 				return fmt.Errorf("--level %d: want 0, 1 or 2", level)
 			}
-			return fc.control(cmd, "sleep", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
-				return c.Sleep(ctx, sdk.SleepOptions{Level: level, Mode: m}, o...)
+			return fc.control(cmd, "sleep", f, func(ctx context.Context, c *sdk.Client, o sdk.Call) ([]sdk.ServerResult, error) {
+				// --level 0 is the SDK's PauseOnly: its Level 0 is the default level.
+				return c.Sleep(ctx, sdk.SleepOptions{Call: o, Level: level, PauseOnly: level == 0, Mode: m})
 			})
 		},
 	}
@@ -384,8 +381,8 @@ func (fc *fleetCmd) wakeCmd() *cobra.Command {
 					return fmt.Errorf("--tags %q: want weights and/or kv_cache", t)
 				}
 			}
-			return fc.control(cmd, "wake", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
-				return c.WakeUp(ctx, sdk.WakeOptions{Tags: tags}, o...)
+			return fc.control(cmd, "wake", f, func(ctx context.Context, c *sdk.Client, o sdk.Call) ([]sdk.ServerResult, error) {
+				return c.WakeUp(ctx, sdk.WakeOptions{Call: o, Tags: tags})
 			})
 		},
 	}
@@ -404,8 +401,8 @@ func (fc *fleetCmd) resetCmd() *cobra.Command {
 		Short: "Reset the fleet's prefix cache (--reset-external: also the offloaded KV); a server fails unless everything was cleared",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return fc.control(cmd, "reset", f, func(ctx context.Context, c *sdk.Client, o []sdk.CallOption) ([]sdk.ServerResult, error) {
-				return c.ResetCache(ctx, sdk.ResetOptions{ResetExternal: resetExternal, ResetRunning: resetRun}, o...)
+			return fc.control(cmd, "reset", f, func(ctx context.Context, c *sdk.Client, o sdk.Call) ([]sdk.ServerResult, error) {
+				return c.ResetCache(ctx, sdk.ResetOptions{Call: o, ResetExternal: resetExternal, ResetRunning: resetRun})
 			})
 		},
 	}
@@ -505,7 +502,8 @@ func (fc *fleetCmd) updateCmd() *cobra.Command {
 			if timeout <= 0 {
 				return fmt.Errorf("--timeout %s: want a duration > 0", timeout)
 			}
-			plan := sdk.Plan{Policy: pol, Mode: m, ClearCache: &clearCache, SleepLevel: &sleepLevel,
+			// --sleep-level 0 is the plan's NoSleep: its SleepLevel 0 is the default level.
+			plan := sdk.Plan{Policy: pol, Mode: m, KeepCache: !clearCache, SleepLevel: sleepLevel, NoSleep: sleepLevel == 0,
 				StageTimeout: timeout, CommitTimeout: timeout, Targets: targets}
 			return fc.withClient(cmd, func(ctx context.Context, c *sdk.Client) error {
 				res, err := c.UpdateWeights(ctx, ref, plan)

@@ -137,6 +137,7 @@ func TestFleetCommands(t *testing.T) {
 			names = append(names, p.Name)
 		}
 		assert.Contains(t, names, "stage", s.ServerID)
+		assert.Contains(t, names, "sleep", s.ServerID, "the default cut sleeps at level 1")
 		assert.Contains(t, names, "swap", s.ServerID)
 	}
 	// Heartbeats carry the new version from the servers' next beat on.
@@ -165,6 +166,21 @@ func TestFleetCommands(t *testing.T) {
 	_, errb, code = c.cli(t, "update", "--version", "2", "--source", "file://"+ckpt, "--sha256", sum, "--policy", "quorum:2", "--targets", "s0")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errb, "K=2")
+
+	// --sleep-level 0 skips the sleep (the SDK's Plan.NoSleep; its SleepLevel 0 is level 1).
+	uv = updateView{}
+	require.NoError(t, json.Unmarshal([]byte(c.ok(t, "update", "--version", "2", "--source", "file://"+ckpt, "--sha256", sum,
+		"--sleep-level", "0", "--clear-cache=false", "--json")), &uv))
+	assert.Equal(t, "committed", uv.Outcome)
+	require.Len(t, uv.Servers, 2)
+	for _, s := range uv.Servers {
+		var names []string
+		for _, p := range s.Phases {
+			names = append(names, p.Name)
+		}
+		assert.Contains(t, names, "swap", s.ServerID)
+		assert.NotContains(t, names, "sleep", s.ServerID)
+	}
 }
 
 // TestGenerateOnFleet: `generate --redis --fleet` gives the tokens `generate --server` gives

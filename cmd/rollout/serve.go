@@ -59,8 +59,7 @@ func newServeCmd() *cobra.Command {
 			}
 			cfg.Version = currentVersion().Version
 			cfg.Logger = loggerFrom(cmd)
-			cfg.RedisConfig = redis.config(cmd)
-			cfg.Redis = cfg.RedisConfig.URL
+			cfg.Redis = redis.config(cmd)
 			if os.Getenv(gin.EnvGinMode) == "" {
 				// gin's debug mode prints every route at startup; the server logs through slog.
 				gin.SetMode(gin.ReleaseMode)

@@ -20,6 +20,7 @@ import (
 	"github.com/rolloutkit/rollout/engine/load"
 	engmodel "github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/sdk"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/pipeline"
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
@@ -419,7 +420,7 @@ func warmStart(ctx context.Context, cfg config, tk *task, w *engmodel.Weights) (
 // openFleet starts an embedded fleet (default) or dials an external one over Redis.
 func openFleet(ctx context.Context, cfg config) (*sdk.Client, func() error, error) {
 	if cfg.Redis != "" {
-		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, Fleet: cfg.Fleet, Secret: cfg.Secret, Logger: cfg.Logger,
+		c, err := sdk.Dial(ctx, sdk.Options{Redis: redisconf.Config{URL: cfg.Redis}, Fleet: cfg.Fleet, Secret: cfg.Secret, Logger: cfg.Logger,
 			TracerProvider: cfg.tracerProvider()})
 		if err != nil {
 			return nil, nil, err

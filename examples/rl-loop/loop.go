@@ -72,8 +72,8 @@ type config struct {
 	Servers      int
 	Model        string
 	OffloadBytes int64
-	Redis, Fleet string
-	RedisConfig  redisconf.Config // how to reach Redis beyond its URL (TLS, password file, Sentinel)
+	Redis        redisconf.Config // an external fleet's Redis: its URL, TLS, password file, Sentinel
+	Fleet        string
 	Secret       []byte
 	APIKey       string // bearer token of the servers' generation routes (external fleet only)
 	StoreAddr    string // where the weight store listens
@@ -114,9 +114,9 @@ func (c *config) validate() error {
 		return fmt.Errorf("--lr must be > 0 (got %g)", c.LR)
 	case c.Out == "":
 		return errors.New("--out must name a directory")
-	case c.Redis == "" && c.Servers < 1:
+	case c.Redis.URL == "" && c.Servers < 1:
 		return fmt.Errorf("--servers must be >= 1 (got %d)", c.Servers)
-	case c.Redis != "" && c.Fleet == "":
+	case c.Redis.URL != "" && c.Fleet == "":
 		return errors.New("--redis needs --fleet")
 	case c.FleetStart != "" && c.FleetStart != FleetStartFail && c.FleetStart != FleetStartReset && c.FleetStart != FleetStartAdopt:
 		return fmt.Errorf("--fleet-start %q: want fail, reset or adopt", c.FleetStart)
@@ -153,8 +153,8 @@ type fleet struct {
 }
 
 func openFleet(ctx context.Context, cfg config) (*fleet, error) {
-	if cfg.Redis != "" {
-		c, err := sdk.Dial(ctx, sdk.Options{RedisURL: cfg.Redis, RedisConfig: cfg.RedisConfig, Fleet: cfg.Fleet, Secret: cfg.Secret,
+	if cfg.Redis.URL != "" {
+		c, err := sdk.Dial(ctx, sdk.Options{Redis: cfg.Redis, Fleet: cfg.Fleet, Secret: cfg.Secret,
 			APIKey: cfg.APIKey, Logger: cfg.Logger, TracerProvider: cfg.tracerProvider()})
 		if err != nil {
 			return nil, err

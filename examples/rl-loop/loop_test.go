@@ -106,7 +106,7 @@ func TestBadConfig(t *testing.T) {
 		"unknown task":     func(c *config) { c.Task = "poetry" },
 		"no steps":         func(c *config) { c.Steps = 0 },
 		"unknown policy":   func(c *config) { c.Policy = "most" },
-		"redis, no fleet":  func(c *config) { c.Redis = "redis://127.0.0.1:1" },
+		"redis, no fleet":  func(c *config) { c.Redis.URL = "redis://127.0.0.1:1" },
 		"zero lr":          func(c *config) { c.LR = 0 },
 		"unknown model":    func(c *config) { c.Model = "builtin:nope" },
 		"no servers":       func(c *config) { c.Servers = 0 },

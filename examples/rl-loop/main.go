@@ -140,7 +140,7 @@ func parseFlags(args []string) (config, error) {
 	precision := fs.String("precision", "f32", "weight precision of the embedded servers: f32, bf16 or int8 (the trainer stays float32; the mism and mism kl columns show the gap)")
 	publishDType := fs.String("publish-dtype", "F32", "dtype of the published checkpoints: F32 or BF16 (half the bytes per update)")
 	fs.Int64Var(&cfg.OffloadBytes, "offload-cpu-bytes", 16<<20, "KV offload CPU memory per embedded server (0: no offloading)")
-	cfg.RedisConfig.RegisterFlags(fs, "Redis of an external fleet (default: an embedded fleet)")
+	cfg.Redis.RegisterFlags(fs, "Redis of an external fleet (default: an embedded fleet)")
 	fs.StringVar(&cfg.Fleet, "fleet", "", "fleet name (with --redis)")
 	secretFile := fs.String("fleet-secret-file", "", "file holding the fleet secret (at least 32 bytes)")
 	apiKeyFile := fs.String("api-key-file", "", "file holding the servers' API key (with --redis; or set ROLLOUT_API_KEY)")
@@ -166,8 +166,7 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("--log-level: %w", err)
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	cfg.RedisConfig.LoadEnv(os.LookupEnv)
-	cfg.Redis = cfg.RedisConfig.URL
+	cfg.Redis.LoadEnv(os.LookupEnv)
 	if s := os.Getenv("ROLLOUT_FLEET_SECRET"); s != "" {
 		cfg.Secret = []byte(s)
 	}

@@ -22,7 +22,7 @@ func TestLoopAgainstRolloutServeProcesses(t *testing.T) {
 	}
 	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "rl-loop", Args: []string{"--offload-cpu-bytes", "16MiB"}})
 	cfg := testConfig(t)
-	cfg.Redis, cfg.Fleet, cfg.Secret = f.Redis.URL(), f.Name, []byte(f.Secret)
+	cfg.Redis.URL, cfg.Fleet, cfg.Secret = f.Redis.URL(), f.Name, []byte(f.Secret)
 	sum, err := run(t.Context(), cfg, devNull(t))
 	require.NoError(t, err)
 	require.Len(t, sum.Records, cfg.Steps)
@@ -112,7 +112,7 @@ func TestSecondRunOnARunningFleet(t *testing.T) {
 		Args: []string{"--offload-cpu-bytes", "16MiB", "--weights-root", root}})
 	cfg := func(name, start string) config {
 		c := testConfig(t)
-		c.Redis, c.Fleet, c.Secret = f.Redis.URL(), f.Name, []byte(f.Secret)
+		c.Redis.URL, c.Fleet, c.Secret = f.Redis.URL(), f.Name, []byte(f.Secret)
 		c.Out = filepath.Join(root, name)
 		c.StoreURL = "file://" + filepath.Join(c.Out, "weights")
 		c.FleetStart = start

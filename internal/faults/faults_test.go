@@ -24,6 +24,7 @@ import (
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/weightstore"
 )
@@ -260,7 +261,7 @@ func newHarness(t *testing.T, s Schedule) *harness {
 }
 
 func (h *harness) dial() *sdk.Client {
-	c, err := sdk.Dial(h.t.Context(), sdk.Options{RedisURL: h.redis.URL(), Fleet: fleetName, Secret: []byte(h.fleet.Secret),
+	c, err := sdk.Dial(h.t.Context(), sdk.Options{Redis: redisconf.Config{URL: h.redis.URL()}, Fleet: fleetName, Secret: []byte(h.fleet.Secret),
 		Logger: slog.New(slog.DiscardHandler), CommandTimeout: 5 * time.Second, RouteTimeout: 20 * time.Second})
 	if err != nil {
 		h.t.Fatalf("faults: dial: %v", err)
@@ -642,8 +643,7 @@ func (h *harness) update(tr *trainer, spec *UpdateSpec, fixed int64, why string,
 		stop := time.AfterFunc(spec.CancelAfter, cancel)
 		defer stop.Stop()
 	}
-	level := spec.Sleep
-	plan := sdk.Plan{Policy: sdk.Policy(spec.Policy), Mode: sdk.PauseMode(spec.Mode), SleepLevel: &level,
+	plan := sdk.Plan{Policy: sdk.Policy(spec.Policy), Mode: sdk.PauseMode(spec.Mode), SleepLevel: spec.Sleep, NoSleep: spec.Sleep == 0,
 		StageTimeout: 4 * time.Second, CommitTimeout: 4 * time.Second}
 	if !spec.Peers {
 		plan.PeerFanOut = -1
@@ -691,10 +691,9 @@ func (h *harness) update(tr *trainer, spec *UpdateSpec, fixed int64, why string,
 func (h *harness) control(e Event, id, why string) error {
 	c := h.trainers[Trainers[0]].client // the operator shares trainer-a's client, as a trainer would
 	args := ""
-	var opts []sdk.CallOption
-	opts = append(opts, sdk.Timeout(4*time.Second))
+	call := sdk.Call{Timeout: 4 * time.Second}
 	if id != "" {
-		opts = append(opts, sdk.Targets(id))
+		call.Targets = []string{id}
 		args = id
 	}
 	switch e.Kind {
@@ -720,13 +719,13 @@ func (h *harness) control(e Event, id, why string) error {
 	var err error
 	switch e.Kind {
 	case OpPause, OpPauseServer:
-		_, err = c.Pause(ctx, sdk.PauseOptions{Mode: sdk.PauseMode(e.Mode)}, opts...)
+		_, err = c.Pause(ctx, sdk.PauseOptions{Call: call, Mode: sdk.PauseMode(e.Mode)})
 	case OpResume, OpResumeServer:
-		_, err = c.Resume(ctx, opts...)
+		_, err = c.Resume(ctx, sdk.ResumeOptions{Call: call})
 	case OpSleep:
-		_, err = c.Sleep(ctx, sdk.SleepOptions{Level: e.Level, Mode: sdk.PauseMode(e.Mode)}, opts...)
+		_, err = c.Sleep(ctx, sdk.SleepOptions{Call: call, Level: e.Level, Mode: sdk.PauseMode(e.Mode)})
 	case OpWake:
-		_, err = c.WakeUp(ctx, sdk.WakeOptions{}, opts...)
+		_, err = c.WakeUp(ctx, sdk.WakeOptions{Call: call})
 	}
 	h.rec.Complete(op, err, nil)
 	if err == nil && e.Kind == OpResumeServer {

@@ -34,7 +34,7 @@ func TestIssuedKeysSeparateAuthority(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, sdk.OutcomeCommitted, res.Outcome)
 	require.NoError(t, errOf(c.Pause(t.Context(), sdk.PauseOptions{})))
-	require.NoError(t, errOf(c.Resume(t.Context())))
+	require.NoError(t, errOf(c.Resume(t.Context(), sdk.ResumeOptions{})))
 
 	raw, err := os.ReadFile(f.Procs[0].KeyFile())
 	require.NoError(t, err)
@@ -196,7 +196,7 @@ func TestDeleteThenReplayOldDesiredState(t *testing.T) {
 	paused, err := protocol.DecodeDesiredState(old)
 	require.NoError(t, err)
 	require.True(t, paused.Paused)
-	require.NoError(t, errOf(c.Resume(t.Context())))
+	require.NoError(t, errOf(c.Resume(t.Context(), sdk.ResumeOptions{})))
 	assertServing(t, f, 0)
 	const pausing = "converging: the fleet is paused"
 	before := map[string]int{}

@@ -23,6 +23,7 @@ import (
 	"github.com/rolloutkit/rollout/internal/fleettest"
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
@@ -59,7 +60,7 @@ func fileRef(t *testing.T, v int64, seed uint64) sdk.WeightsRef {
 
 func dial(t *testing.T, f *fleettest.Fleet) *sdk.Client {
 	t.Helper()
-	c, err := sdk.Dial(t.Context(), sdk.Options{RedisURL: f.Redis.URL(), Fleet: f.Name, Secret: []byte(f.Secret),
+	c, err := sdk.Dial(t.Context(), sdk.Options{Redis: redisconf.Config{URL: f.Redis.URL()}, Fleet: f.Name, Secret: []byte(f.Secret),
 		Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
@@ -386,7 +387,7 @@ func TestRedisRestartMidTransaction(t *testing.T) {
 	}
 	// The SDK reconnected too: generation and control calls work again.
 	l.waitProgress(t, 4)
-	require.NoError(t, errOf(c.Resume(t.Context())))
+	require.NoError(t, errOf(c.Resume(t.Context(), sdk.ResumeOptions{})))
 	if errs := l.errors(); len(errs) > 0 {
 		t.Logf("%d Generate calls failed while Redis was down, e.g. %v", len(errs), errs[0])
 	}

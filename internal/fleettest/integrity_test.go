@@ -114,7 +114,7 @@ func TestPauseThenResumeQuicklyConverges(t *testing.T) {
 	for range 5 {
 		require.NoError(t, errOf(c.Pause(t.Context(), sdk.PauseOptions{Mode: sdk.PauseKeep, ClearCache: true})))
 		time.Sleep(500 * time.Millisecond) // the reported race window, not a result-deciding wait
-		require.NoError(t, errOf(c.Resume(t.Context())))
+		require.NoError(t, errOf(c.Resume(t.Context(), sdk.ResumeOptions{})))
 	}
 	for _, p := range f.Procs {
 		f.WaitFor(p, 10*time.Second, "running in rotation", func(hb *protocol.Heartbeat) bool {

@@ -283,6 +283,6 @@ func TestFloodOfForgedCommandsCostsLittle(t *testing.T) {
 	for _, p := range f.Procs {
 		f.WaitFor(p, 30*time.Second, "paused", func(hb *protocol.Heartbeat) bool { return hb.State == protocol.StatePaused })
 	}
-	require.NoError(t, errOf(c.Resume(t.Context())))
+	require.NoError(t, errOf(c.Resume(t.Context(), sdk.ResumeOptions{})))
 	assertServing(t, f, 0)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rolloutkit/rollout/internal/fleettest"
 	"github.com/rolloutkit/rollout/sdk"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 )
 
 // The tests in this file put multi-turn sessions through the faults a fleet sees mid-episode
@@ -161,7 +162,7 @@ func (g *gateTransport) expect(addr string) <-chan string {
 func dialGated(t *testing.T, f *fleettest.Fleet) (*sdk.Client, *gateTransport) {
 	t.Helper()
 	g := &gateTransport{base: http.DefaultTransport.(*http.Transport).Clone()}
-	c, err := sdk.Dial(t.Context(), sdk.Options{RedisURL: f.Redis.URL(), Fleet: f.Name, Secret: []byte(f.Secret),
+	c, err := sdk.Dial(t.Context(), sdk.Options{Redis: redisconf.Config{URL: f.Redis.URL()}, Fleet: f.Name, Secret: []byte(f.Secret),
 		Logger: slog.New(slog.DiscardHandler), HTTPClient: &http.Client{Transport: g}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })

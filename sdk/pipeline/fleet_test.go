@@ -56,7 +56,7 @@ func startFleet(t *testing.T, overRedis bool) *sdk.Client {
 	do.Logger = quiet
 	if overRedis {
 		do.Bus = nil
-		do.RedisURL = redisURL // the client reaches the fleet through Redis as a trainer process would
+		do.Redis.URL = redisURL // the client reaches the fleet through Redis as a trainer process would
 	}
 	c, err := sdk.Dial(t.Context(), do)
 	require.NoError(t, err)

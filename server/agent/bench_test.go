@@ -25,7 +25,7 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 	})
 	b.Run("redis", func(b *testing.B) {
 		rs := redistest.Start(b)
-		startNode(b, nil, func(c *server.Config) { c.Bus, c.Redis = nil, rs.URL() })
+		startNode(b, nil, func(c *server.Config) { c.Bus, c.Redis.URL = nil, rs.URL() })
 		roundTrips(b, dialBench(b, rs.URL()))
 	})
 	b.Run("redis-floor", func(b *testing.B) {

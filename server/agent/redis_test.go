@@ -29,7 +29,7 @@ func dialTest(t *testing.T, url string) *bus.Redis {
 // every 50ms.
 func startRedisNode(t *testing.T, url string, mut func(*server.Config)) *node {
 	return startNode(t, nil, func(c *server.Config) {
-		c.Bus, c.Redis = nil, url
+		c.Bus, c.Redis.URL = nil, url
 		c.FleetHeartbeat, c.FleetHeartbeatTTL = 50*time.Millisecond, 10*time.Second
 		if mut != nil {
 			mut(c)

@@ -79,7 +79,7 @@ func BenchmarkControlRoundTrip(b *testing.B) {
 					lat := make([]time.Duration, 0, 1024)
 					for b.Loop() {
 						t0 := time.Now()
-						if _, err := c.Resume(b.Context(), sdk.Targets(ids...)); err != nil {
+						if _, err := c.Resume(b.Context(), sdk.ResumeOptions{Call: sdk.Call{Targets: ids}}); err != nil {
 							b.Fatal(err)
 						}
 						lat = append(lat, time.Since(t0))

@@ -23,6 +23,7 @@ import (
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
@@ -229,7 +230,7 @@ func TestStatusAndPrimitives(t *testing.T) {
 		assert.Equal(t, "paused", s.Engine().Metrics().State)
 	}
 	waitStatus(t, c, func(st []sdk.ServerStatus) bool { return !st[0].InRotation && !st[1].InRotation }, "paused servers leave rotation")
-	require.NoError(t, errOf(c.Resume(ctx)))
+	require.NoError(t, errOf(c.Resume(ctx, sdk.ResumeOptions{})))
 	for _, s := range f.Servers() {
 		assert.Equal(t, "running", s.Engine().Metrics().State)
 	}
@@ -238,13 +239,13 @@ func TestStatusAndPrimitives(t *testing.T) {
 		assert.Equal(t, "sleeping", s.Engine().Metrics().State)
 	}
 	require.NoError(t, errOf(c.WakeUp(ctx, sdk.WakeOptions{})))
-	require.NoError(t, errOf(c.Resume(ctx)))
+	require.NoError(t, errOf(c.Resume(ctx, sdk.ResumeOptions{})))
 	require.NoError(t, errOf(c.ResetCache(ctx, sdk.ResetOptions{ResetExternal: true})))
 	require.NoError(t, errOf(c.Abort(ctx, sdk.AbortOptions{})))
-	require.NoError(t, errOf(c.Pause(ctx, sdk.PauseOptions{}, sdk.Targets(f.IDs()[1]))))
+	require.NoError(t, errOf(c.Pause(ctx, sdk.PauseOptions{Call: sdk.Call{Targets: f.IDs()[1:2]}})))
 	assert.Equal(t, "running", f.Servers()[0].Engine().Metrics().State)
 	assert.Equal(t, "paused", f.Servers()[1].Engine().Metrics().State)
-	require.NoError(t, errOf(c.Resume(ctx, sdk.Targets(f.IDs()[1]))))
+	require.NoError(t, errOf(c.Resume(ctx, sdk.ResumeOptions{Call: sdk.Call{Targets: f.IDs()[1:2]}})))
 	waitStatus(t, c, allAt(0), "every server back in rotation")
 
 	out, err := c.Generate(ctx, sdk.GenerateRequest{PromptTokenIDs: []int{1, 2, 3}, N: 3, Sampling: sdk.SamplingParams{MaxTokens: 8, IgnoreEOS: true}})
@@ -410,7 +411,7 @@ func TestGenerateContinuesAcrossPause(t *testing.T) {
 			done <- out{res, err}
 		}()
 		require.NoError(t, g.CallHeld(t, func() error { return errOf(c.Pause(t.Context(), sdk.PauseOptions{Mode: sdk.PauseAbort})) }))
-		require.NoError(t, errOf(c.Resume(t.Context())))
+		require.NoError(t, errOf(c.Resume(t.Context(), sdk.ResumeOptions{})))
 		o := <-done
 		require.NoError(t, o.err)
 		s := o.res.Samples[0]
@@ -516,14 +517,14 @@ func TestOverRedis(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, f.Close()) }()
 	// The client dials Redis itself, as a trainer would.
-	c, err := sdk.Dial(t.Context(), sdk.Options{RedisURL: srv.URL(), Fleet: "redis-fleet", Secret: secret, Logger: quiet})
+	c, err := sdk.Dial(t.Context(), sdk.Options{Redis: redisconf.Config{URL: srv.URL()}, Fleet: "redis-fleet", Secret: secret, Logger: quiet})
 	require.NoError(t, err)
 	defer c.Close()
 	st, err := c.Status(t.Context())
 	require.NoError(t, err)
 	require.Len(t, st, 2)
 	require.NoError(t, errOf(c.Pause(t.Context(), sdk.PauseOptions{Mode: sdk.PauseWait})))
-	require.NoError(t, errOf(c.Resume(t.Context())))
+	require.NoError(t, errOf(c.Resume(t.Context(), sdk.ResumeOptions{})))
 	const maxTokens = 16
 	l := startLoad(t, c, 2, maxTokens)
 	began := time.Now()

@@ -81,13 +81,13 @@ func TestSentinelFailoverDuringUpdateWeights(t *testing.T) {
 	require.NoError(t, err)
 	defer fb.Close()
 	f, err := embedded.Start(ctx, embedded.Options{Servers: 2, Secret: secret, Logger: quiet, Bus: fb, Server: func(_ int, c *server.Config) {
-		c.Bus, c.Redis = nil, ss.URL()
+		c.Bus, c.Redis.URL = nil, ss.URL()
 		c.FleetHeartbeat = 100 * time.Millisecond
 		c.FleetHeartbeatTTL = time.Second
 	}})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, f.Close()) }()
-	c, err := sdk.Dial(ctx, sdk.Options{RedisConfig: conf, Fleet: f.DialOptions().Fleet, Secret: secret, Logger: quiet})
+	c, err := sdk.Dial(ctx, sdk.Options{Redis: conf, Fleet: f.DialOptions().Fleet, Secret: secret, Logger: quiet})
 	require.NoError(t, err)
 	defer c.Close()
 	waitStatus(t, c, allAt(0), "both servers in rotation over sentinel")

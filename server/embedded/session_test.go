@@ -20,6 +20,7 @@ import (
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
 	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/toolcall"
 	"github.com/rolloutkit/rollout/server"
 	"github.com/rolloutkit/rollout/server/embedded"
@@ -88,7 +89,7 @@ func TestSessionsOverRedis(t *testing.T) {
 		Fleet: "session-fleet", Server: func(_ int, c *server.Config) { c.FleetHeartbeat = 100 * time.Millisecond }})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, f.Close()) }()
-	c, err := sdk.Dial(t.Context(), sdk.Options{RedisURL: srv.URL(), Fleet: "session-fleet", Secret: secret, Logger: quiet})
+	c, err := sdk.Dial(t.Context(), sdk.Options{Redis: redisconf.Config{URL: srv.URL()}, Fleet: "session-fleet", Secret: secret, Logger: quiet})
 	require.NoError(t, err)
 	defer c.Close()
 	checkSessionAffinity(t, c, 8)
@@ -350,7 +351,7 @@ func TestSessionToolEpisode(t *testing.T) {
 			Fleet: "episode-fleet", Server: func(_ int, c *server.Config) { c.FleetHeartbeat = 100 * time.Millisecond }})
 		require.NoError(t, err)
 		defer func() { require.NoError(t, f.Close()) }()
-		rc, err := sdk.Dial(t.Context(), sdk.Options{RedisURL: srv.URL(), Fleet: "episode-fleet", Secret: secret, Logger: quiet})
+		rc, err := sdk.Dial(t.Context(), sdk.Options{Redis: redisconf.Config{URL: srv.URL()}, Fleet: "episode-fleet", Secret: secret, Logger: quiet})
 		require.NoError(t, err)
 		defer rc.Close()
 		runEpisode(t, rc, ref, tr)

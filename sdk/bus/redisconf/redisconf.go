@@ -242,21 +242,6 @@ func (c *Config) LoadEnv(lookup func(string) (string, bool)) {
 	}
 }
 
-// WithURL is the one rule for a URL given beside a Config (sdk.Options.RedisURL,
-// server.Config.Redis): it fills an empty Config.URL, and a Config.URL already set must be
-// the same URL. An empty url leaves the Config as it is. Errors wrap ErrInvalid and hold no
-// password.
-func (c Config) WithURL(url string) (Config, error) {
-	switch {
-	case url == "" || url == c.URL:
-	case c.URL == "":
-		c.URL = url
-	default:
-		return c, fmt.Errorf("%w: two Redis URLs: %s and %s", ErrInvalid, Redact(url), Redact(c.URL))
-	}
-	return c, nil
-}
-
 // Resolve checks the configuration, reads its files (passwords, CA, client certificate) and
 // returns go-redis options. Every error wraps ErrInvalid and names the problem without the
 // password.

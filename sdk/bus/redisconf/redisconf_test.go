@@ -215,18 +215,3 @@ func TestRedact(t *testing.T) {
 	assert.Equal(t, "redis+sentinel://u:xxxxx@a:1,b:2/m", r.Redacted, "every address, no password")
 	assert.Equal(t, "master m via sentinels a:1,b:2", r.Addrs())
 }
-
-// TestWithURL: the one rule for a URL beside a Config, and no password in its error.
-func TestWithURL(t *testing.T) {
-	c, err := redisconf.Config{PasswordFile: "p"}.WithURL("redis://h:1")
-	require.NoError(t, err)
-	assert.Equal(t, redisconf.Config{URL: "redis://h:1", PasswordFile: "p"}, c)
-	c, err = redisconf.Config{URL: "redis://h:1"}.WithURL("")
-	require.NoError(t, err)
-	assert.Equal(t, "redis://h:1", c.URL)
-	_, err = redisconf.Config{URL: "redis://h:1"}.WithURL("redis://h:1")
-	require.NoError(t, err, "the same URL twice is one")
-	_, err = redisconf.Config{URL: "redis://:hunter2@h:1"}.WithURL("redis://h:2")
-	require.ErrorIs(t, err, redisconf.ErrInvalid)
-	assert.NotContains(t, err.Error(), "hunter2")
-}
