@@ -647,7 +647,13 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 		if !inRotation && !committing || !v.suspect.IsZero() || exclude[id] || v.hb.AdvertiseURL == "" {
 			continue
 		}
-		cands = append(cands, candidate{id: id, url: v.hb.AdvertiseURL, load: v.hb.Running + v.hb.Waiting + v.inflight, floor: floor})
+		// The heartbeat's count already holds this client's requests that were running when
+		// it was written: adding inflight counted them twice, and a session whose home ran its
+		// share of a fleet's episodes looked overloaded and was moved off its cached KV. The
+		// larger of the two is the load: the server's word, or this client's own requests
+		// when the heartbeat predates them.
+		load := max(v.hb.Running+v.hb.Waiting, v.inflight)
+		cands = append(cands, candidate{id: id, url: v.hb.AdvertiseURL, load: load, floor: floor})
 	}
 	if len(cands) > 0 {
 		slices.SortFunc(cands, func(a, b candidate) int { return compareStrings(a.id, b.id) })
