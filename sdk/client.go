@@ -144,7 +144,7 @@ type serverView struct {
 type ackView struct {
 	at         int64 // Unix ms
 	inRotation bool
-	state      string
+	state      protocol.EngineState
 	version    int64
 }
 
@@ -671,8 +671,8 @@ func (c *Client) kickRefresh() {
 
 // ServerStatus is one live server as its heartbeat reports it.
 type ServerStatus struct {
-	ID    string `json:"id"`
-	State string `json:"state"`
+	ID    string               `json:"id"`
+	State protocol.EngineState `json:"state"`
 	// InRotation is the server's own word that it takes traffic (at the desired version,
 	// neither paused nor asleep).
 	InRotation    bool  `json:"in_rotation"`

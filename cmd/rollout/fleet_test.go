@@ -115,7 +115,7 @@ func TestFleetCommands(t *testing.T) {
 		}
 	}
 	for _, s := range c.status(t).Servers {
-		assert.Equal(t, "running", s.State, s.ID)
+		assert.EqualValues(t, "running", s.State, s.ID)
 		assert.True(t, s.InRotation, s.ID)
 	}
 
@@ -231,7 +231,7 @@ func TestFleetBadInput(t *testing.T) {
 	}
 	// Nothing above changed the fleet.
 	for _, s := range c.status(t).Servers {
-		assert.Equal(t, "running", s.State, s.ID)
+		assert.EqualValues(t, "running", s.State, s.ID)
 		assert.Equal(t, int64(0), s.WeightVersion, s.ID)
 	}
 	// The environment sets the connection like the flags do.

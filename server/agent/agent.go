@@ -543,7 +543,8 @@ func (l *loop) write(ctx context.Context, hb *protocol.Heartbeat) {
 
 // facts are what a heartbeat says that routing and the fleet's view depend on.
 type facts struct {
-	state, errText, sha            string
+	state                          protocol.EngineState
+	errText, sha                   string
 	version, staged, epoch, dEpoch int64
 	inRotation                     bool
 }

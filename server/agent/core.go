@@ -855,7 +855,7 @@ func RotationError(known bool, d *protocol.DesiredState, st EngineState, stoppin
 		return fmt.Errorf("serving weight version %d from checkpoint %s, the fleet's version %d is %s: the fleet must move to a later version",
 			st.WeightVersion, shortDigest(st.WeightSHA256), d.Weights.Version, shortDigest(d.Weights.SHA256))
 	case st.State != protocol.StateRunning:
-		return errors.New("engine is " + st.State)
+		return errors.New("engine is " + string(st.State))
 	}
 	return nil
 }
