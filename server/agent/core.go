@@ -233,14 +233,14 @@ type Core struct {
 	out Ready
 }
 
-// NewCore returns a core; zero durations take the defaults (ClockSkew 30s, MaxLifetime
-// 15m, RetryMin 1s, RetryMax 30s).
+// NewCore returns a core; zero durations take the defaults (ClockSkew protocol.ClockSkew,
+// MaxLifetime protocol.MaxCommandLifetime, RetryMin 1s, RetryMax 30s).
 func NewCore(cfg CoreConfig) *Core {
 	if cfg.ClockSkew <= 0 {
-		cfg.ClockSkew = 30 * time.Second
+		cfg.ClockSkew = protocol.ClockSkew
 	}
 	if cfg.MaxLifetime <= 0 {
-		cfg.MaxLifetime = 15 * time.Minute
+		cfg.MaxLifetime = protocol.MaxCommandLifetime
 	}
 	if cfg.RetryMin <= 0 {
 		cfg.RetryMin = time.Second
