@@ -131,7 +131,8 @@ type GenerateRequest struct {
 // Token is one generated token with the weight version that produced it.
 type Token struct {
 	ID int `json:"id"`
-	// Logprob is the token's log-probability (-Inf when outside the processed distribution).
+	// Logprob is the token's log-probability (-Inf when outside the processed distribution;
+	// null in JSON).
 	Logprob       float64 `json:"logprob"`
 	WeightVersion int64   `json:"weight_version"`
 	// Top holds the most likely tokens at this position when Sampling.Logprobs > 0.
