@@ -25,15 +25,33 @@ const (
 	numCtlPhases
 )
 
-// ctlPhaseNames are the phases as Stats.State reports them.
-var ctlPhaseNames = [numCtlPhases]string{ctlRunning: "running", ctlPaused: "paused", ctlAsleep: "sleeping"}
+// State is the engine's control phase as Stats and Metrics report it. The engine imports
+// nothing of the fleet protocol, so it names its phases itself; the server maps them to the
+// protocol's states in one place (server/agent.WireState).
+type State string
 
-func (p ctlPhase) String() string {
+// The states the engine reports.
+const (
+	// StateRunning schedules requests.
+	StateRunning State = "running"
+	// StatePaused schedules nothing new.
+	StatePaused State = "paused"
+	// StateSleeping is paused with the KV pool (and perhaps the weights) released.
+	StateSleeping State = "sleeping"
+)
+
+// ctlPhaseStates are the phases as Stats.State reports them.
+var ctlPhaseStates = [numCtlPhases]State{ctlRunning: StateRunning, ctlPaused: StatePaused, ctlAsleep: StateSleeping}
+
+// State is the phase as Stats.State reports it.
+func (p ctlPhase) State() State {
 	if p < numCtlPhases {
-		return ctlPhaseNames[p]
+		return ctlPhaseStates[p]
 	}
-	return fmt.Sprintf("phase(%d)", uint8(p))
+	return State(fmt.Sprintf("phase(%d)", uint8(p)))
 }
+
+func (p ctlPhase) String() string { return string(p.State()) }
 
 // ctlEventKind is what changes the control state.
 type ctlEventKind uint8

@@ -54,7 +54,7 @@ func TestSleepBehindPauseWaitAndQueuedResume(t *testing.T) {
 			require.Equal(t, []error{nil, nil, nil}, errs)
 			st, err := e.CheckInvariants(ctx)
 			require.NoError(t, err)
-			assert.Equal(t, "sleeping", st.State, "the sleep came last")
+			assert.Equal(t, StateSleeping, st.State, "the sleep came last")
 			assert.True(t, st.Paused && st.KVReleased, "%+v", st)
 			res, err := a.Collect(ctx)
 			require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestPauseKeepBehindQueuedResume(t *testing.T) {
 	require.Equal(t, []error{nil, nil, nil}, errs)
 	st, err := e.Stats(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, "paused", st.State)
+	assert.Equal(t, StatePaused, st.State)
 	assert.Equal(t, string(PauseKeep), st.PauseMode)
 	// Frozen requests stay frozen: one added now does not start.
 	b, err := e.Add(ctx, Request{ID: "b", PromptTokenIDs: prompt(8, 2), Sampling: greedy(2)})

@@ -124,7 +124,7 @@ func TestPauseAbortFinishesEverything(t *testing.T) {
 	assert.True(t, paused)
 	st, err := e.Stats(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, "paused", st.State)
+	assert.Equal(t, StatePaused, st.State)
 	assert.Zero(t, st.Running+st.Waiting)
 }
 
@@ -315,7 +315,7 @@ func TestSleepLevel1ReleasesKVAndQueuesGeneration(t *testing.T) {
 	st, err := e.Stats(ctx)
 	require.NoError(t, err)
 	assert.True(t, st.KVReleased)
-	assert.Equal(t, "sleeping", st.State)
+	assert.Equal(t, StateSleeping, st.State)
 	p := prompt(12, 9)
 	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(6)})
 	require.NoError(t, err, "generation while asleep queues")

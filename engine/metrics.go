@@ -28,7 +28,7 @@ type Metrics struct {
 	prefixHits    atomic.Int64
 	violations    atomic.Int64
 	stepErrors    atomic.Int64
-	state         atomic.Value // string
+	state         atomic.Value // State
 }
 
 func (m *Metrics) finished(r FinishReason) {
@@ -51,13 +51,13 @@ func (m *Metrics) snapshot(e *Engine) {
 	ps := e.blocks.Stats()
 	m.prefixQueries.Store(ps.PrefixQueries)
 	m.prefixHits.Store(ps.PrefixHits)
-	m.state.Store(e.stateName())
+	m.state.Store(e.ctl.Phase.State())
 }
 
 // MetricsSnapshot is a consistent-enough copy of the counters for exporters.
 type MetricsSnapshot struct {
 	Alive         bool
-	State         string
+	State         State
 	WeightVersion int64
 	StagedVersion int64
 	Steps         int64
@@ -89,9 +89,9 @@ type MetricsSnapshot struct {
 // Metrics returns the current counters without a round trip through the engine loop.
 func (e *Engine) Metrics() MetricsSnapshot {
 	m := &e.metrics
-	st, _ := m.state.Load().(string)
+	st, _ := m.state.Load().(State)
 	if st == "" {
-		st = "running"
+		st = StateRunning // no step yet: a new engine runs
 	}
 	return MetricsSnapshot{
 		Alive: m.alive.Load(), State: st, WeightVersion: m.weightVersion.Load(), StagedVersion: m.stagedVersion.Load(),
@@ -105,7 +105,7 @@ func (e *Engine) Metrics() MetricsSnapshot {
 
 // Stats is the engine state as the loop sees it, between steps.
 type Stats struct {
-	State         string `json:"state"` // running | paused | sleeping
+	State         State  `json:"state"`
 	WeightVersion int64  `json:"weight_version"`
 	StagedVersion int64  `json:"staged_version,omitempty"`
 	Paused        bool   `json:"paused"`
@@ -150,7 +150,7 @@ func (e *Engine) CheckInvariants(ctx context.Context) (Stats, error) {
 }
 
 func (e *Engine) stats() Stats {
-	s := Stats{State: e.stateName(), WeightVersion: e.version, Paused: e.ctl.Phase != ctlRunning, PauseMode: string(e.ctl.Mode),
+	s := Stats{State: e.ctl.Phase.State(), WeightVersion: e.version, Paused: e.ctl.Phase != ctlRunning, PauseMode: string(e.ctl.Mode),
 		SleepLevel: e.ctl.Level, Running: e.sched.NumRunning(), Waiting: e.sched.NumWaiting(),
 		KVBlocksUsed: e.usedBlocks(), KVBlocksTotal: e.blocks.NumBlocks() - 1, KVReleased: e.ctl.KVReleased,
 		Steps: e.metrics.steps.Load(), InvariantViolations: e.metrics.violations.Load(), Connector: e.conn.Stats()}
@@ -159,8 +159,6 @@ func (e *Engine) stats() Stats {
 	}
 	return s
 }
-
-func (e *Engine) stateName() string { return e.ctl.Phase.String() }
 
 // Version returns the serving weight version.
 func (e *Engine) Version() int64 { return e.metrics.weightVersion.Load() }

@@ -30,7 +30,7 @@ const (
 	DefaultRefreshInterval = 500 * time.Millisecond
 	DefaultCommandTimeout  = 30 * time.Second
 	DefaultRouteTimeout    = 60 * time.Second
-	DefaultHeartbeatTTL    = 5 * time.Second
+	DefaultHeartbeatTTL    = protocol.HeartbeatTTL
 )
 
 // tracerName names the SDK's tracer.
@@ -81,7 +81,7 @@ type Options struct {
 	// update every server may be out of rotation for a moment; default 60s).
 	RouteTimeout time.Duration
 	// HeartbeatTTL is how long after its last heartbeat a server whose heartbeat key is
-	// missing still counts as live (default 5s, the agents' TTL): keys lost early, as when
+	// missing still counts as live (default protocol.HeartbeatTTL, the agents' TTL): keys lost early, as when
 	// Redis restarts empty, do not take serving servers out of routing.
 	HeartbeatTTL time.Duration
 }
@@ -141,7 +141,7 @@ type serverView struct {
 type ackView struct {
 	at         int64 // Unix ms
 	inRotation bool
-	state      string
+	state      protocol.EngineState
 	version    int64
 }
 
@@ -548,7 +548,7 @@ func (c *Client) readHeartbeats(ctx context.Context, strict bool) (map[string]pr
 		if err == nil {
 			err = hb.VerifyWith(c.auth, c.opts.Fleet)
 		}
-		if err == nil && time.Since(time.UnixMilli(hb.At)) > c.opts.HeartbeatTTL+heartbeatSkew {
+		if err == nil && time.Since(time.UnixMilli(hb.At)) > c.opts.HeartbeatTTL+protocol.ClockSkew {
 			// The key exists but the heartbeat inside is old: someone wrote back a dead
 			// server's heartbeat (the key's TTL is not signed, the time inside is).
 			c.log.Debug("sdk: ignoring a stale heartbeat", "server", id, "at", time.UnixMilli(hb.At))
@@ -566,10 +566,6 @@ func (c *Client) readHeartbeats(ctx context.Context, strict bool) (map[string]pr
 	}
 	return out, nil
 }
-
-// heartbeatSkew is how far a server's clock may run behind the client's before its
-// heartbeats count as stale whatever their key's TTL says.
-const heartbeatSkew = 30 * time.Second
 
 // refresh rereads heartbeats (and the desired state) into the routing cache.
 func (c *Client) refresh(ctx context.Context, strict bool) error {
@@ -665,8 +661,8 @@ func (c *Client) kickRefresh() {
 
 // ServerStatus is one live server as its heartbeat reports it.
 type ServerStatus struct {
-	ID    string `json:"id"`
-	State string `json:"state"`
+	ID    string               `json:"id"`
+	State protocol.EngineState `json:"state"`
 	// InRotation is the server's own word that it takes traffic (at the desired version,
 	// neither paused nor asleep).
 	InRotation    bool  `json:"in_rotation"`

@@ -131,7 +131,8 @@ type GenerateRequest struct {
 // Token is one generated token with the weight version that produced it.
 type Token struct {
 	ID int `json:"id"`
-	// Logprob is the token's log-probability (-Inf when outside the processed distribution).
+	// Logprob is the token's log-probability (-Inf when outside the processed distribution;
+	// null in JSON).
 	Logprob       float64 `json:"logprob"`
 	WeightVersion int64   `json:"weight_version"`
 	// Top holds the most likely tokens at this position when Sampling.Logprobs > 0.
@@ -637,7 +638,7 @@ func (c *Client) candidates(minVersion int64, exclude map[string]bool) ([]candid
 		// Below the desired version a server is stale whatever its last heartbeat said (it
 		// may predate the update this client just committed).
 		// At the desired version it must also be the desired checkpoint.
-		inRotation := v.hb.InRotation && servingState(v.hb.State) && v.hb.WeightVersion >= floor &&
+		inRotation := v.hb.InRotation && v.hb.State.Serving() && v.hb.WeightVersion >= floor &&
 			(v.hb.WeightVersion > desired || desired == 0 || v.hb.WeightSHA256 == desiredSHA)
 		// A server this client is committing new weights to takes requests too: its engine
 		// queues them while paused or asleep and runs them first after the resume, on the new
@@ -787,12 +788,6 @@ func (l *abortLog) record(ids []string) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
-}
-
-// servingState: the states a server in rotation may report (updating: a commit's last step,
-// after the resume, while the agent waits for the first token).
-func servingState(s string) bool {
-	return s == protocol.StateRunning || s == protocol.StateUpdating
 }
 
 // committing marks (version > 0) or clears (0) a commit of this client in flight to ids.

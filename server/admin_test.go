@@ -92,7 +92,7 @@ func TestNativeRoutes(t *testing.T) {
 	assert.EqualValues(t, 1, v["weight_version"])
 	st := ts.state(t)
 	assert.Zero(t, st.KVBlocksUsed)
-	assert.Equal(t, "running", st.State)
+	assert.EqualValues(t, "running", st.State)
 }
 
 // sseStream is a streaming completion read event by event.
@@ -199,7 +199,7 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	ts.callHeld(t, g, http.MethodPost, "/pause?mode=keep&clear_cache=true", nil, http.StatusOK, &pause)
 	assert.Equal(t, "paused", pause["status"])
 	st := ts.state(t)
-	assert.Equal(t, "paused", st.State)
+	assert.EqualValues(t, "paused", st.State)
 	assert.Equal(t, "keep", st.PauseMode)
 	assert.Equal(t, 1, st.RequestsRunning+st.RequestsWaiting, "A is frozen, not lost")
 	var isPaused map[string]bool
@@ -213,7 +213,7 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 
 	ts.doJSON(t, http.MethodPost, "/sleep?level=1", nil, http.StatusOK, nil)
 	st = ts.state(t)
-	assert.Equal(t, "sleeping", st.State)
+	assert.EqualValues(t, "sleeping", st.State)
 	assert.True(t, st.KVReleased)
 	var isSleeping map[string]bool
 	ts.doJSON(t, http.MethodGet, "/is_sleeping", nil, http.StatusOK, &isSleeping)
@@ -231,15 +231,15 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	assert.Positive(t, up.Bytes)
 	st = ts.state(t)
 	assert.EqualValues(t, 2, st.WeightVersion)
-	assert.Equal(t, "sleeping", st.State)
+	assert.EqualValues(t, "sleeping", st.State)
 
 	ts.doJSON(t, http.MethodPost, "/wake_up?tags=weights&tags=kv_cache", nil, http.StatusOK, nil)
 	st = ts.state(t)
-	assert.Equal(t, "paused", st.State, "the pause from before the sleep stands")
+	assert.EqualValues(t, "paused", st.State, "the pause from before the sleep stands")
 	assert.False(t, st.KVReleased)
 
 	ts.doJSON(t, http.MethodPost, "/resume", nil, http.StatusOK, nil)
-	assert.Equal(t, "running", ts.state(t).State)
+	assert.EqualValues(t, "running", ts.state(t).State)
 	ids, versions, finish := a.rest(t, first)
 	assert.Equal(t, "length", finish)
 	assert.Len(t, ids, longTokens)
@@ -295,7 +295,7 @@ func TestAdminFlowWithRequestsInFlight(t *testing.T) {
 	uri4, digest4 := writeCheckpoint(t, 4)
 	ts.doJSON(t, http.MethodPost, "/update_weights", map[string]any{"version": 4, "source": uri4, "sha256": digest4}, http.StatusOK, nil)
 	ts.doJSON(t, http.MethodPost, "/wake_up", nil, http.StatusOK, nil)
-	assert.Equal(t, "running", ts.state(t).State, "the sleep paused the engine itself, so waking resumes it")
+	assert.EqualValues(t, "running", ts.state(t).State, "the sleep paused the engine itself, so waking resumes it")
 	var gr genResp
 	ts.doJSON(t, http.MethodPost, "/generate", greedyGen(prompt, 3), http.StatusOK, &gr)
 	assert.Equal(t, []int64{4}, uniq(gr.Outputs[0].WeightVersions))
@@ -341,7 +341,7 @@ func TestAdminCyclePerPauseMode(t *testing.T) {
 			r := ts.generateAsync(t, greedyGen(prompt, longTokens))
 			ts.callHeld(t, g, http.MethodPost, "/pause?clear_cache=true&mode="+mode, nil, http.StatusOK, nil)
 			st := ts.state(t)
-			assert.Equal(t, "paused", st.State)
+			assert.EqualValues(t, "paused", st.State)
 			assert.Equal(t, mode, st.PauseMode)
 			assert.Zero(t, st.RequestsRunning+st.RequestsWaiting, "abort ended it, wait let it finish")
 			res := r.wait(t)
@@ -355,15 +355,15 @@ func TestAdminCyclePerPauseMode(t *testing.T) {
 
 			ts.doJSON(t, http.MethodPost, "/sleep?level=1", nil, http.StatusOK, nil)
 			st = ts.state(t)
-			assert.Equal(t, "sleeping", st.State)
+			assert.EqualValues(t, "sleeping", st.State)
 			assert.True(t, st.KVReleased)
 			assert.Zero(t, st.KVBlocksUsed)
 			ts.doJSON(t, http.MethodPost, "/update_weights", map[string]any{"version": 2, "source": uri, "sha256": digest}, http.StatusOK, nil)
 			assert.EqualValues(t, 2, ts.state(t).WeightVersion)
 			ts.doJSON(t, http.MethodPost, "/wake_up?tags=weights&tags=kv_cache", nil, http.StatusOK, nil)
-			assert.Equal(t, "paused", ts.state(t).State)
+			assert.EqualValues(t, "paused", ts.state(t).State)
 			ts.doJSON(t, http.MethodPost, "/resume", nil, http.StatusOK, nil)
-			assert.Equal(t, "running", ts.state(t).State)
+			assert.EqualValues(t, "running", ts.state(t).State)
 			ts.doJSON(t, http.MethodGet, "/ready", nil, http.StatusOK, nil)
 			var gr genResp
 			ts.doJSON(t, http.MethodPost, "/generate", greedyGen(prompt, 5), http.StatusOK, &gr)

@@ -68,7 +68,7 @@ func TestSleepBehindPauseWaitAndResumeOverHTTP(t *testing.T) {
 			require.Len(t, ra.Outputs, 1)
 			assert.Equal(t, "length", ra.Outputs[0].FinishReason, "the pause let the running request finish")
 			st := ts.state(t)
-			assert.Equal(t, "sleeping", st.State, "the sleep came last: %+v", st)
+			assert.EqualValues(t, "sleeping", st.State, "the sleep came last: %+v", st)
 			assert.True(t, st.KVReleased)
 			assert.Equal(t, level, st.SleepLevel)
 
@@ -102,7 +102,7 @@ func TestPauseKeepBehindPauseWaitAndResumeOverHTTP(t *testing.T) {
 	}
 	a.wait(t)
 	st := ts.state(t)
-	assert.Equal(t, "paused", st.State, "a successful pause(keep) leaves the engine paused: %+v", st)
+	assert.EqualValues(t, "paused", st.State, "a successful pause(keep) leaves the engine paused: %+v", st)
 	assert.Equal(t, "keep", st.PauseMode)
 	b := ts.generateAsync(t, greedyGen(prompt, 3))
 	ts.waitState(t, "the request queued", func(s stateResp) bool { return s.RequestsWaiting == 1 })

@@ -99,7 +99,7 @@ func TestAdminBehindReverseProxy(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code, "%s", out)
 	code, out = viaProxy.do(t, http.MethodGet, "/is_paused", ts.AdminToken(), nil)
 	assert.Equal(t, http.StatusOK, code, "%s", out)
-	assert.Equal(t, "running", ts.state(t).State)
+	assert.EqualValues(t, "running", ts.state(t).State)
 }
 
 func port(t *testing.T, u string) string {

@@ -220,7 +220,7 @@ func TestValidationTable(t *testing.T) {
 			require.Equal(t, http.StatusOK, code, "%s", out)
 			var st stateResp
 			require.NoError(t, json.Unmarshal(out, &st))
-			assert.Equal(t, "running", st.State)
+			assert.EqualValues(t, "running", st.State)
 			assert.EqualValues(t, 1, st.WeightVersion)
 			assert.Zero(t, st.StagedVersion)
 			assert.Zero(t, st.RequestsRunning+st.RequestsWaiting, "engine requests left after %q", c.name)
@@ -233,5 +233,5 @@ func TestValidationTable(t *testing.T) {
 	var st stateResp
 	require.NoError(t, json.Unmarshal(out, &st))
 	assert.Zero(t, st.KVBlocksUsed)
-	assert.Equal(t, "running", st.State)
+	assert.EqualValues(t, "running", st.State)
 }

@@ -466,6 +466,31 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 	if err != nil {
 		return StepStats{}, err
 	}
+	st, err := t.batchStats(samples, adv)
+	if err != nil {
+		return StepStats{}, err
+	}
+	acc := stepAcc{st: &st, samples: samples, adv: adv, norm: 1 / float64(st.Tokens),
+		lp: lossParams{clipLow: t.cfg.ClipLow, clipHigh: t.cfg.ClipHigh, tisCap: t.cfg.TISCap, klCoef: t.cfg.KLCoef, version: t.version}}
+	t.g.zero()
+	order := t.microBatchOrder(samples, adv)
+	for lo := 0; lo < len(order); {
+		if err := ctx.Err(); err != nil {
+			return StepStats{}, err
+		}
+		hi, n := t.microBatchEnd(samples, order, lo)
+		acc.inputTokens += n
+		t.microBatch(&acc, order[lo:hi])
+		lo = hi
+	}
+	acc.finish()
+	return t.applyGradients(st, start, acc.inputTokens)
+}
+
+// batchStats counts what a GRPO step's batch holds before any work: the tokens it trains on
+// (and the ones dropped as too stale), the rewards, and the groups with and without signal.
+// A batch whose every completion token is masked out is ErrEmptyBatch.
+func (t *Trainer) batchStats(samples []Sample, adv []float64) (StepStats, error) {
 	st := StepStats{Samples: len(samples), RewardMax: math.Inf(-1)}
 	groups := map[int]bool{} // group -> has signal
 	for i := range samples {
@@ -492,15 +517,14 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 			st.ZeroAdvantageGroups++
 		}
 	}
-	lp := lossParams{clipLow: t.cfg.ClipLow, clipHigh: t.cfg.ClipHigh, tisCap: t.cfg.TISCap,
-		klCoef: t.cfg.KLCoef, version: t.version}
-	norm := 1 / float64(st.Tokens)
-	t.g.zero()
-	var clipped, truncated, inputTokens int
-	var mismatch, mismatchKL float64
-	// Samples with a zero advantage have no policy gradient (only a KL one, when enabled):
-	// packing them last puts them in micro-batches of their own, whose backward pass is
-	// skipped, while their forward still feeds the loss and mismatch statistics.
+	return st, nil
+}
+
+// microBatchOrder is the order samples are packed into micro-batches. Samples with a zero
+// advantage have no policy gradient (only a KL one, when enabled): packing them last puts them
+// in micro-batches of their own, whose backward pass is skipped, while their forward still
+// feeds the loss and mismatch statistics.
+func (t *Trainer) microBatchOrder(samples []Sample, adv []float64) []int {
 	order := make([]int, 0, len(samples))
 	for pass := range 2 {
 		for i := range samples {
@@ -509,97 +533,127 @@ func (t *Trainer) Step(ctx context.Context, samples []Sample) (StepStats, error)
 			}
 		}
 	}
-	for lo := 0; lo < len(order); {
-		if err := ctx.Err(); err != nil {
-			return StepStats{}, err
+	return order
+}
+
+// microBatchEnd returns the end of the micro-batch that starts at order[lo] (at least one
+// sample, then as many as fit in MicroBatchTokens) and its input tokens.
+func (t *Trainer) microBatchEnd(samples []Sample, order []int, lo int) (hi, n int) {
+	hi = lo
+	for hi < len(order) {
+		k := len(samples[order[hi]].Prompt) + len(samples[order[hi]].Completion) - 1
+		if hi > lo && n+k > t.cfg.MicroBatchTokens {
+			break
 		}
-		hi, n := lo, 0
-		for hi < len(order) {
-			k := len(samples[order[hi]].Prompt) + len(samples[order[hi]].Completion) - 1
-			if hi > lo && n+k > t.cfg.MicroBatchTokens {
-				break
-			}
-			n += k
-			hi++
-		}
-		b := &batch{}
-		for _, si := range order[lo:hi] {
-			b.addSequence(samples[si].Prompt, samples[si].Completion, t.p.cfg.NumAttentionHeads)
-		}
-		inputTokens += n
-		st.MicroBatches++
-		t0 := time.Now()
-		t.net.forward(b, &t.a)
-		st.Time.Forward += time.Since(t0)
-		if t.ref != nil {
-			t0 = time.Now()
-			t.ref.forward(b, &t.ra)
-			st.Time.Reference += time.Since(t0)
-		}
-		glogp := make([]float64, len(b.targets))
-		k, signal := 0, false
-		for _, si := range order[lo:hi] {
-			s := &samples[si]
-			for j := range s.Completion {
-				if !t.trains(s, j) {
-					k++ // context only (environment or too stale): no loss, no gradient, no statistics
-					continue
-				}
-				logp, roll := t.a.logp[k], float64(s.Logprobs[j])
-				ref := 0.0
-				if t.ref != nil {
-					ref = t.ra.logp[k]
-				}
-				st.Entropy += t.a.entropy[k]
-				if math.IsInf(logp, -1) || math.IsInf(ref, -1) {
-					// Outside the trainer's (or the reference's) kept set: no ratio, no
-					// gradient.
-					st.OutsideKeptTokens++
-					k++
-					continue
-				}
-				term := lp.term(logp, roll, ref, adv[si], s.Versions[j])
-				st.Loss += term.loss * norm
-				st.KL += term.kl * norm
-				glogp[k] = term.grad * norm
-				signal = signal || glogp[k] != 0
-				if term.stale {
-					st.StaleTokens++
-					if term.truncated {
-						truncated++
-					}
-				} else {
-					st.OnPolicyTokens++
-					if term.clipped {
-						clipped++
-					}
-					d := math.Abs(logp - roll)
-					mismatch += d
-					st.MismatchMax = max(st.MismatchMax, d)
-					mismatchKL += math.Expm1(logp-roll) - (logp - roll)
-				}
-				k++
-			}
-		}
-		if signal {
-			t0 = time.Now()
-			t.net.backward(b, &t.a, glogp, t.g, &t.w)
-			st.BackwardPasses++
-			st.Time.Backward += time.Since(t0)
-		}
-		lo = hi
+		n += k
+		hi++
 	}
+	return hi, n
+}
+
+// stepAcc is what a GRPO step accumulates over its micro-batches.
+type stepAcc struct {
+	st      *StepStats
+	samples []Sample
+	adv     []float64
+	lp      lossParams
+	// norm is 1/tokens trained on: the loss is the mean over them.
+	norm                 float64
+	inputTokens          int
+	clipped, truncated   int
+	mismatch, mismatchKL float64
+}
+
+// microBatch runs one micro-batch of samples idx: the forward pass (and the reference's),
+// every trained token's loss term, and the backward pass when any term has a gradient.
+func (t *Trainer) microBatch(acc *stepAcc, idx []int) {
+	b := &batch{}
+	for _, si := range idx {
+		b.addSequence(acc.samples[si].Prompt, acc.samples[si].Completion, t.p.cfg.NumAttentionHeads)
+	}
+	st := acc.st
+	st.MicroBatches++
+	t0 := time.Now()
+	t.net.forward(b, &t.a)
+	st.Time.Forward += time.Since(t0)
+	if t.ref != nil {
+		t0 = time.Now()
+		t.ref.forward(b, &t.ra)
+		st.Time.Reference += time.Since(t0)
+	}
+	glogp := make([]float64, len(b.targets))
+	if t.lossTerms(acc, idx, glogp) {
+		t0 = time.Now()
+		t.net.backward(b, &t.a, glogp, t.g, &t.w)
+		st.BackwardPasses++
+		st.Time.Backward += time.Since(t0)
+	}
+}
+
+// lossTerms adds the loss, KL and statistics of every trained completion token of samples idx
+// (whose forward pass is in t.a, and t.ra) to acc, and writes each token's gradient into
+// glogp. It reports whether any gradient is nonzero.
+func (t *Trainer) lossTerms(acc *stepAcc, idx []int, glogp []float64) (signal bool) {
+	st := acc.st
+	k := 0
+	for _, si := range idx {
+		s := &acc.samples[si]
+		for j := range s.Completion {
+			if !t.trains(s, j) {
+				k++ // context only (environment or too stale): no loss, no gradient, no statistics
+				continue
+			}
+			logp, roll := t.a.logp[k], float64(s.Logprobs[j])
+			ref := 0.0
+			if t.ref != nil {
+				ref = t.ra.logp[k]
+			}
+			st.Entropy += t.a.entropy[k]
+			if math.IsInf(logp, -1) || math.IsInf(ref, -1) {
+				// Outside the trainer's (or the reference's) kept set: no ratio, no
+				// gradient.
+				st.OutsideKeptTokens++
+				k++
+				continue
+			}
+			term := acc.lp.term(logp, roll, ref, acc.adv[si], s.Versions[j])
+			st.Loss += term.loss * acc.norm
+			st.KL += term.kl * acc.norm
+			glogp[k] = term.grad * acc.norm
+			signal = signal || glogp[k] != 0
+			if term.stale {
+				st.StaleTokens++
+				if term.truncated {
+					acc.truncated++
+				}
+			} else {
+				st.OnPolicyTokens++
+				if term.clipped {
+					acc.clipped++
+				}
+				d := math.Abs(logp - roll)
+				acc.mismatch += d
+				st.MismatchMax = max(st.MismatchMax, d)
+				acc.mismatchKL += math.Expm1(logp-roll) - (logp - roll)
+			}
+			k++
+		}
+	}
+	return signal
+}
+
+// finish turns the accumulated sums into the step's means and fractions.
+func (acc *stepAcc) finish() {
+	st := acc.st
 	st.Entropy /= float64(st.Tokens)
 	if st.OnPolicyTokens > 0 {
-		st.MismatchMeanAbs = mismatch / float64(st.OnPolicyTokens)
-		st.MismatchKL = mismatchKL / float64(st.OnPolicyTokens)
-		st.ClipFraction = float64(clipped) / float64(st.OnPolicyTokens)
+		st.MismatchMeanAbs = acc.mismatch / float64(st.OnPolicyTokens)
+		st.MismatchKL = acc.mismatchKL / float64(st.OnPolicyTokens)
+		st.ClipFraction = float64(acc.clipped) / float64(st.OnPolicyTokens)
 	}
 	if st.StaleTokens > 0 {
-		st.TruncatedFraction = float64(truncated) / float64(st.StaleTokens)
+		st.TruncatedFraction = float64(acc.truncated) / float64(st.StaleTokens)
 	}
-
-	return t.applyGradients(st, start, inputTokens)
 }
 
 // applyGradients ends a step, GRPO or supervised, once the gradients are accumulated: the

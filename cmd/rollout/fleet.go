@@ -26,6 +26,8 @@ type fleetConn struct {
 	fleet              string
 	secret, secretFile string
 	insecure           bool // --insecure-unsigned-fleet
+	// apiKey is the servers' API key, for the generation routes (generate's --api-key).
+	apiKey string
 }
 
 func (c *fleetConn) register(cmd *cobra.Command, persistent bool) {
@@ -61,7 +63,7 @@ func (c *fleetConn) dial(ctx context.Context, cmd *cobra.Command) (*sdk.Client, 
 		secret = s
 	}
 	cl, err := sdk.Dial(ctx, sdk.Options{Redis: c.redis.config(cmd), Fleet: c.fleet, Secret: []byte(secret), Logger: loggerFrom(cmd),
-		InsecureUnsigned: c.insecure})
+		InsecureUnsigned: c.insecure, APIKey: c.apiKey})
 	if err != nil {
 		return nil, fmt.Errorf("fleet %q: %w", c.fleet, err)
 	}
@@ -119,13 +121,15 @@ func (fc *fleetCmd) writeJSON(out io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// statusView is what `fleet status --json` prints.
+// statusView is what `fleet status --json` prints: the SDK's DesiredState and Status results.
 type statusView struct {
 	Fleet   string                 `json:"fleet"`
 	Desired *protocol.DesiredState `json:"desired,omitempty"`
 	Servers []serverStatusView     `json:"servers"`
 }
 
+// serverStatusView is sdk.ServerStatus (its JSON form) with the heartbeat's age in
+// milliseconds beside Age's nanoseconds, for people reading the output.
 type serverStatusView struct {
 	sdk.ServerStatus
 	AgeMs float64 `json:"age_ms"`
@@ -201,37 +205,31 @@ func (f *controlFlags) call() sdk.Call {
 	return sdk.Call{Targets: f.targets, Timeout: f.timeout}
 }
 
-// controlView is what the one-command subcommands print with --json.
+// controlView is what the one-command subcommands print with --json: the SDK's per-server
+// results as the control call returned them (sdk.ServerResult's JSON form) and the call's
+// outcome.
 type controlView struct {
 	Fleet   string             `json:"fleet"`
 	Command string             `json:"command"`
 	OK      bool               `json:"ok"`
 	Error   string             `json:"error,omitempty"`
-	Servers []serverResultView `json:"servers"`
+	Servers []sdk.ServerResult `json:"servers"`
 }
 
-type serverResultView struct {
-	ServerID      string           `json:"server_id"`
-	Result        string           `json:"result"`
-	Code          string           `json:"code,omitempty"`
-	Error         string           `json:"error,omitempty"`
-	WeightVersion int64            `json:"weight_version"`
-	StagedVersion int64            `json:"staged_version,omitempty"`
-	Duplicate     bool             `json:"duplicate,omitempty"`
-	LatencyMs     float64          `json:"latency_ms"`
-	Phases        []protocol.Phase `json:"phases,omitempty"`
+// resultText is a result's RESULT column: the server's result, or "no ack".
+func resultText(r sdk.ServerResult) string {
+	if r.Result == "" {
+		return "no ack"
+	}
+	return string(r.Result)
 }
 
-func resultView(r sdk.ServerResult) serverResultView {
-	v := serverResultView{ServerID: r.ServerID, Result: string(r.Result), Code: r.Code, WeightVersion: r.WeightVersion,
-		StagedVersion: r.StagedVersion, Duplicate: r.Duplicate, LatencyMs: ms(r.Latency), Phases: r.Phases}
-	if r.Err != nil {
-		v.Error = r.Err.Error()
+// errorText is an error's message ("" for nil).
+func errorText(err error) string {
+	if err == nil {
+		return ""
 	}
-	if v.Result == "" {
-		v.Result = "no ack"
-	}
-	return v
+	return err.Error()
 }
 
 // control runs one command through call and prints its per-server results. A failure with
@@ -245,13 +243,7 @@ func (fc *fleetCmd) control(cmd *cobra.Command, name string, f controlFlags, cal
 		}
 		out := cmd.OutOrStdout()
 		if fc.asJSON {
-			v := controlView{Fleet: c.Fleet(), Command: name, OK: err == nil, Servers: make([]serverResultView, len(results))}
-			for i, r := range results {
-				v.Servers[i] = resultView(r)
-			}
-			if err != nil {
-				v.Error = err.Error()
-			}
+			v := controlView{Fleet: c.Fleet(), Command: name, OK: err == nil, Error: errorText(err), Servers: results}
 			if jerr := fc.writeJSON(out, v); jerr != nil {
 				return jerr
 			}
@@ -259,9 +251,8 @@ func (fc *fleetCmd) control(cmd *cobra.Command, name string, f controlFlags, cal
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "SERVER\tRESULT\tVERSION\tLATENCY\tPHASES\tERROR")
 			for _, r := range results {
-				v := resultView(r)
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", v.ServerID, v.Result, v.WeightVersion, r.Latency.Round(10*time.Microsecond),
-					phaseList(r.Phases), oneLine(v.Error))
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.ServerID, resultText(r), r.WeightVersion, r.Latency.Round(10*time.Microsecond),
+					phaseList(r.Phases), oneLine(errorText(r.Err)))
 			}
 			if ferr := tw.Flush(); ferr != nil {
 				return ferr
@@ -412,51 +403,12 @@ func (fc *fleetCmd) resetCmd() *cobra.Command {
 	return cmd
 }
 
-// updateView is what `fleet update --json` prints.
+// updateView is what `fleet update --json` prints: the SDK's UpdateResult as UpdateWeights
+// returned it, with the fleet's name and the command's error (an incomplete update too).
 type updateView struct {
-	Fleet       string             `json:"fleet"`
-	Version     int64              `json:"version"`
-	Policy      string             `json:"policy"`
-	Outcome     string             `json:"outcome"`
-	Reason      string             `json:"reason,omitempty"`
-	Error       string             `json:"error,omitempty"`
-	Epoch       int64              `json:"epoch"`
-	Stale       []string           `json:"stale,omitempty"`
-	StageMs     float64            `json:"stage_ms"`
-	CommitMs    float64            `json:"commit_ms"`
-	DurationMs  float64            `json:"duration_ms"`
-	MaxBubbleMs float64            `json:"max_bubble_ms"`
-	Servers     []serverUpdateView `json:"servers"`
-}
-
-type serverUpdateView struct {
-	ServerID       string            `json:"server_id"`
-	Staged         bool              `json:"staged"`
-	Committed      bool              `json:"committed"`
-	Stale          bool              `json:"stale"`
-	WeightVersion  int64             `json:"weight_version"`
-	BubbleMs       float64           `json:"bubble_ms"`
-	BubbleMeasured bool              `json:"bubble_measured"`
-	Phases         []sdk.PhaseResult `json:"phases"`
-	Error          string            `json:"error,omitempty"`
-}
-
-func newUpdateView(fleet string, r *sdk.UpdateResult, err error) updateView {
-	v := updateView{Fleet: fleet, Version: r.Version, Policy: r.Policy.String(), Outcome: string(r.Outcome), Reason: r.Reason,
-		Epoch: r.Epoch, Stale: r.Stale, StageMs: ms(r.StageTime), CommitMs: ms(r.CommitTime), DurationMs: ms(r.Duration),
-		MaxBubbleMs: ms(r.MaxBubble), Servers: make([]serverUpdateView, len(r.Servers))}
-	if err != nil {
-		v.Error = err.Error()
-	}
-	for i, s := range r.Servers {
-		sv := serverUpdateView{ServerID: s.ServerID, Staged: s.Staged, Committed: s.Committed, Stale: s.Stale,
-			WeightVersion: s.WeightVersion, BubbleMs: ms(s.Bubble), BubbleMeasured: s.BubbleMeasured, Phases: s.Phases}
-		if s.Err != nil {
-			sv.Error = s.Err.Error()
-		}
-		v.Servers[i] = sv
-	}
-	return v
+	sdk.UpdateResult
+	Fleet string `json:"fleet"`
+	Error string `json:"error,omitempty"`
 }
 
 func (fc *fleetCmd) updateCmd() *cobra.Command {
@@ -515,7 +467,7 @@ func (fc *fleetCmd) updateCmd() *cobra.Command {
 				}
 				out := cmd.OutOrStdout()
 				if fc.asJSON {
-					if jerr := fc.writeJSON(out, newUpdateView(c.Fleet(), res, err)); jerr != nil {
+					if jerr := fc.writeJSON(out, updateView{UpdateResult: *res, Fleet: c.Fleet(), Error: errorText(err)}); jerr != nil {
 						return jerr
 					}
 				} else if perr := printUpdate(out, c.Fleet(), res); perr != nil {

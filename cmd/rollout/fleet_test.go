@@ -111,11 +111,12 @@ func TestFleetCommands(t *testing.T) {
 		assert.Equal(t, args[0], v.Command)
 		require.Len(t, v.Servers, want, args)
 		for _, s := range v.Servers {
-			assert.Equal(t, "ok", s.Result, "%v %s", args, s.ServerID)
+			assert.EqualValues(t, "ok", s.Result, "%v %s", args, s.ServerID)
+			assert.Positive(t, s.Latency, "sdk.ServerResult's latency: %v %s", args, s.ServerID)
 		}
 	}
 	for _, s := range c.status(t).Servers {
-		assert.Equal(t, "running", s.State, s.ID)
+		assert.EqualValues(t, "running", s.State, s.ID)
 		assert.True(t, s.InRotation, s.ID)
 	}
 
@@ -126,8 +127,11 @@ func TestFleetCommands(t *testing.T) {
 	sum := strings.TrimSpace(runOK(t, "weights", "digest", ckpt))
 	var uv updateView
 	require.NoError(t, json.Unmarshal([]byte(c.ok(t, "update", "--version", "1", "--source", "file://"+ckpt, "--sha256", sum, "--json")), &uv))
-	assert.Equal(t, "committed", uv.Outcome)
-	assert.Equal(t, "all", uv.Policy)
+	assert.EqualValues(t, "committed", uv.Outcome)
+	assert.EqualValues(t, "all", uv.Policy)
+	assert.Equal(t, "cli", uv.Fleet)
+	assert.Positive(t, uv.Duration, "sdk.UpdateResult's duration")
+	assert.GreaterOrEqual(t, uv.Duration, uv.StageTime)
 	require.Len(t, uv.Servers, 2)
 	for _, s := range uv.Servers {
 		assert.True(t, s.Committed, s.ServerID)
@@ -198,16 +202,47 @@ func TestGenerateOnFleet(t *testing.T) {
 	direct := gen("--server", c.f.Servers()[0].URL(), "Once upon a time")
 	fleet := gen(append(c.flags, "Once upon a time")...)
 	assert.Equal(t, "fleet:cli", fleet.Model)
+	require.Len(t, direct.Samples, 1)
+	require.Len(t, fleet.Samples, 1)
+	ds, fs := direct.Samples[0], fleet.Samples[0]
 	assert.Equal(t, direct.PromptTokenIDs, fleet.PromptTokenIDs)
-	assert.Equal(t, direct.TokenIDs, fleet.TokenIDs)
+	assert.Equal(t, ds.TokenIDs(), fs.TokenIDs())
 	assert.Equal(t, direct.Text, fleet.Text)
-	assert.InDeltaSlice(t, direct.Logprobs, fleet.Logprobs, 1e-4)
-	assert.Equal(t, direct.FinishReason, fleet.FinishReason)
-	assert.Equal(t, make([]int64, len(fleet.TokenIDs)), fleet.WeightVersions)
+	assert.InDeltaSlice(t, ds.Logprobs(), fs.Logprobs(), 1e-4)
+	assert.Equal(t, ds.FinishReason, fs.FinishReason)
+	assert.Equal(t, make([]int64, len(fs.Tokens)), fs.WeightVersions())
+	assert.Equal(t, []string{fleet.Servers[0]}, fs.Servers, "the SDK's own fields are printed as Generate returned them")
 
 	var out, errb bytes.Buffer
 	require.Equal(t, 0, run(t.Context(), append(append([]string{"generate", "--max-tokens", "4"}, c.flags...), "hi"), &out, &errb), errb.String())
 	assert.Contains(t, out.String(), "[4 tokens")
+}
+
+// TestGenerateOnFleetWithAPIKey: `generate --redis --fleet --api-key` sends the key on every
+// call to the servers (tokenize, generate, detokenize), and without it the servers refuse.
+func TestGenerateOnFleetWithAPIKey(t *testing.T) {
+	gin.SetMode(gin.ReleaseMode)
+	rs := redistest.Start(t)
+	b, err := bus.DialRedis(t.Context(), rs.URL(), bus.RedisOptions{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	f, err := embedded.Start(t.Context(), embedded.Options{Servers: 1, Fleet: "keyed", Secret: []byte(cliSecret), Bus: b,
+		Logger: slog.New(slog.DiscardHandler), Server: func(_ int, c *server.Config) { c.KVBlocks = 64; c.Workers = 1; c.APIKey = "generation-key" }})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = f.Close()
+		_ = b.Close()
+	})
+	args := []string{"generate", "--json", "--max-tokens", "3", "--redis", rs.URL(), "--fleet", "keyed", "--fleet-secret", cliSecret}
+	var out, errb bytes.Buffer
+	require.Equal(t, 1, run(t.Context(), append(args, "hi"), &out, &errb))
+	assert.Contains(t, errb.String(), "tokenizing the prompt")
+	out.Reset()
+	errb.Reset()
+	require.Equal(t, 0, run(t.Context(), append(args, "--api-key", "generation-key", "hi"), &out, &errb), errb.String())
+	var r generateResult
+	require.NoError(t, json.Unmarshal(out.Bytes(), &r), out.String())
+	require.Len(t, r.Samples, 1)
+	assert.Len(t, r.Samples[0].Tokens, 3)
 }
 
 // TestFleetBadInput: every mistake is one line on stderr and exit 1, before or without
@@ -247,7 +282,7 @@ func TestFleetBadInput(t *testing.T) {
 	}
 	// Nothing above changed the fleet.
 	for _, s := range c.status(t).Servers {
-		assert.Equal(t, "running", s.State, s.ID)
+		assert.EqualValues(t, "running", s.State, s.ID)
 		assert.Equal(t, int64(0), s.WeightVersion, s.ID)
 	}
 	// The environment sets the connection like the flags do.

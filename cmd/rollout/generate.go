@@ -14,6 +14,7 @@ import (
 	"github.com/rolloutkit/rollout/engine/load"
 	"github.com/rolloutkit/rollout/engine/sample"
 	"github.com/rolloutkit/rollout/engine/tokenizer"
+	"github.com/rolloutkit/rollout/sdk"
 )
 
 type generateOpts struct {
@@ -65,16 +66,37 @@ func newGenerateCmd() *cobra.Command {
 	return cmd
 }
 
+// generateResult is what `generate --json` prints in every mode (in-process, one server, a
+// fleet): the SDK's GenerateResult, whose one sample holds every token with its logprob and
+// weight version, and beside it what only the CLI knows. One shape, so that a script reads the
+// CLI's output as a training loop reads Generate's.
 type generateResult struct {
-	Model          string    `json:"model"`
-	Text           string    `json:"text"`
-	PromptTokenIDs []int     `json:"prompt_token_ids"`
-	TokenIDs       []int     `json:"token_ids"`
-	Logprobs       []float32 `json:"logprobs"`
-	WeightVersions []int64   `json:"weight_versions"`
-	FinishReason   string    `json:"finish_reason"`
-	TokensPerSec   float64   `json:"tokens_per_s"`
-	TTFTSeconds    float64   `json:"ttft_s"`
+	sdk.GenerateResult
+	// Model is the model spec, the server's model name, or fleet:NAME.
+	Model string `json:"model"`
+	// Text is the sample decoded, without a final stop token (as /v1/completions has it).
+	Text           string  `json:"text"`
+	PromptTokenIDs []int   `json:"prompt_token_ids"`
+	TokensPerSec   float64 `json:"tokens_per_s"`
+	TTFTSeconds    float64 `json:"ttft_s"`
+}
+
+// newGenerateResult is a result with one empty sample, which the in-process and HTTP paths
+// fill as tokens arrive. They know no fleet, so its server lists are empty (not null).
+func newGenerateResult(model string, prompt []int) generateResult {
+	s := sdk.Sample{Servers: []string{}, Segments: []sdk.Segment{}}
+	return generateResult{GenerateResult: sdk.GenerateResult{Samples: []sdk.Sample{s}, Servers: []string{}}, Model: model,
+		PromptTokenIDs: prompt}
+}
+
+// sample is the result's one sample.
+func (r *generateResult) sample() *sdk.Sample { return &r.Samples[0] }
+
+// printJSON writes the result as indented JSON.
+func (r *generateResult) printJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
 }
 
 func runGenerate(ctx context.Context, cmd *cobra.Command, o generateOpts, prompt string) error {
@@ -119,7 +141,8 @@ func runGenerate(ctx context.Context, cmd *cobra.Command, o generateOpts, prompt
 	}
 	out := cmd.OutOrStdout()
 	dec := tokenizer.NewStreamDecoder(m.Tokenizer)
-	res := generateResult{Model: o.model, PromptTokenIDs: ids}
+	res := newGenerateResult(o.model, ids)
+	smp := res.sample()
 	var first time.Time
 	if !o.json {
 		fmt.Fprint(out, prompt)
@@ -136,9 +159,7 @@ func runGenerate(ctx context.Context, cmd *cobra.Command, o generateOpts, prompt
 			if first.IsZero() {
 				first = time.Now()
 			}
-			res.TokenIDs = append(res.TokenIDs, t.ID)
-			res.Logprobs = append(res.Logprobs, t.Logprob)
-			res.WeightVersions = append(res.WeightVersions, t.WeightVersion)
+			smp.Tokens = append(smp.Tokens, sdk.Token{ID: t.ID, Logprob: float64(t.Logprob), WeightVersion: t.WeightVersion})
 			if t.ID == m.Weights.Config.EOSTokenID {
 				continue
 			}
@@ -152,22 +173,20 @@ func runGenerate(ctx context.Context, cmd *cobra.Command, o generateOpts, prompt
 			}
 		}
 		if o2.Finished {
-			res.FinishReason = string(o2.FinishReason)
+			smp.FinishReason = sdk.FinishReason(o2.FinishReason)
 		}
 	}
 	tail := dec.Flush()
 	res.Text += tail
 	elapsed := time.Since(start).Seconds()
-	if n := len(res.TokenIDs); n > 0 && elapsed > 0 {
+	if n := len(smp.Tokens); n > 0 && elapsed > 0 {
 		res.TokensPerSec = float64(n) / elapsed
 		res.TTFTSeconds = first.Sub(start).Seconds()
 	}
 	if o.json {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+		return res.printJSON(out)
 	}
 	fmt.Fprintf(out, "%s\n\n[%d tokens, %.1f tokens/s, first token after %.1f ms, finish: %s]\n",
-		tail, len(res.TokenIDs), res.TokensPerSec, res.TTFTSeconds*1e3, res.FinishReason)
+		tail, len(smp.Tokens), res.TokensPerSec, res.TTFTSeconds*1e3, smp.FinishReason)
 	return nil
 }

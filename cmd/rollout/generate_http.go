@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rolloutkit/rollout/sdk"
 )
 
 // completionWire is the part of a /v1/completions response (or stream chunk) generate reads.
@@ -35,8 +37,7 @@ type completionWire struct {
 
 // runGenerateHTTP is runGenerate over a server's /v1/completions: the same sampling, the same
 // output (text streamed as it arrives, or one JSON object with --json). A logprob the server
-// sends as null (-Inf in processed mode) is reported as -math.MaxFloat32, since JSON has no
-// -Inf.
+// sends as null (-Inf in processed mode) is -Inf, printed as null again.
 func runGenerateHTTP(ctx context.Context, cmd *cobra.Command, o generateOpts, prompt string) error {
 	body := map[string]any{"prompt": prompt, "max_tokens": o.maxTokens, "temperature": o.temperature, "top_p": o.topP,
 		"top_k": o.topK, "seed": o.seed, "logprobs": 0, "return_token_ids": true, "stream": !o.json}
@@ -68,7 +69,8 @@ func runGenerateHTTP(ctx context.Context, cmd *cobra.Command, o generateOpts, pr
 		return fmt.Errorf("server answered %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 	}
 	out := cmd.OutOrStdout()
-	res := generateResult{Model: o.server}
+	res := newGenerateResult(o.server, nil)
+	smp := res.sample()
 	var first time.Time
 	add := func(w completionWire, stream bool) {
 		if w.Model != "" {
@@ -81,23 +83,22 @@ func runGenerateHTTP(ctx context.Context, cmd *cobra.Command, o generateOpts, pr
 			if c.PromptTokenIDs != nil {
 				res.PromptTokenIDs = c.PromptTokenIDs
 			}
-			res.TokenIDs = append(res.TokenIDs, c.TokenIDs...)
-			res.WeightVersions = append(res.WeightVersions, c.WeightVersions...)
-			if c.Logprobs != nil {
-				for _, lp := range c.Logprobs.TokenLogprobs {
-					v := float32(-math.MaxFloat32)
-					if lp != nil {
-						v = float32(*lp)
-					}
-					res.Logprobs = append(res.Logprobs, v)
+			for i, id := range c.TokenIDs {
+				t := sdk.Token{ID: id, Logprob: math.Inf(-1)}
+				if i < len(c.WeightVersions) {
+					t.WeightVersion = c.WeightVersions[i]
 				}
+				if c.Logprobs != nil && i < len(c.Logprobs.TokenLogprobs) && c.Logprobs.TokenLogprobs[i] != nil {
+					t.Logprob = float64(float32(*c.Logprobs.TokenLogprobs[i])) // the engine's float32, as in-process
+				}
+				smp.Tokens = append(smp.Tokens, t)
 			}
 			res.Text += c.Text
 			if stream {
 				fmt.Fprint(out, c.Text)
 			}
 			if c.FinishReason != nil {
-				res.FinishReason = *c.FinishReason
+				smp.FinishReason = sdk.FinishReason(*c.FinishReason)
 			}
 		}
 	}
@@ -138,18 +139,16 @@ func runGenerateHTTP(ctx context.Context, cmd *cobra.Command, o generateOpts, pr
 		}
 	}
 	elapsed := time.Since(start).Seconds()
-	if n := len(res.TokenIDs); n > 0 && elapsed > 0 {
+	if n := len(smp.Tokens); n > 0 && elapsed > 0 {
 		res.TokensPerSec = float64(n) / elapsed
 		if !first.IsZero() {
 			res.TTFTSeconds = first.Sub(start).Seconds()
 		}
 	}
 	if o.json {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+		return res.printJSON(out)
 	}
 	fmt.Fprintf(out, "\n\n[%d tokens, %.1f tokens/s, first token after %.1f ms, finish: %s]\n",
-		len(res.TokenIDs), res.TokensPerSec, res.TTFTSeconds*1e3, res.FinishReason)
+		len(smp.Tokens), res.TokensPerSec, res.TTFTSeconds*1e3, smp.FinishReason)
 	return nil
 }

@@ -64,12 +64,16 @@ func TestServeGenerateOverHTTPAndShutdown(t *testing.T) {
 	local := gen("Once upon a time")
 	remote := gen("--server", url, "Once upon a time")
 	assert.Equal(t, local.Model, remote.Model)
+	require.Len(t, local.Samples, 1)
+	require.Len(t, remote.Samples, 1)
+	ls, rs := local.Samples[0], remote.Samples[0]
 	assert.Equal(t, local.PromptTokenIDs, remote.PromptTokenIDs)
-	assert.Equal(t, local.TokenIDs, remote.TokenIDs)
+	assert.NotEmpty(t, ls.Tokens)
+	assert.Equal(t, ls.TokenIDs(), rs.TokenIDs())
 	assert.Equal(t, local.Text, remote.Text)
-	assert.Equal(t, local.Logprobs, remote.Logprobs)
-	assert.Equal(t, local.FinishReason, remote.FinishReason)
-	assert.Len(t, remote.WeightVersions, len(remote.TokenIDs))
+	assert.Equal(t, ls.Logprobs(), rs.Logprobs())
+	assert.Equal(t, ls.FinishReason, rs.FinishReason)
+	assert.Equal(t, ls.WeightVersions(), rs.WeightVersions())
 
 	// Text mode streams.
 	var out, errb bytes.Buffer

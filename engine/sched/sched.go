@@ -323,33 +323,60 @@ func (s *Scheduler) DropAllKV() int {
 // Schedule plans the next step (vLLM schedule()). Every call must be followed by
 // UpdateFromOutput with its result before the next Schedule; a step may schedule 0 tokens and must
 // still be executed, because it carries the connector metadata and the finished/preempted ids.
+//
+// A step plans the running requests first, then (unless that preempted something or new work
+// is paused) admits waiting ones, then builds the output and its connector metadata.
 func (s *Scheduler) Schedule() (*SchedulerOutput, error) {
 	if s.pending {
 		return nil, fmt.Errorf("%w: step %d", ErrStepPending, s.step)
 	}
 	s.step++
 	s.pending = true
-	budget := s.cfg.MaxNumBatchedTokens
+	p := stepPlan{budget: s.cfg.MaxNumBatchedTokens}
 	if s.pause == PausedAll {
-		budget = 0
+		p.budget = 0
 	}
-	type planned struct {
-		r     *Request
-		n     int
-		added []int
-		fresh bool
+	if preempted := s.planRunning(&p); !preempted && s.pause == Unpaused {
+		s.planWaiting(&p)
 	}
-	var plan []planned
-	preemptedNow := false
+	so := s.buildOutput(p.items)
+	for _, it := range p.items {
+		it.r.numComputed += it.n
+	}
+	for _, id := range s.finished {
+		delete(s.finishedSet, id)
+	}
+	s.finished, s.preempted = nil, nil
+	return so, nil
+}
 
-	// Running requests first, in order; on a block shortage preempt from the back (LIFO).
-	for i := 0; i < len(s.running) && budget > 0; i++ {
+// planned is one request of a step: its n tokens, the blocks allocated for them, and whether
+// it was admitted from the waiting queue this step.
+type planned struct {
+	r     *Request
+	n     int
+	added []int
+	fresh bool
+}
+
+// stepPlan is the step Schedule is building: the requests planned so far and the token
+// budget left.
+type stepPlan struct {
+	items  []planned
+	budget int
+}
+
+// planRunning plans the running requests, in order, within the budget; on a block shortage
+// it preempts from the back (LIFO), stopping at the request that preempted itself. It
+// reports whether it preempted anything.
+func (s *Scheduler) planRunning(p *stepPlan) (preempted bool) {
+	for i := 0; i < len(s.running) && p.budget > 0; i++ {
 		r := s.running[i]
 		n := r.NumTokens() - r.numComputed
 		if s.cfg.LongPrefillTokenThreshold > 0 {
 			n = min(n, s.cfg.LongPrefillTokenThreshold)
 		}
-		n = min(n, budget)
+		n = min(n, p.budget)
 		if n <= 0 {
 			continue
 		}
@@ -363,7 +390,7 @@ func (s *Scheduler) Schedule() (*SchedulerOutput, error) {
 			victim := s.running[len(s.running)-1]
 			s.running = s.running[:len(s.running)-1]
 			s.preempt(victim)
-			preemptedNow = true
+			preempted = true
 			if victim == r {
 				self = true
 				break
@@ -372,119 +399,142 @@ func (s *Scheduler) Schedule() (*SchedulerOutput, error) {
 		if self {
 			break
 		}
-		plan = append(plan, planned{r: r, n: n, added: added})
-		budget -= n
+		p.items = append(p.items, planned{r: r, n: n, added: added})
+		p.budget -= n
 	}
+	return preempted
+}
 
-	// Then waiting requests, unless something was preempted this step or new work is paused.
-	if !preemptedNow && s.pause == Unpaused {
-		// Requests whose load has landed go first: they already hold blocks, and a request
-		// ahead of them that cannot get blocks would otherwise wait for them forever.
-		order := make([]*Request, 0, len(s.waiting))
-		for _, r := range s.waiting {
-			if r.status == StatusWaitingForRemoteKVs && s.recvDone[r.ID] {
-				order = append(order, r)
-			}
+// planWaiting admits waiting requests while the budget and MaxNumSeqs allow. Requests whose
+// load has landed go first: they already hold blocks, and a request ahead of them that cannot
+// get blocks would otherwise wait for them forever.
+func (s *Scheduler) planWaiting(p *stepPlan) {
+	order := make([]*Request, 0, len(s.waiting))
+	for _, r := range s.waiting {
+		if r.status == StatusWaitingForRemoteKVs && s.recvDone[r.ID] {
+			order = append(order, r)
 		}
-		for _, r := range s.waiting {
-			if !(r.status == StatusWaitingForRemoteKVs && s.recvDone[r.ID]) {
-				order = append(order, r)
-			}
+	}
+	for _, r := range s.waiting {
+		if !(r.status == StatusWaitingForRemoteKVs && s.recvDone[r.ID]) {
+			order = append(order, r)
 		}
-		admitted := map[*Request]bool{}
-		for _, r := range order {
-			if budget <= 0 || len(s.running) >= s.cfg.MaxNumSeqs {
-				break
-			}
-			if r.status == StatusWaitingForRemoteKVs {
-				if !s.recvDone[r.ID] {
-					continue
-				}
-				if r.weightVersion != s.version {
-					// The weights changed while the KV was loading: the loaded KV belongs to the
-					// old version, so drop it and start over like a preempted request.
-					delete(s.recvDone, r.ID)
-					s.turnBack(r)
-				} else {
-					// The load landed: its blocks become cacheable. The status changes only once
-					// the request is scheduled, so a failed allocation leaves it as it was.
-					s.pool.CacheBlocks(r.ID, r.hashes, r.numComputed)
-					if r.numComputed >= r.NumTokens() {
-						r.numComputed = r.NumTokens() - 1 // recompute the last token for its logits
-					}
-				}
-			}
-			fresh := r.numComputed == 0
-			var hit []int
-			local, ext, async := 0, 0, false
-			if fresh {
-				if r.weightVersion != s.version {
-					// KV for this request is computed from scratch under the current weights:
-					// hash (and so cache and look up) it under the current version.
-					r.weightVersion = s.version
-					r.rehash(s.bs)
-				}
-				if !r.SkipPrefixCache {
-					hit, local = s.pool.GetComputedBlocks(r.hashes, r.NumTokens())
-				}
-				ext, async = s.conn.GetNumNewMatchedTokens(r, local)
-				if ext == kvconnector.Defer || ext < 0 {
-					continue
-				}
-				if ext == 0 {
-					async = false
-				} else if !async && local+ext >= r.NumTokens() {
-					ext = r.NumTokens() - 1 - local
-				}
-			}
-			computed := r.numComputed + local + ext
-			n := 0
-			if !async {
-				n = r.NumTokens() - computed
-				if s.cfg.LongPrefillTokenThreshold > 0 {
-					n = min(n, s.cfg.LongPrefillTokenThreshold)
-				}
-				if n > budget {
-					if s.cfg.DisableChunkedPrefill {
-						break
-					}
-					n = budget
-				}
-			}
-			added, ok := s.pool.AllocateSlots(r.ID, computed+n, hit)
-			for !ok && len(s.running) == 0 && len(plan) == 0 && s.preemptLoaded(r) {
-				// Nothing runs, so nothing will free blocks: requests parked with loaded KV
-				// must give theirs up, or they and r could wait for each other forever.
-				added, ok = s.pool.AllocateSlots(r.ID, computed+n, hit)
-			}
-			if !ok {
-				if !fresh {
-					continue // a loaded request needs only a few more blocks; try the others
-				}
-				break
-			}
-			s.conn.UpdateStateAfterAlloc(r, s.pool.Blocks(r.ID), ext)
-			r.numComputed = computed
-			if r.numCached < 0 {
-				r.numCached = computed
-			}
-			if async {
-				r.status = StatusWaitingForRemoteKVs
-				delete(s.recvDone, r.ID)
-				continue
-			}
-			delete(s.recvDone, r.ID)
-			r.status = StatusRunning
+	}
+	admitted := map[*Request]bool{}
+	for _, r := range order {
+		if p.budget <= 0 || len(s.running) >= s.cfg.MaxNumSeqs {
+			break
+		}
+		if r.status == StatusWaitingForRemoteKVs && !s.landLoad(r) {
+			continue
+		}
+		run, stop := s.admit(r, p)
+		if run {
 			admitted[r] = true
-			s.running = append(s.running, r)
-			plan = append(plan, planned{r: r, n: n, added: added, fresh: true})
-			budget -= n
 		}
-		if len(admitted) > 0 {
-			s.waiting = slices.DeleteFunc(s.waiting, func(r *Request) bool { return admitted[r] })
+		if stop {
+			break
 		}
 	}
+	if len(admitted) > 0 {
+		s.waiting = slices.DeleteFunc(s.waiting, func(r *Request) bool { return admitted[r] })
+	}
+}
 
+// landLoad prepares a request whose connector load was pending for admission, and reports
+// false while the load has not landed. If the weights changed while the KV was loading, the
+// loaded KV belongs to the old version: it is dropped and the request starts over like a
+// preempted one. Otherwise its blocks become cacheable; the status changes only once the
+// request is scheduled, so a failed allocation leaves it as it was.
+func (s *Scheduler) landLoad(r *Request) bool {
+	if !s.recvDone[r.ID] {
+		return false
+	}
+	if r.weightVersion != s.version {
+		delete(s.recvDone, r.ID)
+		s.turnBack(r)
+		return true
+	}
+	s.pool.CacheBlocks(r.ID, r.hashes, r.numComputed)
+	if r.numComputed >= r.NumTokens() {
+		r.numComputed = r.NumTokens() - 1 // recompute the last token for its logits
+	}
+	return true
+}
+
+// admit tries to start waiting request r: it looks up its prefix (locally and through the
+// connector) when it starts fresh, allocates its blocks and, unless the connector loads its
+// KV asynchronously (then it parks as waiting for remote KV), plans it. It reports whether r
+// now runs, and whether admission stops for this step (no budget for an unchunked prefill,
+// or no blocks for a fresh request).
+func (s *Scheduler) admit(r *Request, p *stepPlan) (run, stop bool) {
+	fresh := r.numComputed == 0
+	var hit []int
+	local, ext, async := 0, 0, false
+	if fresh {
+		if r.weightVersion != s.version {
+			// KV for this request is computed from scratch under the current weights:
+			// hash (and so cache and look up) it under the current version.
+			r.weightVersion = s.version
+			r.rehash(s.bs)
+		}
+		if !r.SkipPrefixCache {
+			hit, local = s.pool.GetComputedBlocks(r.hashes, r.NumTokens())
+		}
+		ext, async = s.conn.GetNumNewMatchedTokens(r, local)
+		if ext == kvconnector.Defer || ext < 0 {
+			return false, false
+		}
+		if ext == 0 {
+			async = false
+		} else if !async && local+ext >= r.NumTokens() {
+			ext = r.NumTokens() - 1 - local
+		}
+	}
+	computed := r.numComputed + local + ext
+	n := 0
+	if !async {
+		n = r.NumTokens() - computed
+		if s.cfg.LongPrefillTokenThreshold > 0 {
+			n = min(n, s.cfg.LongPrefillTokenThreshold)
+		}
+		if n > p.budget {
+			if s.cfg.DisableChunkedPrefill {
+				return false, true
+			}
+			n = p.budget
+		}
+	}
+	added, ok := s.pool.AllocateSlots(r.ID, computed+n, hit)
+	for !ok && len(s.running) == 0 && len(p.items) == 0 && s.preemptLoaded(r) {
+		// Nothing runs, so nothing will free blocks: requests parked with loaded KV
+		// must give theirs up, or they and r could wait for each other forever.
+		added, ok = s.pool.AllocateSlots(r.ID, computed+n, hit)
+	}
+	if !ok {
+		// A loaded request needs only a few more blocks: try the others.
+		return false, fresh
+	}
+	s.conn.UpdateStateAfterAlloc(r, s.pool.Blocks(r.ID), ext)
+	r.numComputed = computed
+	if r.numCached < 0 {
+		r.numCached = computed
+	}
+	delete(s.recvDone, r.ID)
+	if async {
+		r.status = StatusWaitingForRemoteKVs
+		return false, false
+	}
+	r.status = StatusRunning
+	s.running = append(s.running, r)
+	p.items = append(p.items, planned{r: r, n: n, added: added, fresh: true})
+	p.budget -= n
+	return true, false
+}
+
+// buildOutput turns the step's plan into its SchedulerOutput, with the connector's metadata
+// for it.
+func (s *Scheduler) buildOutput(plan []planned) *SchedulerOutput {
 	so := &SchedulerOutput{
 		Step:            s.step,
 		WeightVersion:   s.version,
@@ -514,15 +564,7 @@ func (s *Scheduler) Schedule() (*SchedulerOutput, error) {
 	info.NumScheduledTokens = so.NumScheduledTokens
 	so.ConnectorMeta = s.conn.BuildConnectorMeta(info)
 	so.ConnectorMeta.Step = s.step
-
-	for _, p := range plan {
-		p.r.numComputed += p.n
-	}
-	for _, id := range s.finished {
-		delete(s.finishedSet, id)
-	}
-	s.finished, s.preempted = nil, nil
-	return so, nil
+	return so
 }
 
 // UpdateFromOutput applies the result of executing so (vLLM update_from_output): it caches the

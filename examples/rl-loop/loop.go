@@ -257,20 +257,15 @@ func (u *update) wait() (*sdk.UpdateResult, error) {
 	return u.res, nil
 }
 
+// run is the whole loop: set up the trainer, the weight store and the fleet (openTrainer,
+// openStore, alignFleet), evaluate the starting policy, run cfg.Steps steps (loop.step),
+// then write the evaluation and the plot.
 func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	wallStart := time.Now()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if !cfg.Resume {
-		// A fresh run must not serve a previous run's weights under the same version numbers.
-		for _, name := range []string{"checkpoint", "weights", "reference", "log.jsonl", "reward.png", "eval.jsonl"} {
-			if err := os.RemoveAll(filepath.Join(cfg.Out, name)); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+	if err := prepareOut(cfg); err != nil {
 		return nil, err
 	}
 	m, err := load.Open(cfg.Model, "")
@@ -285,58 +280,16 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	if maxTokens == 0 {
 		maxTokens = tk.maxTokens()
 	}
-	samp := trainer.Sampling{Temperature: cfg.Temperature, TopP: cfg.TopP}
-	tcfg := trainer.Config{LR: cfg.LR, MaxGradNorm: 1, DrGRPO: true, KLCoef: cfg.KL, Sampling: samp}
 	ckpt := filepath.Join(cfg.Out, "checkpoint")
 	sum := &summary{PlotPath: filepath.Join(cfg.Out, "reward.png"), EvalPath: filepath.Join(cfg.Out, "eval.jsonl"),
 		Checkpoint: ckpt, Constant: tk.constantAccuracy()}
-	// The KL reference is the policy GRPO starts from (the warm-started one): saved beside the
-	// checkpoint, since a checkpoint holds only the trained weights.
-	refDir := filepath.Join(cfg.Out, "reference")
-	var tr *trainer.Trainer
-	if cfg.Resume && trainer.HasCheckpoint(ckpt) {
-		if cfg.KL > 0 {
-			tcfg.Reference = m.Weights // a checkpoint of a run that saved no reference
-			if _, err := os.Stat(refDir); err == nil {
-				if tcfg.Reference, err = weights.LoadHF(refDir); err != nil {
-					return nil, fmt.Errorf("KL reference: %w", err)
-				}
-			}
-		}
-		tr, err = trainer.Resume(ckpt, tcfg)
-		if err == nil {
-			if err = trainer.CheckShape(m.Weights.Config, tr.ModelConfig()); err != nil {
-				tr.Close()
-			}
-		}
-	} else {
-		w := m.Weights
-		if cfg.WarmupSteps > 0 {
-			if w, err = warmStart(ctx, cfg, tk, w, sum); err != nil {
-				return nil, err
-			}
-			tcfg.Version = int64(cfg.WarmupSteps)
-		}
-		if cfg.KL > 0 {
-			if err := weights.SaveHF(refDir, w, weights.F32); err != nil {
-				return nil, fmt.Errorf("KL reference: %w", err)
-			}
-		}
-		tr, err = trainer.New(w, tcfg) // the reference of --kl is the warm-started policy
-	}
-	if err != nil {
-		return nil, fmt.Errorf("trainer: %w", err)
-	}
-	defer tr.Close()
-
-	store, err := weightstore.Open(ctx, filepath.Join(cfg.Out, "weights"))
-	if err == nil {
-		err = store.SetDType(cfg.PublishDType)
-	}
+	tr, tcfg, err := openTrainer(ctx, cfg, tk, m.Weights, sum)
 	if err != nil {
 		return nil, err
 	}
-	ws, err := weightstore.Serve(cfg.StoreAddr, store)
+	defer tr.Close()
+
+	store, ws, err := openStore(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -350,40 +303,16 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 	c := fl.client
 
 	plan := sdk.Plan{Policy: sdk.Policy(cfg.Policy), Mode: sdk.PauseMode(cfg.Mode)}
-	publish := func(v int64) (sdk.WeightsRef, error) {
-		base := cfg.StoreURL
-		if base == "" {
-			base = ws.URL()
-		}
-		return store.PublishRef(ctx, base, v, tr.Weights())
+	l := &loop{cfg: cfg, tk: tk, c: c, store: store, ws: ws, plan: plan, ckpt: ckpt, sum: sum,
+		samp: sdk.SamplingParams{MaxTokens: maxTokens, Temperature: cfg.Temperature, TopP: cfg.TopP}}
+	atr, err := l.alignFleet(ctx, tr, tcfg)
+	if atr != nil && atr != tr {
+		defer atr.Close() // the trainer --fleet-start made
 	}
-
-	// A fleet another run left at a later version: reset it to this run's weights, adopt
-	// its checkpoint, or stop, as --fleet-start says.
-	if d, err := c.DesiredState(ctx); err != nil {
+	if err != nil {
 		return nil, err
-	} else if d != nil && d.Weights != nil && d.Weights.Version > tr.Version() {
-		if tr, err = fleetStart(ctx, cfg, tr, tcfg, d); err != nil {
-			return nil, err
-		}
-		defer tr.Close()
 	}
-
-	// A resumed or warm-started trainer is ahead of a fresh fleet: bring the fleet to its
-	// version first.
-	if v := tr.Version(); v > 0 {
-		if serving, err := minServing(ctx, c); err != nil {
-			return nil, err
-		} else if serving < v {
-			ref, err := publish(v)
-			if err != nil {
-				return nil, err
-			}
-			if _, err := startUpdate(ctx, c, ref, plan).wait(); err != nil {
-				return nil, err
-			}
-		}
-	}
+	l.tr = atr
 
 	logPath := filepath.Join(cfg.Out, "log.jsonl")
 	sum.LogPath = logPath
@@ -392,180 +321,361 @@ func run(ctx context.Context, cfg config, stdout *os.File) (*summary, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	rep := newReporter(stdout, logf, cfg.Steps)
-	defer rep.finish()
+	l.rep = newReporter(stdout, logf, cfg.Steps)
+	defer l.rep.finish()
 
-	sdkSamp := sdk.SamplingParams{MaxTokens: maxTokens, Temperature: cfg.Temperature, TopP: cfg.TopP}
-	evalAt := func(ctx context.Context, v int64) (*evalResult, error) {
-		return evaluate(ctx, c, tk, sdkSamp, cfg.PassK, v)
-	}
-	if sum.Before, err = evalAt(ctx, tr.Version()); err != nil {
-		return sum, err
-	}
-	rep.reference(tk, sum.Before, sum.Constant)
-	if err := rep.log.Encode(evalRecord(tr.Steps(), tr.Version(), sum.Before)); err != nil {
+	if err := l.evalBefore(ctx); err != nil {
 		return sum, err
 	}
 
-	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(tr.Steps())))
-	tracer := cfg.tracerProvider().Tracer("rollout/examples/rl-loop")
-	var pending *update
-	tally := newViolationTally(cfg.Logger)
+	l.rng = rand.New(rand.NewPCG(cfg.Seed, uint64(l.tr.Steps())))
+	l.tracer = cfg.tracerProvider().Tracer("rollout/examples/rl-loop")
+	l.tally = newViolationTally(cfg.Logger)
 	for i := 0; i < cfg.Steps; i++ {
-		stepStart := time.Now()
-		rec := record{Step: tr.Steps() + 1}
-		// One trace per step: its phases are child spans, and the SDK's generate and update
-		// spans (and the embedded servers' spans) nest under them.
-		ctx, stepSpan := tracer.Start(ctx, "rl.step", trace.WithAttributes(attribute.Int("rl.step", rec.Step)))
-		if sc := stepSpan.SpanContext(); sc.IsSampled() {
-			rec.TraceID = sc.TraceID().String()
-		}
-		phase := func(name string) (context.Context, func()) {
-			pctx, sp := tracer.Start(ctx, name)
-			return pctx, func() { sp.End() }
-		}
-
-		// Generate: one group per prompt, each a single request the SDK routes to one server.
-		// A pending update stages and commits meanwhile; tokens carry the version that made them.
-		ps := make([]problem, cfg.Prompts)
-		for g := range ps {
-			ps[g] = tk.Train[rng.IntN(len(tk.Train))]
-		}
-		t := time.Now()
-		gctx, end := phase("rl.generate")
-		groups, err := generate(gctx, c, ps, cfg.Group, sdkSamp, cfg.Seed<<32|uint64(rec.Step))
-		end()
-		if err != nil {
-			return sum, err
-		}
-		rec.GenerateSec = time.Since(t).Seconds()
-		if pending != nil { // the previous step's update; this step starts the next one below
-			_, end := phase("rl.update_wait")
-			err := land(pending, &rec, sum)
-			end()
-			if err != nil {
-				return sum, err
-			}
-		}
-
-		// Score.
-		t = time.Now()
-		_, end = phase("rl.score")
-		var samples []trainer.Sample
-		rec.MinVersion, rec.MaxVersion = -1, -1
-		genTokens, nSamples, correct := 0, 0, 0
-		rec.Finish = map[string]int{}
-		for g, res := range groups {
-			distinct := map[string]bool{}
-			for _, s := range res.Samples {
-				ids := s.TokenIDs()
-				rec.Finish[string(s.FinishReason)]++
-				nSamples++
-				distinct[fmt.Sprint(ids)] = true
-				if len(ids) == 0 {
-					continue
-				}
-				vs := s.WeightVersions()
-				if err := checkVersions(vs, tr.Version()); err != nil {
-					return sum, err
-				}
-				if rec.MinVersion < 0 || vs[0] < rec.MinVersion {
-					rec.MinVersion = vs[0]
-				}
-				rec.MaxVersion = max(rec.MaxVersion, vs[len(vs)-1])
-				lps := make([]float32, len(ids))
-				for j, lp := range s.Logprobs() {
-					lps[j] = float32(lp)
-				}
-				genTokens += len(ids)
-				if tk.correct(ps[g], ids) {
-					correct++
-				}
-				samples = append(samples, trainer.Sample{Prompt: ps[g].Prompt, Completion: ids, Logprobs: lps,
-					Versions: vs, Reward: tk.reward(ps[g], ids), Group: g})
-			}
-			rec.DistinctPerGroup += float64(len(distinct)) / float64(len(groups))
-			if g == 0 && len(res.Samples) > 0 {
-				rec.Example = fmt.Sprintf("%s -> %s", ps[g].Text, tk.render(res.Samples[0].TokenIDs()))
-			}
-		}
-		samples = dropSmallGroups(samples)
-		end()
-		rec.ScoreSec = time.Since(t).Seconds()
-		rec.GenTokensPerSec = float64(genTokens) / rec.GenerateSec
-		rec.ResponseLen = float64(genTokens) / float64(max(nSamples, 1))
-		rec.TrainCorrect = float64(correct) / float64(max(nSamples, 1))
-
-		// Train.
-		t = time.Now()
-		_, end = phase("rl.train")
-		st, err := tr.Step(ctx, samples)
-		end()
-		if err != nil {
-			return sum, fmt.Errorf("step %d: %w", rec.Step, err)
-		}
-		rec.TrainSec = time.Since(t).Seconds()
-		rec.fromStats(st)
-
-		// Publish the new version and start updating the fleet: it stages while the next
-		// batch generates, then commits.
-		t = time.Now()
-		_, end = phase("rl.publish")
-		ref, err := publish(st.Version)
-		end()
-		if err != nil {
-			return sum, err
-		}
-		if err := tr.Save(ckpt); err != nil {
-			return sum, err
-		}
-		_ = store.Prune(3)
-		rec.PublishSec = time.Since(t).Seconds()
-		pending = startUpdate(ctx, c, ref, plan)
-		last := i == cfg.Steps-1
-		evalNow := last || (cfg.EvalEvery > 0 && (i+1)%cfg.EvalEvery == 0)
-		if cfg.Sync || evalNow {
-			_, end := phase("rl.update_wait")
-			err := land(pending, &rec, sum)
-			end()
-			if err != nil {
-				return sum, err
-			}
-			pending = nil
-		}
-		if evalNow {
-			ectx, end := phase("rl.eval")
-			ev, err := evalAt(ectx, st.Version)
-			end()
-			if err != nil {
-				return sum, err
-			}
-			rec.setEval(ev)
-			if last {
-				sum.After = ev
-			}
-		}
-		if rec.Violations, err = tally.observe(ctx, c); err != nil {
-			return sum, err
-		}
-		rec.StepSec = time.Since(stepStart).Seconds()
-		stepSpan.End()
-		sum.Records = append(sum.Records, rec)
-		if err := rep.step(rec); err != nil {
+		if err := l.step(ctx, i); err != nil {
 			return sum, err
 		}
 	}
-	rep.finish()
-	sum.Violations = sum.Records[len(sum.Records)-1].Violations
-	sum.FirstMean, sum.LastMean = meanReward(sum.Records[:min(5, len(sum.Records))]), meanReward(sum.Records[max(0, len(sum.Records)-5):])
-	if err := writeEval(sum.EvalPath, sum.After); err != nil {
+	l.rep.finish()
+	if err := finishRun(tk, sum); err != nil {
 		return sum, err
-	}
-	if err := plotRun(sum.PlotPath, tk, sum); err != nil {
-		return sum, fmt.Errorf("plot: %w", err)
 	}
 	sum.WallSec = time.Since(wallStart).Seconds()
 	return sum, nil
+}
+
+// finishRun sums the run up from its records and writes the final evaluation and the plot.
+func finishRun(tk *task, sum *summary) error {
+	sum.Violations = sum.Records[len(sum.Records)-1].Violations
+	sum.FirstMean, sum.LastMean = meanReward(sum.Records[:min(5, len(sum.Records))]), meanReward(sum.Records[max(0, len(sum.Records)-5):])
+	if err := writeEval(sum.EvalPath, sum.After); err != nil {
+		return err
+	}
+	if err := plotRun(sum.PlotPath, tk, sum); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	return nil
+}
+
+// prepareOut creates the output directory. A fresh run (not --resume) first removes what a
+// previous run left there: it must not serve that run's weights under the same version
+// numbers.
+func prepareOut(cfg config) error {
+	if !cfg.Resume {
+		for _, name := range []string{"checkpoint", "weights", "reference", "log.jsonl", "reward.png", "eval.jsonl"} {
+			if err := os.RemoveAll(filepath.Join(cfg.Out, name)); err != nil {
+				return err
+			}
+		}
+	}
+	return os.MkdirAll(cfg.Out, 0o755)
+}
+
+// openTrainer resumes the trainer from the checkpoint in cfg.Out (with --resume and one
+// there) or starts one from w, warm-started first with --warmup-steps. It returns the
+// trainer's configuration too, which --fleet-start needs to start it again.
+func openTrainer(ctx context.Context, cfg config, tk *task, w *engmodel.Weights, sum *summary) (*trainer.Trainer, trainer.Config, error) {
+	samp := trainer.Sampling{Temperature: cfg.Temperature, TopP: cfg.TopP}
+	tcfg := trainer.Config{LR: cfg.LR, MaxGradNorm: 1, DrGRPO: true, KLCoef: cfg.KL, Sampling: samp}
+	// The KL reference is the policy GRPO starts from (the warm-started one): saved beside the
+	// checkpoint, since a checkpoint holds only the trained weights.
+	refDir := filepath.Join(cfg.Out, "reference")
+	var tr *trainer.Trainer
+	var err error
+	if cfg.Resume && trainer.HasCheckpoint(sum.Checkpoint) {
+		if cfg.KL > 0 {
+			tcfg.Reference = w // a checkpoint of a run that saved no reference
+			if _, err := os.Stat(refDir); err == nil {
+				if tcfg.Reference, err = weights.LoadHF(refDir); err != nil {
+					return nil, tcfg, fmt.Errorf("KL reference: %w", err)
+				}
+			}
+		}
+		tr, err = trainer.Resume(sum.Checkpoint, tcfg)
+		if err == nil {
+			if err = trainer.CheckShape(w.Config, tr.ModelConfig()); err != nil {
+				tr.Close()
+			}
+		}
+	} else {
+		if cfg.WarmupSteps > 0 {
+			if w, err = warmStart(ctx, cfg, tk, w, sum); err != nil {
+				return nil, tcfg, err
+			}
+			tcfg.Version = int64(cfg.WarmupSteps)
+		}
+		if cfg.KL > 0 {
+			if err := weights.SaveHF(refDir, w, weights.F32); err != nil {
+				return nil, tcfg, fmt.Errorf("KL reference: %w", err)
+			}
+		}
+		tr, err = trainer.New(w, tcfg) // the reference of --kl is the warm-started policy
+	}
+	if err != nil {
+		return nil, tcfg, fmt.Errorf("trainer: %w", err)
+	}
+	return tr, tcfg, nil
+}
+
+// openStore opens the run's weight store and serves it over HTTP for the fleet.
+func openStore(ctx context.Context, cfg config) (*weightstore.Store, *weightstore.Server, error) {
+	store, err := weightstore.Open(ctx, filepath.Join(cfg.Out, "weights"))
+	if err == nil {
+		err = store.SetDType(cfg.PublishDType)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	ws, err := weightstore.Serve(cfg.StoreAddr, store)
+	if err != nil {
+		return nil, nil, err
+	}
+	return store, ws, nil
+}
+
+// loop is a run's state once it is set up: what its steps share.
+type loop struct {
+	cfg   config
+	tk    *task
+	tr    *trainer.Trainer
+	c     *sdk.Client
+	store *weightstore.Store
+	ws    *weightstore.Server
+	plan  sdk.Plan
+	samp  sdk.SamplingParams
+	ckpt  string
+	sum   *summary
+	rep   *reporter
+
+	rng    *rand.Rand
+	tracer trace.Tracer
+	tally  *violationTally
+	// pending is the update the last step started and no step has waited for yet.
+	pending *update
+}
+
+// publish publishes the trainer's weights as version v and returns their ref.
+func (l *loop) publish(ctx context.Context, v int64) (sdk.WeightsRef, error) {
+	base := l.cfg.StoreURL
+	if base == "" {
+		base = l.ws.URL()
+	}
+	return l.store.PublishRef(ctx, base, v, l.tr.Weights())
+}
+
+// evalAt evaluates the fleet's policy at version v on the held-out prompts.
+func (l *loop) evalAt(ctx context.Context, v int64) (*evalResult, error) {
+	return evaluate(ctx, l.c, l.tk, l.samp, l.cfg.PassK, v)
+}
+
+// evalBefore evaluates the policy the run starts from, reports it beside the task's
+// reference accuracies and logs it.
+func (l *loop) evalBefore(ctx context.Context) error {
+	var err error
+	if l.sum.Before, err = l.evalAt(ctx, l.tr.Version()); err != nil {
+		return err
+	}
+	l.rep.reference(l.tk, l.sum.Before, l.sum.Constant)
+	return l.rep.log.Encode(evalRecord(l.tr.Steps(), l.tr.Version(), l.sum.Before))
+}
+
+// alignFleet brings the fleet and trainer tr to one version before the first step and
+// returns the trainer to go on with. A fleet another run left at a later version is reset to
+// this run's weights, adopted, or refused, as --fleet-start says (then the trainer is a new
+// one); a resumed or warm-started trainer ahead of a fresh fleet updates the fleet to its
+// version.
+func (l *loop) alignFleet(ctx context.Context, tr *trainer.Trainer, tcfg trainer.Config) (*trainer.Trainer, error) {
+	if d, err := l.c.DesiredState(ctx); err != nil {
+		return nil, err
+	} else if d != nil && d.Weights != nil && d.Weights.Version > tr.Version() {
+		if tr, err = fleetStart(ctx, l.cfg, tr, tcfg, d); err != nil {
+			return nil, err
+		}
+	}
+	l.tr = tr
+	if v := tr.Version(); v > 0 {
+		serving, err := minServing(ctx, l.c)
+		if err != nil {
+			return tr, err
+		}
+		if serving < v {
+			ref, err := l.publish(ctx, v)
+			if err != nil {
+				return tr, err
+			}
+			if _, err := startUpdate(ctx, l.c, ref, l.plan).wait(); err != nil {
+				return tr, err
+			}
+		}
+	}
+	return tr, nil
+}
+
+// step is one GRPO step, i of cfg.Steps: generate a group per prompt (while the previous
+// step's update lands), score, train, publish and start the fleet's update, evaluate when
+// due, and record it all. Each phase is a child span of the step's trace.
+func (l *loop) step(ctx context.Context, i int) error {
+	stepStart := time.Now()
+	rec := record{Step: l.tr.Steps() + 1}
+	// One trace per step: its phases are child spans, and the SDK's generate and update
+	// spans (and the embedded servers' spans) nest under them.
+	sctx, stepSpan := l.tracer.Start(ctx, "rl.step", trace.WithAttributes(attribute.Int("rl.step", rec.Step)))
+	if sc := stepSpan.SpanContext(); sc.IsSampled() {
+		rec.TraceID = sc.TraceID().String()
+	}
+	phase := func(name string) (context.Context, func()) {
+		pctx, sp := l.tracer.Start(sctx, name)
+		return pctx, func() { sp.End() }
+	}
+
+	// Generate: one group per prompt, each a single request the SDK routes to one server.
+	// A pending update stages and commits meanwhile; tokens carry the version that made them.
+	ps := make([]problem, l.cfg.Prompts)
+	for g := range ps {
+		ps[g] = l.tk.Train[l.rng.IntN(len(l.tk.Train))]
+	}
+	t := time.Now()
+	gctx, end := phase("rl.generate")
+	groups, err := generate(gctx, l.c, ps, l.cfg.Group, l.samp, l.cfg.Seed<<32|uint64(rec.Step))
+	end()
+	if err != nil {
+		return err
+	}
+	rec.GenerateSec = time.Since(t).Seconds()
+	if l.pending != nil { // the previous step's update; this step starts the next one below
+		_, end := phase("rl.update_wait")
+		err := land(l.pending, &rec, l.sum)
+		end()
+		if err != nil {
+			return err
+		}
+	}
+
+	t = time.Now()
+	_, end = phase("rl.score")
+	samples, err := l.score(ps, groups, &rec)
+	end()
+	if err != nil {
+		return err
+	}
+	rec.ScoreSec = time.Since(t).Seconds()
+
+	t = time.Now()
+	_, end = phase("rl.train")
+	st, err := l.tr.Step(sctx, samples)
+	end()
+	if err != nil {
+		return fmt.Errorf("step %d: %w", rec.Step, err)
+	}
+	rec.TrainSec = time.Since(t).Seconds()
+	rec.fromStats(st)
+
+	if err := l.publishAndEval(ctx, sctx, phase, i, st.Version, &rec); err != nil {
+		return err
+	}
+	if rec.Violations, err = l.tally.observe(sctx, l.c); err != nil {
+		return err
+	}
+	rec.StepSec = time.Since(stepStart).Seconds()
+	stepSpan.End()
+	l.sum.Records = append(l.sum.Records, rec)
+	return l.rep.step(rec)
+}
+
+// phaseFunc starts a phase's span under the step's and returns its context and its end.
+type phaseFunc func(name string) (context.Context, func())
+
+// publishAndEval publishes the trained version v and starts updating the fleet to it: the
+// fleet stages while the next batch generates, then commits. With --sync, or when step i
+// evaluates, it waits for the update to land and then evaluates v. Publishing runs under the
+// run's ctx; the update, under the step's sctx.
+func (l *loop) publishAndEval(ctx, sctx context.Context, phase phaseFunc, i int, v int64, rec *record) error {
+	t := time.Now()
+	_, end := phase("rl.publish")
+	ref, err := l.publish(ctx, v)
+	end()
+	if err != nil {
+		return err
+	}
+	if err := l.tr.Save(l.ckpt); err != nil {
+		return err
+	}
+	_ = l.store.Prune(3)
+	rec.PublishSec = time.Since(t).Seconds()
+	l.pending = startUpdate(sctx, l.c, ref, l.plan)
+	last := i == l.cfg.Steps-1
+	evalNow := last || (l.cfg.EvalEvery > 0 && (i+1)%l.cfg.EvalEvery == 0)
+	if l.cfg.Sync || evalNow {
+		_, end := phase("rl.update_wait")
+		err := land(l.pending, rec, l.sum)
+		end()
+		if err != nil {
+			return err
+		}
+		l.pending = nil
+	}
+	if !evalNow {
+		return nil
+	}
+	ectx, end := phase("rl.eval")
+	ev, err := l.evalAt(ectx, v)
+	end()
+	if err != nil {
+		return err
+	}
+	rec.setEval(ev)
+	if last {
+		l.sum.After = ev
+	}
+	return nil
+}
+
+// score turns a step's groups into trainer samples (reward, logprobs, versions; groups too
+// small to have a signal dropped) and records the batch's statistics in rec. Every token's
+// version must be one the trainer has made (checkVersions).
+func (l *loop) score(ps []problem, groups []*sdk.GenerateResult, rec *record) ([]trainer.Sample, error) {
+	var samples []trainer.Sample
+	rec.MinVersion, rec.MaxVersion = -1, -1
+	genTokens, nSamples, correct := 0, 0, 0
+	rec.Finish = map[string]int{}
+	for g, res := range groups {
+		distinct := map[string]bool{}
+		for _, s := range res.Samples {
+			ids := s.TokenIDs()
+			rec.Finish[string(s.FinishReason)]++
+			nSamples++
+			distinct[fmt.Sprint(ids)] = true
+			if len(ids) == 0 {
+				continue
+			}
+			vs := s.WeightVersions()
+			if err := checkVersions(vs, l.tr.Version()); err != nil {
+				return nil, err
+			}
+			if rec.MinVersion < 0 || vs[0] < rec.MinVersion {
+				rec.MinVersion = vs[0]
+			}
+			rec.MaxVersion = max(rec.MaxVersion, vs[len(vs)-1])
+			lps := make([]float32, len(ids))
+			for j, lp := range s.Logprobs() {
+				lps[j] = float32(lp)
+			}
+			genTokens += len(ids)
+			if l.tk.correct(ps[g], ids) {
+				correct++
+			}
+			samples = append(samples, trainer.Sample{Prompt: ps[g].Prompt, Completion: ids, Logprobs: lps,
+				Versions: vs, Reward: l.tk.reward(ps[g], ids), Group: g})
+		}
+		rec.DistinctPerGroup += float64(len(distinct)) / float64(len(groups))
+		if g == 0 && len(res.Samples) > 0 {
+			rec.Example = fmt.Sprintf("%s -> %s", ps[g].Text, l.tk.render(res.Samples[0].TokenIDs()))
+		}
+	}
+	rec.GenTokensPerSec = float64(genTokens) / rec.GenerateSec
+	rec.ResponseLen = float64(genTokens) / float64(max(nSamples, 1))
+	rec.TrainCorrect = float64(correct) / float64(max(nSamples, 1))
+	return dropSmallGroups(samples), nil
 }
 
 // warmStart is the supervised phase before GRPO: cfg.WarmupSteps cross-entropy steps of the

@@ -99,7 +99,7 @@ func assertServing(t *testing.T, f *fleettest.Fleet, version int64) {
 	t.Helper()
 	for _, p := range f.Procs {
 		s := stateOf(t, p)
-		assert.Equal(t, "running", s.State, p.ID)
+		assert.EqualValues(t, "running", s.State, p.ID)
 		assert.Equal(t, version, s.WeightVersion, p.ID)
 		assert.Equal(t, http.StatusOK, p.Status("/ready"), p.ID)
 	}

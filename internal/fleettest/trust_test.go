@@ -86,7 +86,7 @@ func TestFleetMemberAdminPlaneDefersToFleet(t *testing.T) {
 	assert.Equal(t, sdk.OutcomeCommitted, res.Outcome)
 	st := stateOf(t, p)
 	assert.EqualValues(t, 1, st.WeightVersion, "the trainer's version serves")
-	assert.Equal(t, "running", st.State)
+	assert.EqualValues(t, "running", st.State)
 }
 
 // TestFleetAdminRoutesOptInBoundVersionStep (finding 7): with --fleet-admin-routes the admin

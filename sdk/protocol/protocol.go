@@ -676,24 +676,39 @@ func DecodeAck(b []byte) (*Ack, error) {
 	return &a, nil
 }
 
+// EngineState is a server's state as its heartbeat, its /state route, its metrics and the
+// SDK's ServerStatus report it. Both sides compare states through these constants, never
+// through string literals, so that a state added here is one the compiler finds every use
+// of. The wire form is the plain string.
+type EngineState string
+
 // Server states a heartbeat reports.
 const (
-	StateRunning  = "running"
-	StatePaused   = "paused"
-	StateSleeping = "sleeping"
-	StateUpdating = "updating"
+	// StateRunning schedules requests.
+	StateRunning EngineState = "running"
+	// StatePaused schedules nothing new (the pause mode says what happens to running ones).
+	StatePaused EngineState = "paused"
+	// StateSleeping is paused with the KV pool (and at level 2 the weights) released.
+	StateSleeping EngineState = "sleeping"
+	// StateUpdating is a server running a weight update (an HTTP one, or a fleet commit's
+	// last step, after the resume, while the agent waits for the first token); it serves.
+	StateUpdating EngineState = "updating"
 	// StateStopping is a server's last heartbeat as it shuts down (never in rotation).
-	StateStopping = "stopping"
+	StateStopping EngineState = "stopping"
 )
+
+// Serving reports whether a server in state s may take generate requests when in rotation:
+// running or updating.
+func (s EngineState) Serving() bool { return s == StateRunning || s == StateUpdating }
 
 // Heartbeat is what a server publishes about itself under its heartbeat key, with a TTL.
 type Heartbeat struct {
-	V             int    `json:"v"`
-	Fleet         string `json:"fleet"`
-	ServerID      string `json:"server_id"`
-	State         string `json:"state"`
-	WeightVersion int64  `json:"weight_version"`
-	StagedVersion int64  `json:"staged_version,omitempty"`
+	V             int         `json:"v"`
+	Fleet         string      `json:"fleet"`
+	ServerID      string      `json:"server_id"`
+	State         EngineState `json:"state"`
+	WeightVersion int64       `json:"weight_version"`
+	StagedVersion int64       `json:"staged_version,omitempty"`
 	// Epoch is the desired-state epoch the server last converged to; InRotation is true only
 	// when it serves the desired version and is neither paused nor asleep by its own doing.
 	Epoch        int64   `json:"epoch"`
@@ -729,7 +744,7 @@ func (h *Heartbeat) Canonical() []byte {
 	c.int(int64(h.V))
 	c.str(h.Fleet)
 	c.str(h.ServerID)
-	c.str(h.State)
+	c.str(string(h.State))
 	c.int(h.WeightVersion)
 	c.int(h.StagedVersion)
 	c.int(h.Epoch)

@@ -20,11 +20,11 @@ import (
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
-// Defaults of Config.
+// Defaults of Config: the fleet protocol's timings, which the SDK assumes too.
 const (
-	DefaultHeartbeatInterval = time.Second
-	DefaultHeartbeatTTL      = 5 * time.Second
-	DefaultAckTTL            = 10 * time.Minute
+	DefaultHeartbeatInterval = protocol.HeartbeatInterval
+	DefaultHeartbeatTTL      = protocol.HeartbeatTTL
+	DefaultAckTTL            = protocol.AckTTL
 )
 
 // Errors callers branch on (and ErrRefuseJoin).
@@ -78,8 +78,10 @@ type Config struct {
 	// ErrorCode maps an engine or stage error to the short code of its ack (nil: generic
 	// codes).
 	ErrorCode func(error) string
-	// HeartbeatInterval (default 1s) and HeartbeatTTL (default 5s) pace the heartbeat key;
-	// AckTTL (default 10m) is how long an ack list lives.
+	// HeartbeatInterval (default protocol.HeartbeatInterval, 1s) and HeartbeatTTL (default
+	// protocol.HeartbeatTTL, 5s) pace the heartbeat key; AckTTL (default protocol.AckTTL,
+	// 10m) is how long an ack list lives. A TTL other than the default must be the clients'
+	// Options.HeartbeatTTL too.
 	HeartbeatInterval, HeartbeatTTL, AckTTL time.Duration
 	// ClockSkew and MaxLifetime tune replay protection (CoreConfig).
 	ClockSkew, MaxLifetime time.Duration
@@ -581,7 +583,8 @@ func (l *loop) write(ctx context.Context, hb *protocol.Heartbeat) {
 
 // facts are what a heartbeat says that routing and the fleet's view depend on.
 type facts struct {
-	state, errText, sha            string
+	state                          protocol.EngineState
+	errText, sha                   string
 	version, staged, epoch, dEpoch int64
 	inRotation                     bool
 }

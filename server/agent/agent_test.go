@@ -42,7 +42,7 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	assert.Contains(t, a.Phases[0].Detail, "blocks_cleared")
 	assert.Equal(t, serverID, a.ServerID)
 	assert.EqualValues(t, 1, a.WeightVersion)
-	assert.Equal(t, "paused", n.stats().State)
+	assert.EqualValues(t, "paused", n.stats().State)
 	ok, body := n.ready()
 	assert.False(t, ok, body)
 	// The heartbeat follows at once (its interval here is an hour).
@@ -53,17 +53,17 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 
 	a = f.do(protocol.Resume{})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
-	assert.Equal(t, "running", n.stats().State)
+	assert.EqualValues(t, "running", n.stats().State)
 
 	a = f.do(protocol.Sleep{Level: 1})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
 	st := n.stats()
-	assert.Equal(t, "sleeping", st.State)
+	assert.EqualValues(t, "sleeping", st.State)
 	assert.True(t, st.KVReleased)
 
 	a = f.do(protocol.Wake{Tags: []string{protocol.TagKVCache}})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
-	assert.Equal(t, "running", n.stats().State)
+	assert.EqualValues(t, "running", n.stats().State)
 
 	a = f.do(protocol.Reset{ResetExternal: true})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
@@ -107,7 +107,7 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	a = f.do(protocol.Commit{Version: 2, Mode: protocol.ModeAbort, SHA256: ref.SHA256})
 	assert.Equal(t, protocol.ResultFailed, a.Result, "the staged set is the other checkpoint")
 	assert.Equal(t, "conflict", a.Code)
-	assert.Equal(t, "running", n.stats().State, "refused before the pause")
+	assert.EqualValues(t, "running", n.stats().State, "refused before the pause")
 	a = f.do(protocol.Stage{Weights: ref})
 	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
 	assert.EqualValues(t, 1, a.Phases[0].Detail["replaced"])
@@ -119,7 +119,7 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 		assert.GreaterOrEqual(t, p.Seconds, 0.0)
 	}
 	assert.EqualValues(t, 2, a.WeightVersion)
-	assert.Equal(t, "running", n.stats().State)
+	assert.EqualValues(t, "running", n.stats().State)
 	assert.EqualValues(t, 2, n.stats().WeightVersion)
 
 	// A commit of the version already served acks ok at once.
@@ -137,7 +137,7 @@ func TestEveryCommandExecutesAndAcks(t *testing.T) {
 	a = f.do(protocol.Commit{Version: 9, Mode: protocol.ModeAbort, SHA256: ref.SHA256})
 	assert.Equal(t, protocol.ResultFailed, a.Result)
 	assert.Equal(t, "not_staged", a.Code)
-	assert.Equal(t, "running", n.stats().State)
+	assert.EqualValues(t, "running", n.stats().State)
 
 	// A stage that fails its digest check leaves the serving version alone.
 	bad := checkpoint(t, 3, 3)
@@ -223,7 +223,7 @@ func TestDuplicateIsReacked(t *testing.T) {
 	assert.False(t, first.Duplicate)
 	assert.Equal(t, first.Result, dup.Result)
 	assert.Equal(t, first.Phases, dup.Phases)
-	assert.Equal(t, "running", n.stats().State, "the duplicate did not pause again")
+	assert.EqualValues(t, "running", n.stats().State, "the duplicate did not pause again")
 	assert.EqualValues(t, 1, n.metric(`rollout_control_commands_total{kind="pause",result="ok"}`))
 }
 
@@ -307,7 +307,7 @@ func TestRejectionsAreCountedAndChangeNothing(t *testing.T) {
 			} else if id != "" {
 				f.noAck(id)
 			}
-			assert.Equal(t, "running", n.stats().State, "a refused pause changed nothing")
+			assert.EqualValues(t, "running", n.stats().State, "a refused pause changed nothing")
 		})
 	}
 	assert.Zero(t, n.metric(`rollout_control_commands_total{kind="pause",result="ok"}`))
@@ -330,7 +330,7 @@ func TestTargetsSelectServers(t *testing.T) {
 	f.publish(e)
 	f.barrier()
 	f.noAck(e.ID)
-	assert.Equal(t, "running", n.stats().State)
+	assert.EqualValues(t, "running", n.stats().State)
 	a := f.do(protocol.Pause{Mode: protocol.ModeAbort}, "s2", serverID)
 	assert.Equal(t, protocol.ResultOK, a.Result)
 }
@@ -368,7 +368,7 @@ func TestConvergesFromTheDesiredState(t *testing.T) {
 	f.barrier() // runs after the convergence attempt
 	st := n.stats()
 	assert.EqualValues(t, 1, st.WeightVersion)
-	assert.Equal(t, "running", st.State)
+	assert.EqualValues(t, "running", st.State)
 	ok, body := n.ready()
 	assert.False(t, ok)
 	assert.Contains(t, body, "desired version is 2")
@@ -379,7 +379,7 @@ func TestConvergesFromTheDesiredState(t *testing.T) {
 	f.barrier()
 	st = n.stats()
 	assert.EqualValues(t, 2, st.WeightVersion)
-	assert.Equal(t, "running", st.State)
+	assert.EqualValues(t, "running", st.State)
 	ok, body = n.ready()
 	assert.True(t, ok, body)
 	// The commit command that the server missed arrives late: harmless, and it reports
@@ -425,7 +425,7 @@ func TestFleetPauseHoldsTheServer(t *testing.T) {
 	n := startNode(t, mem, nil)
 	n.joined(f)
 	f.barrier()
-	assert.Equal(t, "paused", n.stats().State)
+	assert.EqualValues(t, "paused", n.stats().State)
 	ok, _ := n.ready()
 	assert.False(t, ok)
 	assert.ErrorContains(t, n.Agent().Ready(), "fleet is paused")

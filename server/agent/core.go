@@ -233,14 +233,14 @@ type Core struct {
 	out Ready
 }
 
-// NewCore returns a core; zero durations take the defaults (ClockSkew 30s, MaxLifetime
-// 15m, RetryMin 1s, RetryMax 30s).
+// NewCore returns a core; zero durations take the defaults (ClockSkew protocol.ClockSkew,
+// MaxLifetime protocol.MaxCommandLifetime, RetryMin 1s, RetryMax 30s).
 func NewCore(cfg CoreConfig) *Core {
 	if cfg.ClockSkew <= 0 {
-		cfg.ClockSkew = 30 * time.Second
+		cfg.ClockSkew = protocol.ClockSkew
 	}
 	if cfg.MaxLifetime <= 0 {
-		cfg.MaxLifetime = 15 * time.Minute
+		cfg.MaxLifetime = protocol.MaxCommandLifetime
 	}
 	if cfg.RetryMin <= 0 {
 		cfg.RetryMin = time.Second
@@ -857,7 +857,7 @@ func RotationError(known bool, d *protocol.DesiredState, st EngineState, stoppin
 		return fmt.Errorf("serving weight version %d from checkpoint %s, the fleet's version %d is %s: the fleet must move to a later version",
 			st.WeightVersion, shortDigest(st.WeightSHA256), d.Weights.Version, shortDigest(d.Weights.SHA256))
 	case st.State != protocol.StateRunning:
-		return errors.New("engine is " + st.State)
+		return errors.New("engine is " + string(st.State))
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rolloutkit/rollout/engine"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // Engine is what the agent needs of a server's engine: its utility calls, a lock-free
@@ -45,8 +46,8 @@ type ResetResult struct {
 
 // EngineState is the engine as the agent's core sees it.
 type EngineState struct {
-	// State is "running", "paused" or "sleeping".
-	State                        string
+	// State is StateRunning, StatePaused or StateSleeping ("" reads as running).
+	State                        protocol.EngineState
 	WeightVersion, StagedVersion int64
 	// WeightSHA256 and StagedSHA256 are the digests of the checkpoints serving and staged
 	// ("" when unknown: what the server loaded at start), filled by the agent, which
@@ -140,12 +141,28 @@ func (a *EngineAdapter) Abort(ids []string) int {
 // State implements Engine.
 func (a *EngineAdapter) State() EngineState {
 	m := a.Engine.Metrics()
-	s := EngineState{State: m.State, WeightVersion: m.WeightVersion, StagedVersion: m.StagedVersion,
+	s := EngineState{State: WireState(m.State), WeightVersion: m.WeightVersion, StagedVersion: m.StagedVersion,
 		Running: int(m.Running), Waiting: int(m.Waiting)}
 	if m.KVTotalBlocks > 0 {
 		s.KVUsage = float64(m.KVUsedBlocks) / float64(m.KVTotalBlocks)
 	}
 	return s
+}
+
+// WireState is the engine's state as the fleet protocol names it. It is the one place the
+// server converts the engine's own State (the engine imports nothing of the protocol) into a
+// protocol.EngineState: the agent's heartbeats and the HTTP API's /state and metrics all go
+// through it. A state the protocol does not know passes through as its name.
+func WireState(s engine.State) protocol.EngineState {
+	switch s {
+	case engine.StateRunning:
+		return protocol.StateRunning
+	case engine.StatePaused:
+		return protocol.StatePaused
+	case engine.StateSleeping:
+		return protocol.StateSleeping
+	}
+	return protocol.EngineState(s)
 }
 
 // Requests implements Engine.

@@ -18,7 +18,7 @@ import (
 // pause(wait) behind a long request): the seam for a fault a real engine only shows by timing.
 type stuckEngine struct {
 	mu      sync.Mutex
-	state   string
+	state   protocol.EngineState
 	resumed int
 	clock   *StepClock
 }
@@ -70,7 +70,7 @@ func TestCommitUndoesAPauseCutShort(t *testing.T) {
 	res := a.commit(ctx, protocol.Commit{Version: 2, Mode: protocol.ModeWait}, false)
 	require.ErrorIs(t, res.Err, context.DeadlineExceeded)
 	assert.Equal(t, 1, eng.resumed)
-	assert.Equal(t, "running", eng.State().State)
+	assert.EqualValues(t, "running", eng.State().State)
 	require.Len(t, res.Phases, 2)
 	assert.Equal(t, "pause", res.Phases[0].Name)
 	assert.False(t, res.Phases[0].OK)

@@ -71,7 +71,7 @@ func TestOverRedis(t *testing.T) {
 	e.Sign([]byte("another-secret-another-secret-another-secret"))
 	f.publish(e)
 	assert.Equal(t, agent.ReasonBadSignature, f.ack(e.ID).Code)
-	assert.Equal(t, "running", n.stats().State)
+	assert.EqualValues(t, "running", n.stats().State)
 
 	// Redis dies: the server keeps serving and stays in rotation on what it knows.
 	rs.Kill()

@@ -16,6 +16,7 @@ import (
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/model"
 	"github.com/rolloutkit/rollout/engine/weights"
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // queryBool parses an optional boolean query parameter.
@@ -56,7 +57,7 @@ func (a *API) handlePause(c *gin.Context) {
 		writeError(c, err)
 		return
 	}
-	body := gin.H{"status": "paused", "mode": string(mode), "clear_cache": clearCache}
+	body := gin.H{"status": protocol.StatePaused, "mode": string(mode), "clear_cache": clearCache}
 	if clearCache {
 		body["reset"] = r
 	}
@@ -97,7 +98,7 @@ func (a *API) handleSleep(c *gin.Context) {
 		return
 	}
 	a.ReleaseWeightSets(level)
-	c.PureJSON(http.StatusOK, gin.H{"status": "sleeping", "level": level})
+	c.PureJSON(http.StatusOK, gin.H{"status": protocol.StateSleeping, "level": level})
 }
 
 func (a *API) handleWakeUp(c *gin.Context) {
@@ -420,25 +421,25 @@ func (a *API) handleAbortRequests(c *gin.Context) {
 
 // stateResponse is GET /state.
 type stateResponse struct {
-	State            string             `json:"state"`
-	WeightVersion    int64              `json:"weight_version"`
-	StagedVersion    int64              `json:"staged_version"`
-	PauseMode        string             `json:"pause_mode,omitempty"`
-	SleepLevel       int                `json:"sleep_level"`
-	RequestsRunning  int                `json:"requests_running"`
-	RequestsWaiting  int                `json:"requests_waiting"`
-	HTTPInflight     int                `json:"http_inflight"`
-	HTTPQueued       int                `json:"http_queued"`
-	HTTPReading      int                `json:"http_reading_body"`
-	KVBlocksUsed     int                `json:"kv_blocks_used"`
-	KVBlocksTotal    int                `json:"kv_blocks_total"`
-	KVUsage          float64            `json:"kv_usage_ratio"`
-	KVReleased       bool               `json:"kv_released"`
-	OffloadInflight  float64            `json:"offload_jobs_inflight"`
-	FlushPending     float64            `json:"offload_flush_pending"`
-	SafetyViolations float64            `json:"safety_violations"`
-	Steps            int64              `json:"steps"`
-	Connector        map[string]float64 `json:"connector,omitempty"`
+	State            protocol.EngineState `json:"state"`
+	WeightVersion    int64                `json:"weight_version"`
+	StagedVersion    int64                `json:"staged_version"`
+	PauseMode        string               `json:"pause_mode,omitempty"`
+	SleepLevel       int                  `json:"sleep_level"`
+	RequestsRunning  int                  `json:"requests_running"`
+	RequestsWaiting  int                  `json:"requests_waiting"`
+	HTTPInflight     int                  `json:"http_inflight"`
+	HTTPQueued       int                  `json:"http_queued"`
+	HTTPReading      int                  `json:"http_reading_body"`
+	KVBlocksUsed     int                  `json:"kv_blocks_used"`
+	KVBlocksTotal    int                  `json:"kv_blocks_total"`
+	KVUsage          float64              `json:"kv_usage_ratio"`
+	KVReleased       bool                 `json:"kv_released"`
+	OffloadInflight  float64              `json:"offload_jobs_inflight"`
+	FlushPending     float64              `json:"offload_flush_pending"`
+	SafetyViolations float64              `json:"safety_violations"`
+	Steps            int64                `json:"steps"`
+	Connector        map[string]float64   `json:"connector,omitempty"`
 }
 
 func (a *API) handleState(c *gin.Context) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/sdk/protocol"
+	"github.com/rolloutkit/rollout/server/agent"
 )
 
 // Metrics is the server's Prometheus registry: histograms fed by engine hooks and the API,
@@ -217,7 +218,9 @@ var connectorHelp = map[string]string{
 	"safety_violations_total":       "Transfers that touched a released or reassigned block or slot.",
 }
 
-var engineStates = []string{protocol.StateRunning, protocol.StatePaused, protocol.StateSleeping, protocol.StateUpdating}
+// engineStates are the states the rollout_engine_state gauge has a series for (a stopping
+// server is gone before a scrape would matter).
+var engineStates = [...]protocol.EngineState{protocol.StateRunning, protocol.StatePaused, protocol.StateSleeping, protocol.StateUpdating}
 
 type engineCollector struct{ a *API }
 
@@ -255,7 +258,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		if st == cur {
 			v = 1
 		}
-		gauge(descState, v, st)
+		gauge(descState, v, string(st))
 	}
 	gauge(descHTTPInflight, float64(c.a.Inflight()))
 	gauge(descBodyBytes, float64(c.a.budget.used.Load()))
@@ -279,10 +282,11 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// stateName is the engine state, or "updating" while a weight update runs.
-func (a *API) stateName(engineState string) string {
+// stateName is the engine state as the protocol names it, or StateUpdating while a weight
+// update runs.
+func (a *API) stateName(s engine.State) protocol.EngineState {
 	if a.updating.Load() {
-		return "updating"
+		return protocol.StateUpdating
 	}
-	return engineState
+	return agent.WireState(s)
 }

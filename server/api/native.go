@@ -9,6 +9,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/rolloutkit/rollout/engine"
 	"github.com/rolloutkit/rollout/engine/sample"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
@@ -177,8 +178,8 @@ func (a *API) notReady() string {
 		return "shutting down"
 	case a.updating.Load():
 		return "updating weights"
-	case m.State != protocol.StateRunning:
-		return "engine is " + m.State
+	case m.State != engine.StateRunning:
+		return "engine is " + string(m.State)
 	}
 	if a.cfg.Ready != nil {
 		if err := a.cfg.Ready(); err != nil {

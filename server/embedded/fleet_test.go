@@ -227,24 +227,24 @@ func TestStatusAndPrimitives(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, res, 2)
 	for _, s := range f.Servers() {
-		assert.Equal(t, "paused", s.Engine().Metrics().State)
+		assert.EqualValues(t, "paused", s.Engine().Metrics().State)
 	}
 	waitStatus(t, c, func(st []sdk.ServerStatus) bool { return !st[0].InRotation && !st[1].InRotation }, "paused servers leave rotation")
 	require.NoError(t, errOf(c.Resume(ctx, sdk.ResumeOptions{})))
 	for _, s := range f.Servers() {
-		assert.Equal(t, "running", s.Engine().Metrics().State)
+		assert.EqualValues(t, "running", s.Engine().Metrics().State)
 	}
 	require.NoError(t, errOf(c.Sleep(ctx, sdk.SleepOptions{Level: 1})))
 	for _, s := range f.Servers() {
-		assert.Equal(t, "sleeping", s.Engine().Metrics().State)
+		assert.EqualValues(t, "sleeping", s.Engine().Metrics().State)
 	}
 	require.NoError(t, errOf(c.WakeUp(ctx, sdk.WakeOptions{})))
 	require.NoError(t, errOf(c.Resume(ctx, sdk.ResumeOptions{})))
 	require.NoError(t, errOf(c.ResetCache(ctx, sdk.ResetOptions{ResetExternal: true})))
 	require.NoError(t, errOf(c.Abort(ctx, sdk.AbortOptions{})))
 	require.NoError(t, errOf(c.Pause(ctx, sdk.PauseOptions{Call: sdk.Call{Targets: f.IDs()[1:2]}})))
-	assert.Equal(t, "running", f.Servers()[0].Engine().Metrics().State)
-	assert.Equal(t, "paused", f.Servers()[1].Engine().Metrics().State)
+	assert.EqualValues(t, "running", f.Servers()[0].Engine().Metrics().State)
+	assert.EqualValues(t, "paused", f.Servers()[1].Engine().Metrics().State)
 	require.NoError(t, errOf(c.Resume(ctx, sdk.ResumeOptions{Call: sdk.Call{Targets: f.IDs()[1:2]}})))
 	waitStatus(t, c, allAt(0), "every server back in rotation")
 
