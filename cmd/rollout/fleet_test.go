@@ -175,7 +175,7 @@ func TestFleetCommands(t *testing.T) {
 	uv = updateView{}
 	require.NoError(t, json.Unmarshal([]byte(c.ok(t, "update", "--version", "2", "--source", "file://"+ckpt, "--sha256", sum,
 		"--sleep-level", "0", "--clear-cache=false", "--json")), &uv))
-	assert.Equal(t, "committed", uv.Outcome)
+	assert.EqualValues(t, "committed", uv.Outcome)
 	require.Len(t, uv.Servers, 2)
 	for _, s := range uv.Servers {
 		var names []string
