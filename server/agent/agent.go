@@ -333,11 +333,8 @@ type workDone struct {
 	res Result
 }
 
-// laneJob is a Work handed to a lane, with the context it runs under.
-type laneJob struct {
-	ctx context.Context
-	w   *Work
-}
+// laneJob is a Work handed to a lane, bound to the context it runs under.
+type laneJob func() workDone
 
 // startLanes starts the two long-lived goroutines that run Works: a command then costs no
 // goroutine start and no stack growth, which every server pays per command. The core hands
@@ -347,8 +344,8 @@ func (l *loop) startLanes() {
 	l.control, l.fetch = make(chan laneJob, 1), make(chan laneJob, 1)
 	for _, in := range []chan laneJob{l.control, l.fetch} {
 		l.lanes.Go(func() {
-			for j := range in {
-				l.done <- workDone{w: j.w, res: l.a.execute(j.ctx, j.w)}
+			for run := range in {
+				l.done <- run()
 			}
 		})
 	}
@@ -792,7 +789,7 @@ func (l *loop) start(ctx context.Context, w *Work, lane chan<- laneJob) {
 		ctx, cancel = context.WithCancel(ctx)
 		l.cancelFetch, l.fetchWork = cancel, w
 	}
-	lane <- laneJob{ctx: ctx, w: w}
+	lane <- func() workDone { return workDone{w: w, res: l.a.execute(ctx, w)} }
 }
 
 // stop is Run's epilogue: stop taking work, finish the work in progress, ack, heartbeat
