@@ -24,7 +24,7 @@ FUZZTIME ?= 100000x
 DEMO_STEPS ?= 300
 AGENT_DEMO_STEPS ?= 200
 
-.PHONY: help build bench-kernels bench-peer peer-install compose-soak test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch bench demo agent-demo e2e faults faults-ci fuzz clean
+.PHONY: help build bench-kernels bench-peer peer-install compose-soak test test-arm64 race lint lint-fmt lint-vet lint-golangci lint-arch lint-commits bench demo agent-demo e2e faults faults-ci fuzz clean
 
 help: ## List the targets
 	@echo "Usage: make <target>   (GOEXPERIMENT=$(GOEXPERIMENT); GOEXPERIMENT=simd selects the archsimd kernels)"
@@ -56,7 +56,16 @@ test-arm64: ## Cross-compile for linux/arm64 and darwin/arm64; run the kernel an
 race: ## Run all tests in short mode under the race detector
 	$(GO) test -race -short -timeout 15m $(TESTFLAGS) ./...
 
-lint: lint-fmt lint-vet lint-golangci lint-arch ## gofmt check, go vet (three kernel modes), golangci-lint, dependency rules
+lint: lint-fmt lint-vet lint-golangci lint-arch lint-commits ## gofmt check, go vet (three kernel modes), golangci-lint, dependency rules, commit subjects
+
+# The commit whose subject is the first kept to CONTRIBUTING.md's 72 characters: the history
+# before it is published and stays as it was.
+COMMITS_SINCE := dcdb48c
+
+lint-commits: ## Fail listing commit subjects over 72 characters since COMMITS_SINCE
+	@if ! git cat-file -e $(COMMITS_SINCE)^{commit} 2>/dev/null; then echo "lint-commits: $(COMMITS_SINCE) is not in this clone (shallow?): skipped"; exit 0; fi; \
+	long=$$(git log --format='%h %s' $(COMMITS_SINCE)..HEAD | awk '{ s = $$0; sub(/^[^ ]+ /, "", s); if (length(s) > 72) print }'); \
+	if [ -n "$$long" ]; then echo "commit subjects over 72 characters (CONTRIBUTING.md):"; echo "$$long"; exit 1; fi
 
 lint-fmt: ## Fail listing the files gofmt would change
 	@files=$$(find . -name '*.go' -not -path './vendor/*' -not -path '*/testdata/*' -not -path './.git/*' -print0 | xargs -0 -r gofmt -l); \
