@@ -259,25 +259,32 @@ func streamIDs(streams []*engine.Stream) []string {
 	return ids
 }
 
-// meanStepMillis is the engine's mean step time over the next five steps, or over the steps
-// it ran before it had nothing left to run (0 when it ran none): the requests that keep it
-// stepping may finish first, on a slow or loaded machine, and it must not wait for steps
-// that will never come.
+// meanStepMillis is the engine's mean step time over the five steps after the next one, or
+// over the steps it ran before it had nothing left to run (0 when it ran none): the requests
+// that keep it stepping may finish first, on a slow or loaded machine, and it must not wait
+// for steps that will never come. The load may not have reached the engine yet (its
+// generators just started, and the snapshot's request counts are refreshed by steps), so it
+// first waits for a step; every wait is bounded.
 func meanStepMillis(e *engine.Engine) float64 {
+	const want, limit = 5, 10 * time.Second
 	m0 := e.Metrics().Steps
-	t0 := time.Now()
-	for {
+	start := time.Now()
+	for e.Metrics().Steps < m0+1 && time.Since(start) < limit {
+		time.Sleep(100 * time.Microsecond)
+	}
+	m1, t1 := e.Metrics().Steps, time.Now()
+	for time.Since(start) < limit {
 		m := e.Metrics()
-		if m.Steps >= m0+5 || (m.Running == 0 && m.Waiting == 0) {
+		if m.Steps >= m1+want || m.Running == 0 && m.Waiting == 0 {
 			break
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
-	n := e.Metrics().Steps - m0
+	n := e.Metrics().Steps - m1
 	if n == 0 {
 		return 0
 	}
-	return time.Since(t0).Seconds() * 1e3 / float64(n)
+	return time.Since(t1).Seconds() * 1e3 / float64(n)
 }
 
 // IdleResult is the engine's CPU use while idle.
