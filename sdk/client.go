@@ -196,6 +196,9 @@ func Dial(ctx context.Context, o Options) (*Client, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	c.auth = auth
+	if o.CommandTimeout > protocol.MaxCommandLifetime {
+		return nil, invalid("CommandTimeout %s: servers refuse commands living longer than %s (protocol.MaxCommandLifetime)", o.CommandTimeout, protocol.MaxCommandLifetime)
+	}
 	switch {
 	case o.Bus != nil:
 		c.bus = o.Bus

@@ -34,6 +34,7 @@ func TestDialRefusesBadOptions(t *testing.T) {
 		{"braces in fleet", false, Options{Bus: b, Fleet: "a{b}"}, ErrInvalid},
 		{"short secret", false, Options{Bus: b, Fleet: "f", Secret: []byte("short")}, protocol.ErrShortSecret},
 		{"no bus or url", false, Options{Fleet: "f"}, ErrInvalid},
+		{"command timeout outlives commands", false, Options{Bus: b, Fleet: "f", InsecureUnsigned: true, CommandTimeout: protocol.MaxCommandLifetime + time.Second}, ErrInvalid},
 		{"cancelled", true, Options{Bus: b, Fleet: "f"}, context.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -194,6 +195,7 @@ func TestControlPrimitives(t *testing.T) {
 	require.ErrorIs(t, errOf(c.Sleep(ctx, SleepOptions{Level: 1, PauseOnly: true})), ErrInvalid)
 	require.ErrorIs(t, errOf(c.WakeUp(ctx, WakeOptions{Tags: []string{"gpu"}})), ErrInvalid)
 	require.ErrorIs(t, errOf(c.Abort(ctx, AbortOptions{RequestIDs: []string{""}})), ErrInvalid)
+	require.ErrorIs(t, errOf(c.Resume(ctx, ResumeOptions{Call: Call{Timeout: protocol.MaxCommandLifetime + time.Second}})), ErrInvalid)
 	s.nothingPublished()
 }
 

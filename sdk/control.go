@@ -291,8 +291,9 @@ func (c *Client) control(ctx context.Context, op string, cmd any, cfg callConfig
 	if timeout == 0 {
 		timeout = c.opts.CommandTimeout
 	}
-	if timeout < 0 {
-		return nil, invalid("timeout %s must be > 0", timeout)
+	if timeout < 0 || timeout > protocol.MaxCommandLifetime {
+		// Above the lifetime every server refuses the command as a replay: say so here.
+		return nil, invalid("timeout %s must be > 0 and at most %s (protocol.MaxCommandLifetime)", timeout, protocol.MaxCommandLifetime)
 	}
 	targets, err := c.resolveTargets(ctx, cfg.Targets, false)
 	if err != nil {

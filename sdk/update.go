@@ -254,8 +254,8 @@ func resolvePlan(p Plan) (resolvedPlan, error) {
 	if r.commitTimeout == 0 {
 		r.commitTimeout = DefaultCommitTimeout
 	}
-	if r.stageTimeout < 0 || r.commitTimeout < 0 {
-		return resolvedPlan{}, invalid("timeouts must be > 0")
+	if r.stageTimeout < 0 || r.commitTimeout < 0 || r.stageTimeout > protocol.MaxCommandLifetime || r.commitTimeout > protocol.MaxCommandLifetime {
+		return resolvedPlan{}, invalid("timeouts must be > 0 and at most %s (protocol.MaxCommandLifetime): servers refuse longer commands", protocol.MaxCommandLifetime)
 	}
 	if err := (protocol.Commit{Version: 1, Mode: r.mode, SleepLevel: r.sleepLevel, SHA256: strings.Repeat("0", 64)}).Validate(); err != nil {
 		return resolvedPlan{}, fmt.Errorf("%w: %w", ErrInvalid, err)

@@ -186,6 +186,7 @@ func TestUpdateWeightsBadInput(t *testing.T) {
 		{"bad mode", false, ref(4), Plan{Mode: "sideways"}, ErrInvalid, "mode"},
 		{"bad sleep level", false, ref(4), Plan{SleepLevel: 5}, ErrInvalid, "sleep level"},
 		{"no sleep at a level", false, ref(4), Plan{SleepLevel: 2, NoSleep: true}, ErrInvalid, "NoSleep"},
+		{"stage outlives commands", false, ref(4), Plan{StageTimeout: protocol.MaxCommandLifetime + time.Second}, ErrInvalid, "MaxCommandLifetime"},
 		{"unknown target", false, ref(4), Plan{Targets: []string{"zz"}}, ErrNoServers, "zz"},
 		{"cancelled context", true, ref(4), Plan{}, context.Canceled, "canceled"},
 	} {
