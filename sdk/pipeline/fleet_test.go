@@ -124,6 +124,21 @@ func cycle(tags ...task) pipeline.Source {
 	}
 }
 
+// finite ends src after n prompts, so that nothing is generated after the groups a test
+// counts on.
+func finite(n int, src pipeline.Source) pipeline.Source {
+	var mu sync.Mutex
+	return func(ctx context.Context) (pipeline.Prompt, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if n == 0 {
+			return pipeline.Prompt{}, io.EOF
+		}
+		n--
+		return src(ctx)
+	}
+}
+
 func fleetGen(c *sdk.Client, perSample bool) pipeline.Fleet {
 	return pipeline.Fleet{Call: c.Generate, PerSample: perSample, Sampling: sdk.SamplingParams{MaxTokens: 12, IgnoreEOS: true}}
 }
@@ -285,7 +300,7 @@ func testVerifierErrors(t *testing.T, overRedis bool) {
 	var mu sync.Mutex
 	var sampleErrs []error
 	p, err := pipeline.Start(t.Context(), pipeline.Config{GroupSize: 2, BatchGroups: 2, VerifyTimeout: time.Second,
-		Generator: fleetGen(c, true), Verifier: verifier(), Source: cycle(taskHang, taskBroken, taskParity, taskParity), Metrics: m,
+		Generator: fleetGen(c, true), Verifier: verifier(), Source: finite(4, cycle(taskHang, taskBroken, taskParity, taskParity)), Metrics: m,
 		Logger: quiet,
 		OnSample: func(s pipeline.Sample) {
 			if s.Err != nil {
@@ -343,16 +358,8 @@ func TestCloseDrainsGroupsInFlight(t *testing.T) {
 // TestSourceEndExhausts: a finite source ends the batches with ErrExhausted.
 func TestSourceEndExhausts(t *testing.T) {
 	c := startFleet(t, false)
-	left := 3
 	p, err := pipeline.Start(t.Context(), pipeline.Config{GroupSize: 2, BatchGroups: 2, MaxStaleness: 3,
-		Generator: fleetGen(c, false), Verifier: verifier(), Logger: quiet,
-		Source: func(ctx context.Context) (pipeline.Prompt, error) {
-			if left == 0 {
-				return pipeline.Prompt{}, io.EOF
-			}
-			left--
-			return cycle(taskParity)(ctx)
-		}})
+		Generator: fleetGen(c, false), Verifier: verifier(), Logger: quiet, Source: finite(3, cycle(taskParity))})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, p.Close()) }()
 	_, err = p.Next(t.Context(), 0)
