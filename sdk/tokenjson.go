@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+
+	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
 // jsonLogprob is a log-probability in JSON. JSON has no number for -Inf (a token outside the
@@ -27,13 +29,9 @@ func (l jsonLogprob) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON implements json.Unmarshaler: null is -Inf.
 func (l *jsonLogprob) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
-		*l = jsonLogprob(math.Inf(-1))
-		return nil
-	}
-	f, err := strconv.ParseFloat(string(b), 64)
+	f, err := protocol.ParseLogprob(b, 64)
 	if err != nil {
-		return fmt.Errorf("%w: logprob %q: %w", ErrInvalid, b, err)
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	*l = jsonLogprob(f)
 	return nil

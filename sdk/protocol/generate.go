@@ -74,16 +74,25 @@ func (l Logprob) MarshalJSON() ([]byte, error) { return appendLogprob(nil, l), n
 
 // UnmarshalJSON implements json.Unmarshaler: null is -Inf.
 func (l *Logprob) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
-		*l = Logprob(math.Inf(-1))
-		return nil
-	}
-	f, err := strconv.ParseFloat(string(b), 32)
+	f, err := ParseLogprob(b, 32)
 	if err != nil {
-		return fmt.Errorf("%w: logprob %q: %w", ErrInvalid, b, err)
+		return err
 	}
 	*l = Logprob(f)
 	return nil
+}
+
+// ParseLogprob reads a logprob's JSON at bitSize (32 or 64): a number, or null for -Inf
+// (JSON has no -Inf). The SDK's float64 logprobs read through it too.
+func ParseLogprob(b []byte, bitSize int) (float64, error) {
+	if string(b) == "null" {
+		return math.Inf(-1), nil
+	}
+	f, err := strconv.ParseFloat(string(b), bitSize)
+	if err != nil {
+		return 0, fmt.Errorf("%w: logprob %q: %w", ErrInvalid, b, err)
+	}
+	return f, nil
 }
 
 func appendLogprob(b []byte, l Logprob) []byte {
