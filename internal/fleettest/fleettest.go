@@ -199,12 +199,13 @@ func Start(t testing.TB, o Options) *Fleet {
 		}
 		secretArgs = []string{"--fleet-secret-file", path}
 	}
+	addrs := freeAddrs(t, o.Servers)
 	for i := range o.Servers {
 		url := o.Redis.URL()
 		if o.RedisURL != nil {
 			url = o.RedisURL(i)
 		}
-		p := newProc(t, bin, fmt.Sprintf("s%d", i+1), o.Env)
+		p := newProc(t, bin, fmt.Sprintf("s%d", i+1), addrs[i], o.Env)
 		args := secretArgs
 		if o.IssuedKeys && f.Secret != "" {
 			args = []string{"--fleet-key-file", f.issueKey(p.ID)}
@@ -233,9 +234,9 @@ func Start(t testing.TB, o Options) *Fleet {
 	return f
 }
 
-// newProc is a process on a free loopback port with a state directory of its own.
-func newProc(t testing.TB, bin, id string, env []string) *Proc {
-	p := &Proc{t: t, bin: bin, ID: id, Addr: freeAddr(t), logs: &lockedBuffer{}, StateDir: t.TempDir()}
+// newProc is a process on loopback address addr with a state directory of its own.
+func newProc(t testing.TB, bin, id, addr string, env []string) *Proc {
+	p := &Proc{t: t, bin: bin, ID: id, Addr: addr, logs: &lockedBuffer{}, StateDir: t.TempDir()}
 	p.env = append([]string{"XDG_RUNTIME_DIR=" + p.StateDir}, env...)
 	return p
 }
@@ -245,7 +246,7 @@ func newProc(t testing.TB, bin, id string, env []string) *Proc {
 // answers /health.
 func Serve(t testing.TB, env []string, args ...string) *Proc {
 	t.Helper()
-	p := newProc(t, Binary(t), "serve", env)
+	p := newProc(t, Binary(t), "serve", freeAddrs(t, 1)[0], env)
 	p.args = append([]string{"serve", "--addr", p.Addr, "--shutdown-grace", "1s", "--log-level", "info"}, args...)
 	t.Cleanup(func() {
 		p.Stop()
@@ -609,15 +610,21 @@ func containsLabel(lbls, pair string) bool {
 	return false
 }
 
-func freeAddr(t testing.TB) string {
+// freeAddrs returns n distinct free loopback addresses. Their listeners stay open until all
+// n are taken: a server started between two picks had not bound its port yet, and a second
+// pick handed two servers of one fleet the same port.
+func freeAddrs(t testing.TB, n int) []string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("fleettest: %v", err)
+	addrs := make([]string, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("fleettest: %v", err)
+		}
+		defer l.Close()
+		addrs = append(addrs, l.Addr().String())
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
+	return addrs
 }
 
 // lockedBuffer is a bytes.Buffer the process's stdout and stderr share.

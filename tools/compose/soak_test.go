@@ -160,14 +160,20 @@ type soakStack struct {
 	order    []*svc
 }
 
-func freePort(t *testing.T) string {
+// freePorts asks the kernel for n distinct ports nobody listens on. The listeners stay open
+// until all n are taken: a port freed by one pick can come back on the next.
+func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	_, port, err := net.SplitHostPort(ln.Addr().String())
-	require.NoError(t, err)
-	return port
+	ports := make([]string, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		_, port, err := net.SplitHostPort(ln.Addr().String())
+		require.NoError(t, err)
+		ports = append(ports, port)
+	}
+	return ports
 }
 
 // rewrite applies the stack's substitutions to one argument or environment value.
@@ -364,7 +370,8 @@ func TestComposeSoak(t *testing.T) {
 	out, err := exec.Command("sh", filepath.Join(root(t), "deploy", "init", "secrets.sh"), st.secrets, st.run).CombinedOutput()
 	require.NoError(t, err, "secrets.sh: %s", out)
 
-	redisPort, p1, p2, storePort, otlpPort := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	ports := freePorts(t, 5)
+	redisPort, p1, p2, storePort, otlpPort := ports[0], ports[1], ports[2], ports[3], ports[4]
 	common := []string{
 		"redis://redis:6379", "redis://127.0.0.1:" + redisPort,
 		"http://rollout-1:8000", "http://127.0.0.1:" + p1,

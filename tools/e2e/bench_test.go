@@ -92,7 +92,8 @@ func BenchmarkDecodeOTLPvsNone(b *testing.B) {
 		b.Fatal("ROLLOUT_BIN and JAEGER_BIN must name the binaries")
 	}
 	dir := b.TempDir()
-	otlpGRPC, otlpHTTP, query, queryGRPC := freePort(b), freePort(b), freePort(b), freePort(b)
+	ports := freePorts(b, 4)
+	otlpGRPC, otlpHTTP, query, queryGRPC := ports[0], ports[1], ports[2], ports[3]
 	cfg := filepath.Join(dir, "jaeger.yaml")
 	if err := os.WriteFile(cfg, []byte(jaegerConfig(otlpGRPC, otlpHTTP, query, queryGRPC)), 0o600); err != nil {
 		b.Fatal(err)

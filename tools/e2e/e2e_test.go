@@ -31,12 +31,20 @@ const (
 )
 
 // freePort asks the kernel for a port nobody listens on.
-func freePort(t testing.TB) int {
+func freePort(t testing.TB) int { return freePorts(t, 1)[0] }
+
+// freePorts asks the kernel for n distinct ports nobody listens on. The listeners stay open
+// until all n are taken: a port freed by one pick can come back on the next.
+func freePorts(t testing.TB, n int) []int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
 }
 
 // proc is a child process whose output goes to a log file kept with the test's output.
@@ -321,14 +329,15 @@ func TestFleetUpdateTraceInJaeger(t *testing.T) {
 	require.NoError(t, err, "redis-server is needed")
 
 	dir := t.TempDir()
-	otlpGRPC, otlpHTTP, query, queryGRPC := freePort(t), freePort(t), freePort(t), freePort(t)
+	ports := freePorts(t, 7) // Jaeger's four, Redis, two servers
+	otlpGRPC, otlpHTTP, query, queryGRPC := ports[0], ports[1], ports[2], ports[3]
 	cfg := filepath.Join(dir, "jaeger.yaml")
 	require.NoError(t, os.WriteFile(cfg, []byte(jaegerConfig(otlpGRPC, otlpHTTP, query, queryGRPC)), 0o600))
 	j := start(t, "jaeger", jaegerEnv, jaeger, "--config", cfg)
 	queryURL := "http://127.0.0.1:" + strconv.Itoa(query)
 	waitHTTP(t, j, queryURL+"/api/services")
 
-	redisPort := freePort(t)
+	redisPort := ports[4]
 	start(t, "redis", nil, redisBin, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 	redisURL := "redis://127.0.0.1:" + strconv.Itoa(redisPort)
 
@@ -344,7 +353,7 @@ func TestFleetUpdateTraceInJaeger(t *testing.T) {
 	otelEnv := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:" + strconv.Itoa(otlpHTTP), "OTEL_BSP_SCHEDULE_DELAY=100"}
 	var servers []string
 	for i := range 2 {
-		port := freePort(t)
+		port := ports[5+i]
 		id := "s" + strconv.Itoa(i)
 		// The generated admin token goes to dir (XDG_RUNTIME_DIR); file weight sources are
 		// confined to dir, where the checkpoint is.
