@@ -143,6 +143,7 @@ type ackView struct {
 	inRotation bool
 	state      protocol.EngineState
 	version    int64
+	sha        string // the digest of the checkpoint the ack says the server serves
 }
 
 // apply lays an ack's view over an older heartbeat, and drops it once a heartbeat is newer.
@@ -155,7 +156,13 @@ func (v *serverView) apply() {
 		return
 	}
 	v.hb.InRotation, v.hb.State = v.ack.inRotation, v.ack.state
-	v.hb.WeightVersion = max(v.hb.WeightVersion, v.ack.version)
+	if v.ack.version >= v.hb.WeightVersion {
+		// The digest goes with the version: routing checks both, and a view with the new
+		// version and the old heartbeat's digest kept a committed server out of routing until
+		// its next heartbeat was read, so a session's turn right after an update could
+		// leave its home for a server whose heartbeat happened to be read first.
+		v.hb.WeightVersion, v.hb.WeightSHA256 = v.ack.version, v.ack.sha
+	}
 }
 
 // Dial connects to the fleet and checks it before returning: the bus answers, the fleet's
@@ -756,7 +763,7 @@ func (c *Client) noteAck(a *protocol.Ack) {
 			return // the server did nothing: its heartbeat stays the word
 		}
 	}
-	av := &ackView{at: a.At, version: a.WeightVersion}
+	av := &ackView{at: a.At, version: a.WeightVersion, sha: a.WeightSHA256}
 	switch a.Kind {
 	case protocol.KindPause:
 		av.state = protocol.StatePaused
