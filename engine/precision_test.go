@@ -148,12 +148,7 @@ func TestLowPrecisionKeepsNoFloat32Set(t *testing.T) {
 			got, err = e.Weights(ctx)
 			require.NoError(t, err)
 			require.Equal(t, eff4, got)
-			p := prompt(9, 1)
-			s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(6)})
-			require.NoError(t, err)
-			res, err := s.Collect(ctx)
-			require.NoError(t, err)
-			assert.Equal(t, referenceGreedy(t, eff4, p, 6), res.TokenIDs(), "version 4 serves")
+			assertServesGreedy(ctx, t, e, eff4, prompt(9, 1), 6, "version 4 serves")
 		})
 	}
 }
@@ -224,12 +219,7 @@ func TestStageBuilt(t *testing.T) {
 			got, err := e.Weights(ctx)
 			require.NoError(t, err)
 			require.Equal(t, eff, got)
-			p := prompt(7, 2)
-			s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(5)})
-			require.NoError(t, err)
-			res, err := s.Collect(ctx)
-			require.NoError(t, err)
-			assert.Equal(t, referenceGreedy(t, eff, p, 5), res.TokenIDs())
+			assertServesGreedy(ctx, t, e, eff, prompt(7, 2), 5)
 		})
 	}
 }
@@ -269,10 +259,16 @@ func TestConfigBuilder(t *testing.T) {
 	require.Equal(t, w.Config.ModelBytes(kernels.BF16), n)
 	eff, err := w.Effective(kernels.BF16)
 	require.NoError(t, err)
-	p := prompt(6, 3)
-	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(5)})
+	assertServesGreedy(ctx, t, e, eff, prompt(6, 3), 5)
+}
+
+// assertServesGreedy checks that e decodes p greedily for n tokens as the reference forward
+// of eff (the effective weights of the precision e serves) does.
+func assertServesGreedy(ctx context.Context, t *testing.T, e *Engine, eff *model.Weights, p []int, n int, msgAndArgs ...any) {
+	t.Helper()
+	s, err := e.Add(ctx, Request{ID: "a", PromptTokenIDs: p, Sampling: greedy(n)})
 	require.NoError(t, err)
 	res, err := s.Collect(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, referenceGreedy(t, eff, p, 5), res.TokenIDs())
+	assert.Equal(t, referenceGreedy(t, eff, p, n), res.TokenIDs(), msgAndArgs...)
 }
