@@ -256,3 +256,46 @@ func TestAbandonedPauseWaitLetsLaterCallsStart(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, string(PauseAbort), st.PauseMode)
 }
+
+// TestResumeOfRunningEngineSkipsTheLoop: a Resume that finds the engine running with no
+// control call pending answers without the loop (the loop is parked here and never sees it),
+// but one behind a pending control call keeps its place in the FIFO: with a Pause queued, a
+// Resume whose caller gives up is withdrawn (it did not answer ahead of the Pause), and once
+// the Pause has taken effect a Resume goes through the loop and runs the engine again. A
+// withdrawn Pause leaves nothing pending, so the fast answer comes back.
+func TestResumeOfRunningEngineSkipsTheLoop(t *testing.T) {
+	e, _ := testEngine(t, nil)
+	ctx := ctxT(t)
+	release := e.block(t)
+	defer release()
+	require.NoError(t, e.Resume(ctx), "running, nothing pending: answered with the loop parked")
+	assert.Zero(t, len(e.in), "the fast Resume sent the loop nothing")
+
+	// A Pause whose caller gives up while it is queued: withdrawn, nothing pending after.
+	pctx, cancelPause := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { _, err := e.Pause(pctx, PauseKeep, false); errc <- err }()
+	waitQueued(t, e, 1)
+	assert.False(t, e.ResumeIfRunning(), "a Pause is pending")
+	cancelPause()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	assert.True(t, e.ResumeIfRunning(), "the withdrawn Pause is not pending")
+
+	// A Pause that stays queued: a Resume behind it must not answer first.
+	go func() { _, err := e.Pause(ctx, PauseKeep, false); errc <- err }()
+	waitQueued(t, e, 2) // the withdrawn Pause is still in the input queue
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, e.Resume(cctx), context.Canceled, "queued behind the Pause, then withdrawn")
+	release()
+	require.NoError(t, <-errc)
+	paused, err := e.IsPaused(ctx)
+	require.NoError(t, err)
+	require.True(t, paused, "the Pause took effect; the withdrawn Resume did not")
+	assert.False(t, e.ResumeIfRunning(), "paused")
+	require.NoError(t, e.Resume(ctx))
+	paused, err = e.IsPaused(ctx)
+	require.NoError(t, err)
+	assert.False(t, paused)
+	assert.True(t, e.ResumeIfRunning())
+}

@@ -375,8 +375,14 @@ type Engine struct {
 	// beforeCopy, set by tests only, runs before each copy.
 	copies     copyCount
 	beforeCopy func()
-	// ctl is the pause and sleep state; only transition changes it (control.go).
-	ctl         controlState
+	// ctl is the pause and sleep state; only setCtl changes it (control.go's table decides).
+	ctl controlState
+	// ctlRunning mirrors ctl.Phase == ctlRunning and ctlPending counts the control calls
+	// accepted and not yet answered or withdrawn, both readable off the engine goroutine: with
+	// no control call pending on a running engine, a Resume changes nothing and answers at
+	// once (see Resume).
+	ctlRunning  atomic.Bool
+	ctlPending  atomic.Int64
 	logits      []float32
 	seedCounter uint64
 	closeOnce   sync.Once
@@ -396,6 +402,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, log: cfg.Logger, in: make(chan message, 256), done: make(chan struct{}),
 		stop: make(chan struct{}), exited: make(chan struct{}),
 		reqs: map[string]*reqState{}, version: cfg.WeightVersion, shape: cfg.modelConfig()}
+	e.ctlRunning.Store(true) // a new engine runs
 	e.kpool = kernels.NewPool(cfg.Workers)
 	var m *model.Model
 	var err error
@@ -920,7 +927,13 @@ func callAs[T any](ctx context.Context, e *Engine, name string, control bool, fn
 	cm.fn = func(ctx context.Context, done func(any, error)) {
 		fn(ctx, func(v T, err error) { done(v, err) })
 	}
+	if control {
+		e.ctlPending.Add(1)
+	}
 	if err := e.send(ctx, message{call: cm}); err != nil {
+		if control {
+			e.ctlPending.Add(-1)
+		}
 		return zero, err
 	}
 	var r result
@@ -928,6 +941,9 @@ func callAs[T any](ctx context.Context, e *Engine, name string, control bool, fn
 	case r = <-cm.reply:
 	case <-ctx.Done():
 		if cm.state.CompareAndSwap(callQueued, callWithdrawn) {
+			if control {
+				e.ctlPending.Add(-1) // the loop drops it unrun
+			}
 			return zero, ctx.Err()
 		}
 		select {
@@ -980,6 +996,9 @@ func (e *Engine) run(cm *callMsg, after func()) {
 			// Utility calls change the state without a step (pause, sleep, a swap while idle):
 			// refresh the lock-free snapshot (/ready, /metrics) before the caller hears back.
 			e.metrics.snapshot(e)
+			if cm.control {
+				e.ctlPending.Add(-1) // after its effect, before its caller hears back
+			}
 			cm.reply <- result{v, err}
 		})
 	})

@@ -1109,14 +1109,17 @@ func (h *propHarness) opPair() {
 	liveBefore := h.live()
 	release := h.e.block(h.t)
 	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); errs[0] = a.run(h.ctx) }()
-	h.waitQueued(1)
-	go func() { defer wg.Done(); errs[1] = b.run(h.ctx) }()
-	h.waitQueued(2)
+	done := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	go func() { defer close(done[0]); errs[0] = a.run(h.ctx) }()
+	queued := 0
+	if h.waitQueuedOr(queued+1, done[0]) {
+		queued++
+	}
+	go func() { defer close(done[1]); errs[1] = b.run(h.ctx) }()
+	h.waitQueuedOr(queued+1, done[1])
 	release()
-	wg.Wait()
+	<-done[0]
+	<-done[1]
 	h.tracef("pair %s, %s: %v, %v", a.name, b.name, errs[0], errs[1])
 	if !a.ok(errs[0]) || !b.ok(errs[1]) {
 		h.fatalf("pair %s, %s: errors %v, %v", a.name, b.name, errs[0], errs[1])
@@ -1140,6 +1143,25 @@ func (h *propHarness) opPair() {
 		h.tot.add(func(tt *propTotals) { tt.dirtySwaps++ })
 	}
 	h.tot.add(func(tt *propTotals) { tt.pairs++ })
+}
+
+// waitQueuedOr waits until n messages are queued, and reports true, or until done is closed
+// first, and reports false: a call the engine answers without its loop (a Resume of a
+// running engine with no control call pending) never queues.
+func (h *propHarness) waitQueuedOr(n int, done <-chan struct{}) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for len(h.e.in) < n {
+		select {
+		case <-done:
+			return len(h.e.in) >= n
+		default:
+		}
+		if time.Now().After(deadline) {
+			h.fatalf("%d messages never queued", n)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return true
 }
 
 func (h *propHarness) waitQueued(n int) {

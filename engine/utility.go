@@ -148,7 +148,16 @@ func (e *Engine) resetCaches(ctx context.Context) ResetResult {
 // short: it starts once that call returned, and only then do queued requests start. A control
 // call whose caller gives up (ctx) before it started never takes effect and returns ctx.Err();
 // once started it completes whole (ErrStillRunning tells its caller so).
+//
+// A Resume of a running engine with no control call pending (accepted and not yet answered or
+// withdrawn) answers at once, without the loop: it would change nothing, and answering it there
+// is the order in which it came first among the calls concurrent with it. Every fleet call
+// that finds a server serving (a resume after an update, a retried resume) costs that server no
+// wake of its engine goroutine (ResumeIfRunning).
 func (e *Engine) Resume(ctx context.Context) error {
+	if e.ResumeIfRunning() {
+		return nil
+	}
 	_, err := controlCall(ctx, e, "resume", func(_ context.Context, done func(struct{}, error)) {
 		if err := e.transition(ctlEvent{kind: evResume}); err != nil {
 			done(struct{}{}, err)
@@ -158,6 +167,20 @@ func (e *Engine) Resume(ctx context.Context) error {
 		done(struct{}{}, nil)
 	})
 	return err
+}
+
+// ResumeIfRunning is Resume's answer when it needs no engine loop: it reports whether the
+// engine is open, running, and has no control call pending, in which case a Resume now would
+// change nothing and has taken effect. A false answer changes nothing either: call Resume.
+func (e *Engine) ResumeIfRunning() bool {
+	select {
+	case <-e.done:
+		return false
+	default:
+	}
+	// Pending first: a control call counts as pending until after its state change is
+	// visible, so a call that completed before this read shows in ctlRunning.
+	return e.ctlPending.Load() == 0 && e.ctlRunning.Load()
 }
 
 // transition moves the control state by evs in one change (control.go's table), or not at
@@ -177,7 +200,7 @@ func (e *Engine) transition(evs ...ctlEvent) error {
 			return err
 		}
 	}
-	e.ctl = next
+	e.setCtl(next)
 	return nil
 }
 
@@ -327,8 +350,15 @@ func (e *Engine) wakeUp(tags []string, done func(struct{}, error)) {
 	if e.ctl.Phase != ctlRunning && next.Phase == ctlRunning {
 		e.sched.SetPauseState(sched.Unpaused)
 	}
-	e.ctl = next
+	e.setCtl(next)
 	done(struct{}{}, nil)
+}
+
+// setCtl is the one place the control state changes, on the engine goroutine; it keeps
+// ctlRunning in step before any caller hears of the change.
+func (e *Engine) setCtl(next controlState) {
+	e.ctl = next
+	e.ctlRunning.Store(next.Phase == ctlRunning)
 }
 
 func (e *Engine) allocKV() error {

@@ -640,11 +640,18 @@ func (l *loop) flush(ctx context.Context) {
 	l.logRejected(r.Rejected)
 	l.queueAcks(r)
 	l.pushAcks(ctx)
-	if r.Work != nil {
-		l.start(ctx, r.Work, l.control)
-	}
 	if r.Fetch != nil {
 		l.start(ctx, r.Fetch, l.fetch)
+	}
+	if r.Work != nil {
+		if res, ok := a.resumeAtOnce(ctx, r.Work); ok {
+			// Done already: report it and carry out what follows (its ack, the next Work).
+			l.working++
+			l.finished(workDone{w: r.Work, res: res})
+			l.flush(ctx)
+			return
+		}
+		l.start(ctx, r.Work, l.control)
 	}
 }
 

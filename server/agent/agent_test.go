@@ -630,3 +630,42 @@ func TestConvergenceDropsANewerStagedVersion(t *testing.T) {
 	ok, body := n.ready()
 	assert.True(t, ok, body)
 }
+
+// TestResumeOfAServingServerSkipsItsEngineLoop: a resume that finds the server serving, with
+// no control call pending on its engine, is answered by the agent's loop without the engine
+// loop (engine.Engine.ResumeIfRunning): its ack is as before, and no engine.resume span is
+// recorded for it. A resume of a paused server still goes through the engine loop.
+func TestResumeOfAServingServerSkipsItsEngineLoop(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(t.Context()) }()
+	mem := newMem(t)
+	f := newFleet(t, mem)
+	n := startNode(t, mem, func(c *server.Config) { c.Tracer = tp.Tracer("test") })
+	n.joined(f)
+	engineResumes := func() (k int) {
+		for _, s := range rec.Ended() {
+			if s.Name() == "engine.resume" {
+				k++
+			}
+		}
+		return k
+	}
+
+	require.Equal(t, protocol.ResultOK, f.do(protocol.Pause{Mode: protocol.ModeAbort}).Result)
+	a := f.do(protocol.Resume{})
+	require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
+	assert.Equal(t, 1, engineResumes(), "the paused server's resume ran on the engine loop")
+	assert.EqualValues(t, "running", n.stats().State)
+
+	for range 3 {
+		a = f.do(protocol.Resume{})
+		require.Equal(t, protocol.ResultOK, a.Result, "%+v", a)
+		assert.Equal(t, []string{"resume"}, phaseNames(a))
+		assert.True(t, a.Phases[0].OK)
+		assert.EqualValues(t, 1, a.WeightVersion)
+	}
+	assert.Equal(t, 1, engineResumes(), "a serving server's resumes did not reach the engine loop")
+	assert.EqualValues(t, "running", n.stats().State)
+	assert.EqualValues(t, 4, n.metric(`rollout_control_commands_total{kind="resume",result="ok"}`))
+}

@@ -89,6 +89,10 @@ func (a *EngineAdapter) Pause(ctx context.Context, mode string, clearCache bool)
 // Resume implements Engine.
 func (a *EngineAdapter) Resume(ctx context.Context) error { return a.Engine.Resume(ctx) }
 
+// ResumeIfRunning is the engine's Resume answered without its loop, when it can be (see
+// engine.Engine.ResumeIfRunning); the agent runs such a resume in its own loop.
+func (a *EngineAdapter) ResumeIfRunning() bool { return a.Engine.ResumeIfRunning() }
+
 // Sleep implements Engine; an empty mode is abort.
 func (a *EngineAdapter) Sleep(ctx context.Context, level int, mode string) error {
 	if mode == "" {

@@ -24,23 +24,53 @@ const (
 // execute runs one Work on the engine and reports what happened. It never panics on bad
 // input: the core only hands out validated commands.
 func (a *Agent) execute(ctx context.Context, w *Work) Result {
-	ctx, span := a.span(ctx, w)
-	defer span.End()
-	var res Result
-	if w.Envelope != nil {
+	return a.traced(ctx, w, func(ctx context.Context) Result {
+		if w.Envelope == nil {
+			return a.converge(ctx, w)
+		}
 		if !w.Deadline.IsZero() {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithDeadline(ctx, w.Deadline)
 			defer cancel()
 		}
 		if w.Answer != nil {
-			res = *w.Answer
-		} else {
-			res = a.command(ctx, w)
+			return *w.Answer
 		}
-	} else {
-		res = a.converge(ctx, w)
+		return a.command(ctx, w)
+	})
+}
+
+// resumeAtOnce runs w in the caller's goroutine when it is a Resume command the engine answers
+// without its loop (running, no control call pending: engine.Engine.ResumeIfRunning), and
+// reports whether it did. The agent's loop calls it instead of handing w to the control lane:
+// the resume that follows every update and every retried resume then costs each server no
+// goroutine hop and no wait. It never blocks, so the loop keeps its pace; when the engine is
+// not in that state, w goes to the lane as any command.
+func (a *Agent) resumeAtOnce(ctx context.Context, w *Work) (Result, bool) {
+	if w.Envelope == nil || w.Answer != nil {
+		return Result{}, false
 	}
+	if _, ok := w.Command.(protocol.Resume); !ok {
+		return Result{}, false
+	}
+	eng, ok := a.cfg.Engine.(interface{ ResumeIfRunning() bool })
+	if !ok {
+		return Result{}, false
+	}
+	p := a.begin("resume")
+	if !eng.ResumeIfRunning() {
+		return Result{}, false
+	}
+	ph := p.end(nil)
+	return a.traced(ctx, w, func(context.Context) Result { return Result{Phases: []protocol.Phase{ph}} }), true
+}
+
+// traced runs body, w's execution, inside w's span and completes its Result: the versions
+// after it, the error code and the span.
+func (a *Agent) traced(ctx context.Context, w *Work, body func(ctx context.Context) Result) Result {
+	ctx, span := a.span(ctx, w)
+	defer span.End()
+	res := body(ctx)
 	st := a.engineState()
 	res.WeightVersion, res.StagedVersion = st.WeightVersion, st.StagedVersion
 	if res.Err != nil {
