@@ -60,7 +60,9 @@ func startFleet(ctx context.Context, n int, modelSpec string, b bus.Bus, tweak f
 
 // ControlRoundTrip measures rounds SDK round trips on n tiny servers, each a Resume of running
 // servers (a no-op on the engine) with explicit targets, so only the command and its acks
-// travel; then the floor on the same bus.
+// travel, beside the floor on the same bus. The SDK's rounds and the floor's alternate, one
+// each in turn, so that both see the same machine: measured one after the other, a shared
+// host's noise moved the ratio by a third from run to run.
 func ControlRoundTrip(ctx context.Context, transport string, b bus.Bus, n, rounds int) (ControlResult, error) {
 	r := ControlResult{Transport: transport, Servers: n}
 	f, c, err := startFleet(ctx, n, "builtin:tiny", b, func(_ int, c *server.Config) { c.KVBlocks = 128; c.Workers = 1 })
@@ -69,24 +71,35 @@ func ControlRoundTrip(ctx context.Context, transport string, b bus.Bus, n, round
 	}
 	defer f.Close()
 	defer c.Close()
+	floor, err := newBusFloor(ctx, f.Bus(), n)
+	if err != nil {
+		return r, err
+	}
+	defer floor.close()
 	all := sdk.ResumeOptions{Call: sdk.Call{Targets: f.IDs()}}
-	for range 5 { // warm the connections
+	for i := range 5 { // warm the connections
 		if _, err := c.Resume(ctx, all); err != nil {
+			return r, err
+		}
+		if _, err := floor.round(ctx, -1-i); err != nil {
 			return r, err
 		}
 	}
 	lat := make([]time.Duration, 0, rounds)
-	for range rounds {
+	floorLat := make([]time.Duration, 0, rounds)
+	for i := range rounds {
 		t0 := time.Now()
 		if _, err := c.Resume(ctx, all); err != nil {
 			return r, err
 		}
 		lat = append(lat, time.Since(t0))
+		d, err := floor.round(ctx, i)
+		if err != nil {
+			return r, err
+		}
+		floorLat = append(floorLat, d)
 	}
-	r.SDK = Summarize(lat)
-	if r.Floor, err = BusFloor(ctx, f.Bus(), n, rounds); err != nil {
-		return r, err
-	}
+	r.SDK, r.Floor = Summarize(lat), Summarize(floorLat)
 	if r.Floor.P50Ms > 0 {
 		r.Ratio = r.SDK.P50Ms / r.Floor.P50Ms
 	}
@@ -96,51 +109,77 @@ func ControlRoundTrip(ctx context.Context, transport string, b bus.Bus, n, round
 // BusFloor is RedisFloor through the Bus interface: publish, n subscribers push an ack each,
 // pop all n.
 func BusFloor(ctx context.Context, b bus.Bus, n, rounds int) (Latency, error) {
-	ch := "rollout-bench:{floor}:" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	var wg sync.WaitGroup
-	subs := make([]bus.Subscription, 0, n)
-	defer func() {
-		for _, s := range subs {
-			_ = s.Close()
-		}
-		wg.Wait()
-	}()
-	for i := range n {
-		sub, err := b.Subscribe(ctx, ch)
+	f, err := newBusFloor(ctx, b, n)
+	if err != nil {
+		return Latency{}, err
+	}
+	defer f.close()
+	lat := make([]time.Duration, 0, rounds)
+	for r := range rounds {
+		d, err := f.round(ctx, r)
 		if err != nil {
 			return Latency{}, err
 		}
-		subs = append(subs, sub)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		lat = append(lat, d)
+	}
+	return Summarize(lat), nil
+}
+
+// busFloor is BusFloor's rig: n subscribers on one channel, each pushing the ack a message
+// names.
+type busFloor struct {
+	b    bus.Bus
+	n    int
+	ch   string
+	subs []bus.Subscription
+	wg   sync.WaitGroup
+}
+
+func newBusFloor(ctx context.Context, b bus.Bus, n int) (*busFloor, error) {
+	f := &busFloor{b: b, n: n, ch: "rollout-bench:{floor}:" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	for i := range n {
+		sub, err := b.Subscribe(ctx, f.ch)
+		if err != nil {
+			f.close()
+			return nil, err
+		}
+		f.subs = append(f.subs, sub)
+		f.wg.Go(func() {
 			for ev := range sub.Events() {
 				if ev.Kind == bus.EventMessage {
 					_ = b.Push(context.Background(), string(ev.Payload), []byte(strconv.Itoa(i)), time.Minute)
 				}
 			}
-		}()
+		})
 	}
-	lat := make([]time.Duration, 0, rounds)
-	for r := range rounds {
-		list := ch + ":ack:" + strconv.Itoa(r)
-		t0 := time.Now()
-		if _, err := b.Publish(ctx, ch, []byte(list)); err != nil {
-			return Latency{}, err
-		}
-		for got := 0; got < n; {
-			vals, err := b.Pop(ctx, list, n-got, 10*time.Second)
-			if err != nil {
-				return Latency{}, err
-			}
-			if len(vals) == 0 {
-				return Latency{}, fmt.Errorf("bench: floor: %d of %d acks after 10s", got, n)
-			}
-			got += len(vals)
-		}
-		lat = append(lat, time.Since(t0))
+	return f, nil
+}
+
+// round publishes round r's message and pops its n acks.
+func (f *busFloor) round(ctx context.Context, r int) (time.Duration, error) {
+	list := f.ch + ":ack:" + strconv.Itoa(r)
+	t0 := time.Now()
+	if _, err := f.b.Publish(ctx, f.ch, []byte(list)); err != nil {
+		return 0, err
 	}
-	return Summarize(lat), nil
+	for got := 0; got < f.n; {
+		vals, err := f.b.Pop(ctx, list, f.n-got, 10*time.Second)
+		if err != nil {
+			return 0, err
+		}
+		if len(vals) == 0 {
+			return 0, fmt.Errorf("bench: floor: %d of %d acks after 10s", got, f.n)
+		}
+		got += len(vals)
+	}
+	return time.Since(t0), nil
+}
+
+func (f *busFloor) close() {
+	for _, s := range f.subs {
+		_ = s.Close()
+	}
+	f.wg.Wait()
 }
 
 // BubbleResult is UpdateWeights on a fleet under generation load: each server's generation
