@@ -185,6 +185,7 @@ func (r Ready) Empty() bool {
 var ErrRefuseJoin = errors.New("agent: the fleet is signed and this server has no fleet secret; refusing to join")
 
 type seenCmd struct {
+	id       string        // the command id, a copy: the key of seen, and the stored ack's
 	deadline int64         // Unix ms; forgotten after it
 	ack      *protocol.Ack // nil while queued or running
 	span     trace.SpanContext
@@ -444,7 +445,8 @@ func (c *Core) Envelope(raw []byte, now time.Time) {
 	}
 	// A decoded envelope's strings share the message's bytes: the key is cloned so the
 	// replay window keeps ids, not whole messages.
-	c.seen[strings.Clone(e.ID)] = &seenCmd{deadline: e.Deadline + c.cfg.ClockSkew.Milliseconds()}
+	id := strings.Clone(e.ID)
+	c.seen[id] = &seenCmd{id: id, deadline: e.Deadline + c.cfg.ClockSkew.Milliseconds()}
 	// The command runs until its lifetime from arrival has passed, and never past its
 	// deadline plus the skew allowance: a sender whose clock runs behind gets its whole
 	// lifetime, not a deadline already past on this server's clock.
@@ -589,7 +591,11 @@ func (c *Core) finish(w *Work, res Result, now time.Time) {
 		}
 	}
 	if s := c.seen[e.ID]; s != nil {
+		// Kept for re-acks until the deadline: it must not hold the envelope's strings,
+		// substrings of the whole message (a 32-target command is over a kilobyte, and a
+		// server keeps every command of the last lifetime).
 		stored := ack
+		stored.CommandID, stored.Kind = s.id, protocol.Kind(strings.Clone(string(e.Kind)))
 		s.ack = &stored
 		s.span = res.Span
 	}

@@ -1,10 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -678,5 +681,41 @@ func TestCoreRefusesACommitAgainstTheClaim(t *testing.T) {
 			require.NotNil(t, r.Work.Answer)
 			assert.Equal(t, "conflict", r.Work.Answer.Code)
 		})
+	}
+}
+
+// TestCoreKeepsNoMessageForReacks: the ack a server keeps for re-acks until the command's
+// deadline holds copies of the command's strings, not substrings of the decoded message: a
+// 32-target command is over a kilobyte, and a server keeps every command of the last
+// lifetime (at 32 servers and a few hundred commands a second, 40 MB more a thousand rounds).
+func TestCoreKeepsNoMessageForReacks(t *testing.T) {
+	c := newTestCore(coreSecret)
+	now := t0.Add(time.Second)
+	targets := make([]string, 32)
+	for i := range targets {
+		targets[i] = fmt.Sprintf("s%d", i+1)
+	}
+	msg := raw(t, signedEnv(t, protocol.Resume{}, now, time.Minute, targets...))
+	c.Envelope(msg, now)
+	r := c.Ready()
+	require.NotNil(t, r.Work)
+	done(c, Result{Phases: []protocol.Phase{{Name: "resume", OK: true}}}, EngineState{State: "running", WeightVersion: 1}, now)
+	require.Len(t, c.Ready().Acks, 1)
+	// Where the decoder's copy of msg lies: the envelope's id is a substring of it.
+	id := r.Work.Envelope.ID
+	at := bytes.Index(msg, []byte(id))
+	require.Positive(t, at)
+	start := uintptr(unsafe.Pointer(unsafe.StringData(id))) - uintptr(at)
+	inMessage := func(s string) bool {
+		p := uintptr(unsafe.Pointer(unsafe.StringData(s)))
+		return s != "" && p >= start && p < start+uintptr(len(msg))
+	}
+	require.True(t, inMessage(id), "the decoder keeps substrings of one copy")
+	require.Len(t, c.seen, 1)
+	for key, s := range c.seen {
+		require.NotNil(t, s.ack)
+		for _, kept := range []string{key, s.ack.CommandID, string(s.ack.Kind), s.ack.ServerID} {
+			assert.False(t, inMessage(kept), "%q is part of the decoded message", kept)
+		}
 	}
 }
