@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,11 +28,14 @@ type Metrics struct {
 	resetToFlush  prometheus.Histogram
 	updateWeights *prometheus.HistogramVec
 	commands      *prometheus.CounterVec
-	rejected      *prometheus.CounterVec
-	fetched       *prometheus.CounterVec
-	sourceFails   *prometheus.CounterVec
-	bodyRejected  *prometheus.CounterVec
-	toolOutcomes  *prometheus.CounterVec
+	// commandsBy caches commands' children by kind and result: every server counts every
+	// command, and a label lookup hashes both values each time.
+	commandsBy   sync.Map // commandLabels → prometheus.Counter
+	rejected     *prometheus.CounterVec
+	fetched      *prometheus.CounterVec
+	sourceFails  *prometheus.CounterVec
+	bodyRejected *prometheus.CounterVec
+	toolOutcomes *prometheus.CounterVec
 }
 
 // Peer distribution label values (rollout_weights_fetched_bytes_total{source},
@@ -162,7 +166,18 @@ func observe(ctx context.Context, o prometheus.Observer, d time.Duration) {
 }
 
 // CommandDone counts one fleet command this server executed (the fleet agent's hook).
-func (m *Metrics) CommandDone(kind, result string) { m.commands.WithLabelValues(kind, result).Inc() }
+func (m *Metrics) CommandDone(kind, result string) {
+	k := commandLabels{kind, result}
+	c, ok := m.commandsBy.Load(k)
+	if !ok { // the labels may be substrings of a whole message: keep copies
+		k = commandLabels{strings.Clone(kind), strings.Clone(result)}
+		c, _ = m.commandsBy.LoadOrStore(k, m.commands.WithLabelValues(k.kind, k.result))
+	}
+	c.(prometheus.Counter).Inc()
+}
+
+// commandLabels are the label values of one rollout_control_commands_total child.
+type commandLabels struct{ kind, result string }
 
 // Fetched counts n checkpoint bytes fetched from source (SourceOrigin, SourcePeer).
 func (m *Metrics) Fetched(source string, n int64) { m.fetched.WithLabelValues(source).Add(float64(n)) }
