@@ -13,6 +13,7 @@ import (
 	"hash"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // Signature schemes, the prefix of a Sig.
@@ -50,7 +51,10 @@ type Auth struct {
 	trusted  map[string]ed25519.PublicKey // key id -> trainer public key
 	order    []string                     // trusted key ids, the signing one first
 	server   *serverKey                   // an issued key (keyed servers)
-	derived  sync.Map                     // fleet, id, key id -> derived server key (*keyedMAC)
+	derived  sync.Map                     // fleet, id, key id -> derived server key (*serverKey)
+	// lastDerived is the derived key used last: a server holding the fleet secret derives
+	// only its own, for every command it checks and every ack it signs.
+	lastDerived atomic.Pointer[serverKey]
 }
 
 type serverKey struct {
@@ -326,14 +330,23 @@ func (a *Auth) macKey(fleet, id, kid string) (*keyedMAC, bool) {
 	if s := a.server; s != nil && s.fleet == fleet && s.id == id && s.kid == kid {
 		return s.key, true
 	}
+	if s := a.lastDerived.Load(); s != nil && s.fleet == fleet && s.id == id && s.kid == kid {
+		return s.key, true
+	}
 	for i, k := range a.order {
 		if k == kid && i < len(a.secrets) {
 			ck := derivedKey{fleet, id, kid}
-			if v, ok := a.derived.Load(ck); ok {
-				return v.(*keyedMAC), true
+			v, ok := a.derived.Load(ck)
+			if !ok {
+				// One per server and key id: bounded by the fleet. Copies of the strings,
+				// which may be substrings of a whole message.
+				fleet, id, kid := strings.Clone(fleet), strings.Clone(id), strings.Clone(kid)
+				v, _ = a.derived.LoadOrStore(derivedKey{fleet, id, kid},
+					&serverKey{fleet: fleet, id: id, kid: kid, key: newKeyedMAC(serverMACKey(a.secrets[i], fleet, id))})
 			}
-			v, _ := a.derived.LoadOrStore(ck, newKeyedMAC(serverMACKey(a.secrets[i], fleet, id))) // one per server and key id: bounded by the fleet
-			return v.(*keyedMAC), true
+			sk := v.(*serverKey)
+			a.lastDerived.Store(sk)
+			return sk.key, true
 		}
 	}
 	return nil, false
