@@ -50,7 +50,11 @@ func quantizeActs(q []int8, s []float32, x []float32) {
 			s[b] = 0
 			continue
 		}
-		xb := x[k0:min(len(x), k0+Int8Block)]
+		if len(x)-k0 >= Int8Block {
+			s[b] = quantizeWholeBlock((*[Int8Block]int8)(qb), (*[Int8Block]float32)(x[k0:]))
+			continue
+		}
+		xb := x[k0:]
 		s[b] = quantizeActBlock(qb, xb)
 		clear(qb[len(xb):])
 	}
@@ -60,16 +64,19 @@ func quantizeActs(q []int8, s []float32, x []float32) {
 // float32, q[i] = round(x[i]/scale) to even, clamped to ±127, a zero block has scale 0; a
 // block with a NaN or infinity gets scale NaN and zero values.
 func quantizeActBlock(q []int8, x []float32) float32 {
-	var amax float32
+	// max|x| from the bits without the sign: as unsigned integers they order finite values by
+	// magnitude, with the infinities and NaNs above them.
+	var bits uint32
 	for _, v := range x {
-		amax = max(amax, float32(math.Abs(float64(v))))
+		bits = max(bits, math.Float32bits(v)&0x7fffffff)
 	}
-	scale := amax / 127
-	if scale == 0 || !(scale <= math.MaxFloat32) {
+	if bits >= 0x7f800000 {
 		clear(q[:len(x)])
-		if scale != 0 {
-			return float32(math.NaN())
-		}
+		return float32(math.NaN())
+	}
+	scale := math.Float32frombits(bits) / 127
+	if scale == 0 {
+		clear(q[:len(x)])
 		return 0
 	}
 	for i, v := range x {

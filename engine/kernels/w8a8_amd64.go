@@ -85,3 +85,18 @@ func matmulW8A8AVX2(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 		}
 	}
 }
+
+// quantizeWholeBlock is quantizeActBlock of a whole block: in assembly where the AVX2 tiles
+// run (the Go loop, with a float64 division per value, cost as much as the batch-1 MatMul it
+// feeds on the 1B shape's FFN), bit for bit the same.
+func quantizeWholeBlock(q *[Int8Block]int8, x *[Int8Block]float32) float32 {
+	if w8a8UseAVX2 {
+		return quantBlockAVX2(q, x)
+	}
+	return quantizeActBlock(q[:], x[:])
+}
+
+// quantBlockAVX2 is quantizeActBlock of one whole block (w8a8_quant_amd64.s).
+//
+//go:noescape
+func quantBlockAVX2(q *[Int8Block]int8, x *[Int8Block]float32) float32

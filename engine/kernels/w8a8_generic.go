@@ -7,3 +7,8 @@ package kernels
 func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	matmulW8A8Generic(m, a, y, n, lo, hi)
 }
+
+// quantizeWholeBlock is quantizeActBlock of a whole block.
+func quantizeWholeBlock(q *[Int8Block]int8, x *[Int8Block]float32) float32 {
+	return quantizeActBlock(q[:], x[:])
+}
