@@ -137,18 +137,96 @@ func tile(T int) {
 	emit("RET")
 }
 
-// prefetchAhead is how far ahead of the block the T-token tile prefetches (PREFETCHT0 of
-// each line of the block 4 blocks on), 0 for not at all: the panels of a worker's chunk are
-// one sequential stream, but the hardware prefetcher alone left the batch-1 tile at about
-// 14 GB/s of weights on the 2-core EPYC, against 18-21 GB/s with 1 to 8 blocks ahead
-// (BenchmarkMatMulPrecision, a shared machine: rough). The env var W8A8_PF overrides it, to
-// measure.
+// prefetchAhead is how far ahead of the block the tiles prefetch (PREFETCHT0 of each line of
+// the block that far on), 0 for not at all, the default: on the 2-core EPYC the batch-1 matvec
+// with the two-panel tile (two streams for the hardware prefetcher) read 25-28 GB/s of
+// weights without software prefetch and 18-22 GB/s with it, 2 to 8 KB ahead
+// (BenchmarkMatMulPrecision's shape, a shared machine). W8A8_PF=bytes generates it, to
+// measure elsewhere.
 func prefetchAhead(T int) int {
 	if v := os.Getenv("W8A8_PF"); v != "" {
 		n, _ := strconv.Atoi(v)
 		return n
 	}
-	return 4 * blockBytes
+	return 0
+}
+
+// tileP2 writes the two-panel one-token tile w8a8P2T1: the second panel follows the first
+// (nb blocks on), and its outputs follow the first's in y. Per panel two integer sums and two
+// float32 accumulators in registers.
+func tileP2() {
+	name := "w8a8P2T1"
+	iacc := func(j, h int) string { return fmt.Sprintf("Y%d", 2*j+h) }
+	facc := func(j, h int) string { return fmt.Sprintf("Y%d", 4+2*j+h) }
+	w := func(off, j int) string {
+		if j == 0 {
+			return fmt.Sprintf("%d(SI)", off)
+		}
+		return fmt.Sprintf("%d(SI)(R14*1)", off)
+	}
+	fmt.Fprintf(&b, "\n// func %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n", name)
+	fmt.Fprintf(&b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
+	emit("MOVQ w+0(FP), SI")
+	emit("MOVQ nb+8(FP), CX")
+	emit("MOVQ x+16(FP), DI")
+	emit("MOVQ s+32(FP), R8")
+	emit("MOVQ y+48(FP), DX")
+	emit("IMUL3Q $%d, CX, R14", blockBytes) // the panel stride
+	emit("VPCMPEQW Y15, Y15, Y15")
+	emit("VPSRLW $15, Y15, Y15")
+	for j := range 2 {
+		for h := range 2 {
+			emit("VXORPS %s, %s, %s", facc(j, h), facc(j, h), facc(j, h))
+		}
+	}
+	emit("TESTQ CX, CX")
+	emit("JEQ %s_store", name)
+	fmt.Fprintf(&b, "%s_block:\n", name)
+	if pf := prefetchAhead(1); pf > 0 {
+		for j := range 2 {
+			for l := range blockBytes / 64 {
+				emit("PREFETCHT0 %s", w(pf+64*l, j))
+			}
+		}
+	}
+	for g := range 8 {
+		emit("VPBROADCASTD %d(DI), Y10", 4*g)
+		for j := range 2 {
+			for h := range 2 {
+				emit("VMOVDQU %s, Y8", w(64+64*g+32*h, j))
+				emit("VPABSB Y8, Y9")
+				emit("VPSIGNB Y8, Y10, Y11")
+				emit("VPMADDUBSW Y11, Y9, Y11")
+				if g == 0 {
+					emit("VPMADDWD Y15, Y11, %s", iacc(j, h))
+				} else {
+					emit("VPMADDWD Y15, Y11, Y11")
+					emit("VPADDD Y11, %s, %s", iacc(j, h), iacc(j, h))
+				}
+			}
+		}
+	}
+	emit("VBROADCASTSS (R8), Y10")
+	for j := range 2 {
+		for h := range 2 {
+			emit("VCVTDQ2PS %s, %s", iacc(j, h), iacc(j, h))
+			emit("VMULPS %s, Y10, Y11", w(32*h, j))
+			emit("VFMADD231PS Y11, %s, %s", iacc(j, h), facc(j, h))
+		}
+	}
+	emit("ADDQ $%d, SI", blockBytes)
+	emit("ADDQ $32, DI")
+	emit("ADDQ $4, R8")
+	emit("DECQ CX")
+	emit("JNZ %s_block", name)
+	fmt.Fprintf(&b, "%s_store:\n", name)
+	for j := range 2 {
+		for h := range 2 {
+			emit("VMOVUPS %s, %d(DX)", facc(j, h), 64*j+32*h)
+		}
+	}
+	emit("VZEROUPPER")
+	emit("RET")
 }
 
 func main() {
@@ -156,6 +234,7 @@ func main() {
 	for T := 1; T <= maxT; T++ {
 		tile(T)
 	}
+	tileP2()
 	if err := os.WriteFile("w8a8_avx2_amd64.s", b.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
