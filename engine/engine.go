@@ -186,7 +186,7 @@ func (c Config) Validate() error {
 	if c.MemoryBytes > 0 && (c.NumBlocks > 0 || c.KVBytes > 0) {
 		return invalidField("MemoryBytes", "sizes the KV pool, as NumBlocks and KVBytes do: give one of them")
 	}
-	if c.Precision > kernels.Int8 {
+	if c.Precision > kernels.W8A8 {
 		return invalidField("Precision", "unknown precision %d", c.Precision)
 	}
 	return nil

@@ -292,16 +292,17 @@ func TestMismatchAgainstEngine(t *testing.T) {
 	require.Zero(t, st.ClipFraction)
 }
 
-// TestMismatchAgainstLowPrecisionRollouts: rollout logprobs from a bf16 or int8 engine of the
-// trainer's float32 weights open a policy gap; MismatchKL reports it as the k3 estimate of
-// KL(rollout‖trainer) over the sampled tokens, int8's larger than bf16's.
+// TestMismatchAgainstLowPrecisionRollouts: rollout logprobs from a bf16, int8 or w8a8 engine
+// of the trainer's float32 weights open a policy gap; MismatchKL reports it as the k3
+// estimate of KL(rollout‖trainer) over the sampled tokens, int8's and w8a8's larger than
+// bf16's.
 func TestMismatchAgainstLowPrecisionRollouts(t *testing.T) {
 	c := tinyConfig(false)
 	w := randomWeights(t, c, 5)
 	r := rand.New(rand.NewPCG(3, 3))
 	pairs := randomPairs(r, c.VocabSize, [2]int{3, 12}, [2]int{5, 20}, [2]int{2, 7}, [2]int{4, 9})
 	kls := map[kernels.Precision]float64{}
-	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8, kernels.W8A8} {
 		tr, err := New(w, Config{Workers: 1})
 		require.NoError(t, err)
 		var s []Sample
@@ -330,6 +331,7 @@ func TestMismatchAgainstLowPrecisionRollouts(t *testing.T) {
 	require.Less(t, kls[kernels.F32], 1e-10)
 	require.Greater(t, kls[kernels.BF16], 1e-9)
 	require.Greater(t, kls[kernels.Int8], kls[kernels.BF16])
+	require.Greater(t, kls[kernels.W8A8], kls[kernels.BF16])
 }
 
 // TestStaleTokensTruncated checks that tokens of an older version count as stale, with

@@ -167,7 +167,7 @@ func newBenchEngineCmd() *cobra.Command {
 	f.DurationVar(&idleFor, "idle", 5*time.Second, "how long to measure idle CPU")
 	f.BoolVar(&quick, "quick", false, "only batch-1 decode, prefill and bandwidth")
 	f.IntVar(&repeats, "repeats", 3, "batch-1 decode runs per preset (alternating with llama2.c's) and rounds of the concurrency list; medians are reported")
-	f.StringSliceVar(&precisions, "precision", []string{"f32"}, "weight precisions to measure, each beside the others in the same run: f32, bf16, int8")
+	f.StringSliceVar(&precisions, "precision", []string{"f32"}, "weight precisions to measure, each beside the others in the same run: f32, bf16, int8, w8a8")
 	f.StringVar(&llama2cBin, "llama2c", "", "a llama2.c run binary (gcc -Ofast -march=native -fopenmp run.c -lm) to measure the baseline in the same run")
 	f.StringVar(&peer.name, "peer", "", "measure a peer engine on the same weights, beside rollout: llamacpp (node-llama-cpp; make peer-install)")
 	f.StringVar(&peer.module, "peer-module", "", "node-llama-cpp package directory (default $"+bench.LlamaCppModuleEnv+", else bench/peer/node_modules/node-llama-cpp)")

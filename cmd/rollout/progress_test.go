@@ -30,7 +30,7 @@ func TestBenchEngineProgress(t *testing.T) {
 	}
 	for _, quick := range []bool{true, false} {
 		args := []string{"bench", "engine", "--json", "--presets", "stories15m", "--tokens", "4", "--repeats", "2",
-			"--bandwidth-bytes", "1048576", "--matmul-batch", "4", "--concurrency", "1,2", "--concurrent-tokens", "2", "--idle", "10ms", "--precision", "f32,int8"}
+			"--bandwidth-bytes", "1048576", "--matmul-batch", "4", "--concurrency", "1,2", "--concurrent-tokens", "2", "--idle", "10ms", "--precision", "f32,int8-dot"}
 		if quick {
 			args = append(args, "--quick")
 		}
@@ -49,6 +49,6 @@ func TestBenchEngineProgress(t *testing.T) {
 		for _, d := range rep["decode"].([]any) {
 			precs = append(precs, d.(map[string]any)["precision"].(string))
 		}
-		assert.Equal(t, []string{"f32", "int8"}, precs, "one decode figure per precision")
+		assert.Equal(t, []string{"f32", "w8a8"}, precs, "one decode figure per precision (int8-dot is w8a8)")
 	}
 }

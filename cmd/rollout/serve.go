@@ -151,7 +151,7 @@ func newServeCmd() *cobra.Command {
 	f.Var(&kvBytes, "kv-bytes", "KV pool size in bytes, e.g. 256MiB (0: derived)")
 	f.Var(&memBytes, "memory", "memory for the packed model and the KV pool together, e.g. 8GiB: the pool gets what the model at --precision leaves (instead of --kv-blocks or --kv-bytes)")
 	f.BoolVar(&cfg.PrefaultKV, "kv-prefault", true, "commit the KV pool's memory at start, so no decode step pays a first-touch page fault (costs start-up time in proportion to the pool)")
-	f.StringVar(&precision, "precision", "f32", "weight precision in memory: f32, bf16 (half the bytes; rounded once at load and update) or int8 (blocks of 32 with a float32 scale, 1.125 bytes a weight)")
+	f.StringVar(&precision, "precision", "f32", "weight precision in memory: f32, bf16 (half the bytes; rounded once at load and update) int8 (blocks of 32 with a float32 scale, 1.125 bytes a weight) or w8a8 (int8's weights, and each MatMul's input quantized per block too, for integer dot products: faster at batch 1, not the float32 MatMul of any weights)")
 	f.IntVar(&cfg.BlockSize, "block-size", engine.DefaultBlockSize, "KV block size in tokens")
 	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", engine.DefaultMaxNumSeqs, "maximum running sequences")
 	f.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", engine.DefaultMaxBatchedTokens, "maximum tokens per engine step")

@@ -102,7 +102,7 @@ func TestServeAndGenerateRefuseBadFlags(t *testing.T) {
 	errb.Reset()
 	assert.Equal(t, 1, run(t.Context(), []string{"serve", "--memory", "1GiB", "--kv-bytes", "64MiB"}, &out, &errb))
 	assert.Contains(t, errb.String(), "--memory")
-	for _, bad := range []string{"fp8", "bf16,bf16", ""} {
+	for _, bad := range []string{"fp8", "bf16,bf16", "w8a8,int8-dot", ""} {
 		errb.Reset()
 		assert.Equal(t, 1, run(t.Context(), []string{"bench", "engine", "--precision", bad}, &out, &errb), bad)
 		assert.Contains(t, errb.String(), "--precision", bad)

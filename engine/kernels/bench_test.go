@@ -82,13 +82,14 @@ func BenchmarkStreamReadBandwidth(b *testing.B) {
 // BenchmarkMatMulPrecision measures the active MatMul for each precision at the 1B shape's FFN
 // down-projection (2048×8192, 64 MB in float32, so W comes from DRAM) for one token and for 64.
 // W-GB/s is the stored bytes read per second, the figure to hold against StreamReadBandwidth.
+// W8A8's figure includes quantizing the input, once per token and call.
 func BenchmarkMatMulPrecision(b *testing.B) {
 	const rows, cols = 2048, 8192
 	r := rand.New(rand.NewPCG(1, 1))
 	w := randSlice(r, rows*cols)
 	pool := NewPool(runtime.GOMAXPROCS(0))
 	defer pool.Close()
-	for _, prec := range []Precision{F32, BF16, Int8} {
+	for _, prec := range []Precision{F32, BF16, Int8, W8A8} {
 		// Two copies, so that no call finds W in the last-level cache.
 		var ms [2]*Matrix
 		for i := range ms {
@@ -100,6 +101,7 @@ func BenchmarkMatMulPrecision(b *testing.B) {
 		for _, n := range []int{1, 64} {
 			b.Run(fmt.Sprintf("%s/n=%d", prec, n), func(b *testing.B) {
 				x, y := randSlice(r, n*cols), make([]float32, n*rows)
+				b.ReportAllocs()
 				for i := 0; b.Loop(); i++ {
 					ms[i%2].MatMul(pool, y, x, n)
 				}

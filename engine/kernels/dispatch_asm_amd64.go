@@ -22,6 +22,9 @@ func avx512AsmShape(n int) (p, t int) {
 	return 4, min(n, 6)
 }
 
+// w8a8UseAVX2 selects the AVX2 W8A8 tiles (w8a8_avx2_amd64.s), also on AVX-512 CPUs.
+var w8a8UseAVX2 = hasAVX2FMA
+
 // activeKernel is chosen once from the CPU's features; nil means the portable kernel.
 var activeKernel = selectKernel()
 

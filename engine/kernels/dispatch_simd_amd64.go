@@ -11,6 +11,10 @@ var (
 	avx2Kernel   = simdKernel{name: "avx2", tiles: &k256Tiles, t1: 6, shape: avx2Shape}
 )
 
+// w8a8UseAVX2 selects the AVX2 W8A8 tiles (w8a8_avx2_amd64.s, Go assembly in this build
+// too), also on AVX-512 CPUs.
+var w8a8UseAVX2 = archsimd.X86.AVX2() && archsimd.X86.FMA()
+
 // activeKernel is chosen once from the CPU's features; nil means the portable kernel.
 var activeKernel = selectKernel()
 

@@ -51,6 +51,12 @@
 // (kernels_neon_bf16_arm64.s, kernels_neon_i8_arm64.s); the others widen each panel into a
 // float32 scratch panel for their float32 kernel (matmulWidened).
 //
+// The opt-in W8A8 precision stores int8's weights and also quantizes each MatMul's input per
+// block of 32, so that a block is an exact integer dot product and one fma; it has its own
+// definition (see W8A8), which the AVX2 tiles (w8a8_avx2_amd64.s, both amd64 builds, generated
+// by gen_w8a8.go) and the portable Go kernel (every other build) keep bit for bit, so it is
+// batch invariant too, but not the float32 MatMul of any weights.
+//
 // Four build modes pick the code: GOEXPERIMENT=simd on amd64 uses the simd/archsimd kernels
 // (files tagged goexperiment.simd && amd64); the default amd64 build uses Go assembly
 // (amd64 && !goexperiment.simd); arm64 uses NEON assembly for every kernel above (the MatMul

@@ -23,3 +23,12 @@ func lowSIMDImpls() []impl {
 	}
 	return out
 }
+
+// w8a8SIMDImpls lists the W8A8 kernels besides the Go one that this CPU can run: the AVX2
+// tiles (both amd64 builds use them).
+func w8a8SIMDImpls() []w8a8Impl {
+	if _, avx2 := lowFeatures(); avx2 {
+		return []w8a8Impl{{"avx2", matmulW8A8AVX2}}
+	}
+	return nil
+}

@@ -20,7 +20,7 @@ type Matrix struct {
 	Prec       Precision
 	data       []float32 // F32
 	half       []uint16  // BF16
-	q8         []byte    // Int8
+	q8         []byte    // Int8, W8A8
 }
 
 // NewMatrix packs w, a row-major [rows][cols] matrix.
@@ -72,7 +72,9 @@ func PackStacked(reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, er
 // quantized (Int8) once, here. A BF16 panel holds, for each pair of columns k, k+1, the
 // PanelRows pairs (W[r][k], W[r][k+1]) as 32-bit words, so one load yields both steps of 16
 // rows; an Int8 panel holds, for each block of Int8Block columns, the 16 rows' float32 scales
-// and then the block's steps of 16 int8 weights. reuse is taken only with the same precision.
+// and then the block's steps of 16 int8 weights; a W8A8 panel holds the same values, with each
+// block's weights in groups of 4 columns × 16 rows (see q8Offset) and a short last block
+// padded with zeros. reuse is taken only with the same precision.
 func PackStackedAs(prec Precision, reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, error) {
 	m, err := packTarget(reuse, prec, rows, cols, cols, "matrix part", parts)
 	if err != nil {
@@ -145,13 +147,18 @@ func (m *Matrix) Unpack(dst []float32) {
 // MatMul computes y[t][r] = Σ_k W[r][k]·x[t][k] for t < n: x is row-major [n][Cols], y is
 // row-major [n][Rows]. Work is split across pool by panels (load-balanced, see
 // ParallelChunks); the result does not depend on n, on the split or on which SIMD path runs
-// (see the package doc).
+// (see the package doc; a W8A8 matrix computes W8A8's definition instead of the float32
+// chain, with the same guarantees).
 func (m *Matrix) MatMul(pool *Pool, y, x []float32, n int) {
 	if n <= 0 {
 		return
 	}
 	if len(x) < n*m.Cols || len(y) < n*m.Rows {
 		panic(fmt.Sprintf("kernels: MatMul %dx%d with n=%d: len(x)=%d len(y)=%d", m.Rows, m.Cols, n, len(x), len(y)))
+	}
+	if m.Prec == W8A8 {
+		matmulW8A8(pool, m, y, x, n, matmulW8A8Panels)
+		return
 	}
 	panels := m.Panels()
 	run := matmulPanels

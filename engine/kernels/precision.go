@@ -8,10 +8,12 @@ import (
 	"github.com/rolloutkit/rollout/engine/hugepage"
 )
 
-// Precision is how a Matrix stores its weights. Whatever it stores, a MatMul reads the weights
-// in that form, widens each one in registers to the float32 value it stands for (its effective
-// weight) and runs the float32 FMA chain of the package doc on it: a low-precision MatMul gives
-// bit for bit what an F32 MatMul of the effective weights gives, on every kernel path.
+// Precision is how a Matrix stores its weights. Whatever F32, BF16 or Int8 store, a MatMul
+// reads the weights in that form, widens each one in registers to the float32 value it stands
+// for (its effective weight) and runs the float32 FMA chain of the package doc on it: such a
+// MatMul gives bit for bit what an F32 MatMul of the effective weights gives, on every kernel
+// path. W8A8 gives that identity up on purpose (it also quantizes the activations, for integer
+// dot products); it has its own definition, as exact and batch invariant (see W8A8).
 type Precision uint8
 
 // The precisions a Matrix can store.
@@ -26,20 +28,41 @@ const (
 	// max|w|/127): 1.125 bytes a weight. The effective weight is float32(q)·scale, one float32
 	// multiply.
 	Int8
+	// W8A8 stores the weights as Int8 does (the same int8 values and scales, in a panel layout
+	// made for integer dot products), and its MatMul also quantizes each token's input the
+	// same way, per block of Int8Block along the row (scale max|x|/127, round to even, clamp
+	// to ±127; a zero block has scale 0; a block holding a NaN or an infinity gets scale NaN
+	// and zero values). For output row r and token t, with qw, ws the weights and their
+	// scales and qx, xs the input's:
+	//
+	//	acc = 0
+	//	for each block b in order:
+	//		isum = Σ_{k in b} qw[r][k]·qx[t][k]   (exact, int32)
+	//		d    = ws_b[r] · xs_b[t]                (one float32 multiply)
+	//		acc  = fma(float32(isum), d, acc)       (one rounding)
+	//	y[t][r] = acc
+	//
+	// Integer sums are exact, so every kernel keeping that per-block order gives the same
+	// bits, at any batch size and pool split: the result is batch invariant like F32's, but
+	// it is not the F32 MatMul of any effective weights (the input is rounded too). It is
+	// opt-in, for batch-1 decode speed: an int8 dot product costs a few vector instructions
+	// per 32 weights where Int8 widens every weight to float32.
+	W8A8
 )
 
 // Int8Block is the number of weights of a row that share one Int8 scale.
 const Int8Block = 32
 
 // int8BlockBytes is the bytes of one panel's whole block: 16 float32 scales, then Int8Block
-// steps of PanelRows int8 weights.
+// steps of PanelRows int8 weights (Int8), or Int8Block/4 groups of PanelRows rows × 4 int8
+// weights (W8A8). A W8A8 panel pads a short last block to whole Int8Block columns.
 const int8BlockBytes = PanelRows*4 + Int8Block*PanelRows
 
 // ErrPrecision is returned (wrapped) for an unknown precision name, or a matrix shape or value
 // a precision cannot store.
 var ErrPrecision = errors.New("kernels: precision")
 
-// String is the precision's name, as ParsePrecision reads it: "f32", "bf16" or "int8".
+// String is the precision's name, as ParsePrecision reads it: "f32", "bf16", "int8" or "w8a8".
 func (p Precision) String() string {
 	switch p {
 	case F32:
@@ -48,12 +71,14 @@ func (p Precision) String() string {
 		return "bf16"
 	case Int8:
 		return "int8"
+	case W8A8:
+		return "w8a8"
 	}
 	return fmt.Sprintf("precision(%d)", uint8(p))
 }
 
-// ParsePrecision reads a precision name: "f32" (or "" and "float32"), "bf16" ("bfloat16") or
-// "int8" ("q8_0").
+// ParsePrecision reads a precision name: "f32" (or "" and "float32"), "bf16" ("bfloat16"),
+// "int8" ("q8_0") or "w8a8" ("int8-dot").
 func ParsePrecision(s string) (Precision, error) {
 	switch s {
 	case "", "f32", "float32":
@@ -62,16 +87,19 @@ func ParsePrecision(s string) (Precision, error) {
 		return BF16, nil
 	case "int8", "q8_0":
 		return Int8, nil
+	case "w8a8", "int8-dot":
+		return W8A8, nil
 	}
-	return F32, fmt.Errorf("%w: unknown precision %q (want f32, bf16 or int8)", ErrPrecision, s)
+	return F32, fmt.Errorf("%w: unknown precision %q (want f32, bf16, int8 or w8a8)", ErrPrecision, s)
 }
 
-// BytesPerWeight is the storage a precision takes per weight, scales included.
+// BytesPerWeight is the storage a precision takes per weight, scales included (for whole
+// blocks: W8A8 pads a row's short last block).
 func (p Precision) BytesPerWeight() float64 {
 	switch p {
 	case BF16:
 		return 2
-	case Int8:
+	case Int8, W8A8:
 		return float64(int8BlockBytes) / float64(Int8Block*PanelRows)
 	}
 	return 4
@@ -88,7 +116,7 @@ func (p Precision) checkShape(cols int) error {
 			return fmt.Errorf("%w: bf16 needs an even number of columns, got %d", ErrPrecision, cols)
 		}
 		return nil
-	case Int8:
+	case Int8, W8A8:
 		return nil
 	}
 	return fmt.Errorf("%w: unknown precision %d", ErrPrecision, uint8(p))
@@ -133,7 +161,7 @@ func QuantizeInt8(q []int8, w []float32) (scale float32, err error) {
 	return scale, nil
 }
 
-// packLow packs the row-major parts into m (of precision BF16 or Int8).
+// packLow packs the row-major parts into m (of precision BF16, Int8 or W8A8).
 func packLow(m *Matrix, parts [][]float32) error {
 	cols := m.Cols
 	var q [Int8Block]int8
@@ -148,7 +176,7 @@ func packLow(m *Matrix, parts [][]float32) error {
 				for k, v := range row {
 					panel[(k/2)*2*PanelRows+2*i+k%2] = ToBF16(v)
 				}
-			case Int8:
+			case Int8, W8A8:
 				base := p * m.panelBytes()
 				for b := 0; b*Int8Block < cols; b++ {
 					k0, k1 := b*Int8Block, min(cols, (b+1)*Int8Block)
@@ -159,7 +187,7 @@ func packLow(m *Matrix, parts [][]float32) error {
 					blk := m.q8[base+b*int8BlockBytes:]
 					putFloat32(blk[4*i:], scale)
 					for k, v := range q[:k1-k0] {
-						blk[PanelRows*4+k*PanelRows+i] = byte(v)
+						blk[m.q8Offset(k, i)] = byte(v)
 					}
 				}
 			}
@@ -190,10 +218,22 @@ func newLowMatrix(p Precision, rows, cols int) *Matrix {
 	switch p {
 	case BF16:
 		m.half = hugepage.Make[uint16](m0(rows) * cols)
-	case Int8:
+	case Int8, W8A8:
 		m.q8 = hugepage.Make[byte](m.Panels() * m.panelBytes())
 	}
 	return m
+}
+
+// q8Offset is where, in a block of an Int8 or W8A8 panel, the weight of column k (of the
+// block) and row i (of the panel) is stored. Int8: step k's 16 rows, one byte each, so a
+// 16-byte load is one step. W8A8: group k/4's 16 rows × 4 columns, row i's four weights at
+// i*4, so a 32-byte load is 8 rows × 4 columns, the operand of a 4-way byte dot product
+// (VPMADDUBSW then VPMADDWD) against the input's 4 values broadcast.
+func (m *Matrix) q8Offset(k, i int) int {
+	if m.Prec == W8A8 {
+		return PanelRows*4 + (k/4)*PanelRows*4 + i*4 + k%4
+	}
+	return PanelRows*4 + k*PanelRows + i
 }
 
 // panelBytes is the size of one packed panel.
@@ -203,6 +243,8 @@ func (m *Matrix) panelBytes() int {
 		return PanelRows * m.Cols * 2
 	case Int8:
 		return (m.Cols+Int8Block-1)/Int8Block*PanelRows*4 + m.Cols*PanelRows
+	case W8A8:
+		return (m.Cols + Int8Block - 1) / Int8Block * int8BlockBytes
 	}
 	return PanelRows * m.Cols * 4
 }
@@ -222,7 +264,7 @@ func (m *Matrix) widenPanel(dst []float32, p int) {
 				dst[k*PanelRows+i] = FromBF16(pair[2*i+k%2])
 			}
 		}
-	case Int8:
+	case Int8, W8A8:
 		base := p * m.panelBytes()
 		for b := 0; b*Int8Block < cols; b++ {
 			blk := m.q8[base+b*int8BlockBytes:]
@@ -231,10 +273,9 @@ func (m *Matrix) widenPanel(dst []float32, p int) {
 				scale[i] = getFloat32(blk[4*i:])
 			}
 			for k := range min(Int8Block, cols-b*Int8Block) {
-				q := blk[PanelRows*4+k*PanelRows : PanelRows*4+(k+1)*PanelRows]
 				out := dst[(b*Int8Block+k)*PanelRows : (b*Int8Block+k+1)*PanelRows]
 				for i := range PanelRows {
-					out[i] = float32(int8(q[i])) * scale[i]
+					out[i] = float32(int8(blk[m.q8Offset(k, i)])) * scale[i]
 				}
 			}
 		}

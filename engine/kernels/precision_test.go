@@ -72,14 +72,19 @@ func TestQuantizeInt8(t *testing.T) {
 }
 
 func TestParsePrecision(t *testing.T) {
-	for _, p := range []Precision{F32, BF16, Int8} {
+	for _, p := range []Precision{F32, BF16, Int8, W8A8} {
 		got, err := ParsePrecision(p.String())
 		require.NoError(t, err)
 		assert.Equal(t, p, got)
 	}
-	_, err := ParsePrecision("fp8")
+	got, err := ParsePrecision("int8-dot")
+	require.NoError(t, err)
+	assert.Equal(t, W8A8, got)
+	_, err = ParsePrecision("fp8")
 	require.ErrorIs(t, err, ErrPrecision)
+	assert.ErrorContains(t, err, "w8a8")
 	assert.InDelta(t, 1.125, Int8.BytesPerWeight(), 1e-9)
+	assert.InDelta(t, 1.125, W8A8.BytesPerWeight(), 1e-9)
 	assert.Equal(t, 2.0, BF16.BytesPerWeight())
 }
 

@@ -87,7 +87,7 @@ func TestOpenAsLoadsIntoABuilder(t *testing.T) {
 	require.NoError(t, weights.SaveHF(hf, w, weights.BF16))
 	whole, err := Open(hf, "")
 	require.NoError(t, err)
-	for _, prec := range []kernels.Precision{kernels.BF16, kernels.Int8} {
+	for _, prec := range []kernels.Precision{kernels.BF16, kernels.Int8, kernels.W8A8} {
 		m, err := OpenAs(hf, "", prec)
 		require.NoError(t, err)
 		require.Nil(t, m.Weights)

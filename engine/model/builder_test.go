@@ -37,7 +37,7 @@ func TestBuilderEqualsNewAs(t *testing.T) {
 			withBias(w) // and q, k, v biases (Qwen2)
 		}
 		n := len(w.Tensors())
-		for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+		for _, prec := range allPrecisions {
 			want, err := NewAs(w, nil, nil, prec)
 			require.NoError(t, err)
 			var reuse *Model

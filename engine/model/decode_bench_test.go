@@ -107,7 +107,7 @@ func BenchmarkDecode1B(b *testing.B) {
 	defer pool.Close()
 	bw := kernels.StreamReadBandwidth(pool, 1<<30)
 	b.Logf("read bandwidth %.1f GB/s", bw)
-	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+	for _, prec := range allPrecisions {
 		b.Run(prec.String(), func(b *testing.B) {
 			m, err := NewAs(w, pool, nil, prec)
 			if err != nil {

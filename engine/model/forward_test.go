@@ -169,7 +169,7 @@ func testForwardMatchesReference(t *testing.T, w *Weights) {
 func TestBatchInvariance(t *testing.T) {
 	for name, c := range tinyShapes(t) {
 		t.Run(name, func(t *testing.T) {
-			for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+			for _, prec := range allPrecisions {
 				for _, workers := range []int{1, 2, 3} {
 					batchInvariance(t, c, prec, workers)
 				}

@@ -9,14 +9,15 @@ import (
 // embedding is the token embedding table, row-major [vocab][hidden], stored at the model's
 // precision so that a bf16 or int8 model holds no float32 copy of it: rows are widened one
 // token at a time, with the effective values kernels.PackStackedAs gives the same row (int8
-// blocks of kernels.Int8Block along the row).
+// blocks of kernels.Int8Block along the row). A W8A8 model stores it as an Int8 one does: an
+// embedding row is looked up, not multiplied, so there is no input to quantize.
 type embedding struct {
 	prec   kernels.Precision
 	h      int
 	f32    []float32 // F32: the checkpoint's own slice
 	half   []uint16  // BF16
-	q      []int8    // Int8
-	scales []float32 // Int8: one per block of each row
+	q      []int8    // Int8, W8A8
+	scales []float32 // Int8, W8A8: one per block of each row
 }
 
 // blocksPerRow is the number of int8 blocks of a row of h values.
@@ -33,7 +34,7 @@ func newEmbedding(e []float32, h int, prec kernels.Precision) (embedding, error)
 		for i, v := range e {
 			out.half[i] = kernels.ToBF16(v)
 		}
-	case kernels.Int8:
+	case kernels.Int8, kernels.W8A8:
 		rows, nb := len(e)/h, blocksPerRow(h)
 		out.q = make([]int8, len(e))
 		out.scales = make([]float32, rows*nb)
@@ -63,7 +64,7 @@ func (e *embedding) row(dst []float32, id int) {
 		for i, v := range e.half[id*h : (id+1)*h] {
 			dst[i] = kernels.FromBF16(v)
 		}
-	case kernels.Int8:
+	case kernels.Int8, kernels.W8A8:
 		nb := blocksPerRow(h)
 		q := e.q[id*h : (id+1)*h]
 		for i, v := range q {
@@ -90,7 +91,7 @@ func (c Config) ModelBytes(prec kernels.Precision) int64 {
 		e = int64(v*h) * 4
 	case kernels.BF16:
 		e = int64(v*h) * 2
-	case kernels.Int8:
+	case kernels.Int8, kernels.W8A8:
 		e = int64(v*h) + int64(v*blocksPerRow(h))*4
 	}
 	rope := int64(c.MaxPositionEmbeddings*(c.HeadDim()/2)) * 2 * 4
@@ -102,6 +103,10 @@ func (c Config) ModelBytes(prec kernels.Precision) int64 {
 // a prec model of w does. The norms are float32 at every precision. It is the reference the
 // numerics tests hold a low-precision model against, and what a trainer should score a
 // low-precision rollout's tokens with to see the sampler's own policy.
+//
+// W8A8 has no such exact meaning, since its MatMuls also round their inputs: Effective(W8A8)
+// is Effective(Int8), the weights a W8A8 model stores, and a float32 model of them only
+// approximates a W8A8 model (the gap is the input rounding; see docs/precision.md).
 func (w *Weights) Effective(prec kernels.Precision) (*Weights, error) {
 	if err := w.Check(); err != nil {
 		return nil, err

@@ -11,7 +11,11 @@ import (
 	"github.com/rolloutkit/rollout/engine/kernels"
 )
 
+// lowPrecisions are the precisions whose MatMul is the float32 one of their effective weights.
 var lowPrecisions = []kernels.Precision{kernels.BF16, kernels.Int8}
+
+// allPrecisions is every precision a model can be packed at.
+var allPrecisions = []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8, kernels.W8A8}
 
 // logitsOf runs toks through m as one prefill and returns every position's logits.
 func logitsOf(t *testing.T, m *Model, toks []int) [][]float32 {
@@ -93,7 +97,7 @@ func TestLowPrecisionForwardIsFloat32OfEffectiveWeights(t *testing.T) {
 	}
 }
 
-// TestLowPrecisionAgainstFloat32 reports how far bf16 and int8 move the policy of a float32
+// TestLowPrecisionAgainstFloat32 reports how far bf16, int8 and w8a8 move the policy of a float32
 // checkpoint: the mean KL(f32‖prec) of the next-token distributions and the greedy agreement,
 // on the stories15m shape with random weights. The bounds are loose (random weights make
 // sharper distributions than trained ones); the figures are the point, logged for docs.
@@ -109,7 +113,7 @@ func TestLowPrecisionAgainstFloat32(t *testing.T) {
 	f32, err := New(w, pool)
 	require.NoError(t, err)
 	base := logitsOf(t, f32, toks)
-	for _, prec := range lowPrecisions {
+	for _, prec := range allPrecisions[1:] {
 		m, err := NewAs(w, pool, nil, prec)
 		require.NoError(t, err)
 		got := logitsOf(t, m, toks)
@@ -125,10 +129,53 @@ func TestLowPrecisionAgainstFloat32(t *testing.T) {
 		mean := sum / float64(len(toks))
 		t.Logf("%s vs f32 (stories15m, random weights, %d positions): mean KL %.2e, max %.2e, greedy agreement %d/%d",
 			prec, len(toks), mean, worst, agree, len(toks))
-		limit := map[kernels.Precision]float64{kernels.BF16: 1e-3, kernels.Int8: 1e-2}[prec]
+		limit := map[kernels.Precision]float64{kernels.BF16: 1e-3, kernels.Int8: 1e-2, kernels.W8A8: 3e-2}[prec]
 		require.Less(t, mean, limit, "%s mean KL", prec)
 		require.Greater(t, mean, 0.0, "%s must change something", prec)
 	}
+}
+
+// TestW8A8ForwardIsCloseToItsWeights: a w8a8 model stores int8's weights (Effective(W8A8) is
+// Effective(Int8)) but also rounds every MatMul's input, so its logits are near, not equal
+// to, a float32 model's of those weights; and they are what the W8A8 MatMul defines, the
+// same under every pool (the kernels' own tests hold the MatMul to the definition bit for
+// bit).
+func TestW8A8ForwardIsCloseToItsWeights(t *testing.T) {
+	w, err := Preset("tiny", 1)
+	require.NoError(t, err)
+	toks := randomTokens(rand.New(rand.NewPCG(5, 5)), 24, w.Config.VocabSize)
+	eff, err := w.Effective(kernels.W8A8)
+	require.NoError(t, err)
+	i8, err := w.Effective(kernels.Int8)
+	require.NoError(t, err)
+	require.Equal(t, i8, eff, "Effective(W8A8) is Effective(Int8)")
+	ref, err := New(eff, nil)
+	require.NoError(t, err)
+	want := logitsOf(t, ref, toks)
+	var got [][]float32
+	for _, workers := range []int{1, 2, 3} {
+		pool := kernels.NewPool(workers)
+		m, err := NewAs(w, pool, nil, kernels.W8A8)
+		require.NoError(t, err)
+		g := logitsOf(t, m, toks)
+		pool.Close()
+		if got != nil {
+			require.Equal(t, got, g, "workers=%d", workers)
+		}
+		got = g
+	}
+	same, worst := 0, 0.0
+	for p := range toks {
+		worst = math.Max(worst, kl(logSoftmax(want[p]), logSoftmax(got[p])))
+		for i := range want[p] {
+			if want[p][i] == got[p][i] {
+				same++
+			}
+		}
+	}
+	t.Logf("w8a8 vs f32 of its weights (tiny): max KL %.2e, %d of %d logits equal", worst, same, len(toks)*len(want[0]))
+	require.Less(t, same, len(toks)*len(want[0])/2, "the inputs are rounded: most logits must move")
+	require.Less(t, worst, 1e-2)
 }
 
 func argmaxOf(x []float32) int {
@@ -141,20 +188,20 @@ func argmaxOf(x []float32) int {
 	return best
 }
 
-// TestLowPrecisionResidentBytes: bf16 halves the float32 model's resident bytes and int8
-// takes 1.125/4 of it (the norms stay float32).
+// TestLowPrecisionResidentBytes: bf16 halves the float32 model's resident bytes and int8 and
+// w8a8 take 1.125/4 of it (the norms stay float32).
 func TestLowPrecisionResidentBytes(t *testing.T) {
 	w, err := Preset("stories15m", 1)
 	require.NoError(t, err)
 	sizes := map[kernels.Precision]int64{}
-	for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+	for _, prec := range allPrecisions {
 		m, err := NewAs(w, nil, nil, prec)
 		require.NoError(t, err)
 		sizes[prec] = m.ResidentBytes() - int64(len(m.ropeCos)+len(m.ropeSin))*4
 		require.Equal(t, m.ResidentBytes(), w.Config.ModelBytes(prec), "%s: ModelBytes without packing", prec)
 		t.Logf("%s: weights %d bytes, resident %d bytes", prec, m.WeightBytes(), m.ResidentBytes())
 	}
-	for _, prec := range lowPrecisions {
+	for _, prec := range allPrecisions[1:] {
 		ratio := float64(sizes[prec]) / float64(sizes[kernels.F32])
 		want := prec.BytesPerWeight() / 4
 		require.InDelta(t, want, ratio, 0.01, fmt.Sprintf("%s resident bytes over f32's", prec))
@@ -166,6 +213,8 @@ func TestNewAsRejectsWhatAPrecisionCannotHold(t *testing.T) {
 	require.NoError(t, err)
 	w.Layers[1].Wo[7] = float32(math.NaN())
 	_, err = NewAs(w, nil, nil, kernels.Int8)
+	require.ErrorIs(t, err, kernels.ErrPrecision)
+	_, err = NewAs(w, nil, nil, kernels.W8A8)
 	require.ErrorIs(t, err, kernels.ErrPrecision)
 	_, err = NewAs(w, nil, nil, kernels.Precision(7))
 	require.ErrorIs(t, err, kernels.ErrPrecision)
@@ -179,7 +228,7 @@ func TestNewAsReusesOnlyTheSamePrecision(t *testing.T) {
 	w2, err := Preset("tiny", 2)
 	require.NoError(t, err)
 	toks := randomTokens(rand.New(rand.NewPCG(4, 4)), 12, w1.Config.VocabSize)
-	for _, prec := range lowPrecisions {
+	for _, prec := range allPrecisions[1:] {
 		old, err := NewAs(w1, nil, nil, prec)
 		require.NoError(t, err)
 		fresh, err := NewAs(w2, nil, nil, prec)
@@ -212,7 +261,7 @@ func TestModelWeightsAreTheEffectiveWeights(t *testing.T) {
 				withBias(w)
 			}
 		}
-		for _, prec := range []kernels.Precision{kernels.F32, kernels.BF16, kernels.Int8} {
+		for _, prec := range allPrecisions {
 			m, err := NewAs(w, nil, nil, prec)
 			require.NoError(t, err)
 			want, err := w.Effective(prec)

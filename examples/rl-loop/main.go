@@ -137,7 +137,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.Mode, "mode", "keep", "pause mode of the cut: abort, wait or keep")
 	fs.IntVar(&cfg.Servers, "servers", 2, "embedded servers (ignored with --redis)")
 	fs.StringVar(&cfg.Model, "model", "builtin:tiny", "model spec (the servers' initial weights must be the same)")
-	precision := fs.String("precision", "f32", "weight precision of the embedded servers: f32, bf16 or int8 (the trainer stays float32; the mism and mism kl columns show the gap)")
+	precision := fs.String("precision", "f32", "weight precision of the embedded servers: f32, bf16, int8 or w8a8 (the trainer stays float32; the mism and mism kl columns show the gap)")
 	publishDType := fs.String("publish-dtype", "F32", "dtype of the published checkpoints: F32 or BF16 (half the bytes per update)")
 	fs.Int64Var(&cfg.OffloadBytes, "offload-cpu-bytes", 16<<20, "KV offload CPU memory per embedded server (0: no offloading)")
 	cfg.Redis.RegisterFlags(fs, "Redis of an external fleet (default: an embedded fleet)")

@@ -1,0 +1,242 @@
+//go:build ignore
+
+// gen_w8a8 writes the AVX2 W8A8 tiles (w8a8_avx2_amd64.s): one panel (16 rows, two 8-row
+// halves) × T tokens, T = 1..w8a8MaxT, each a loop over the blocks of Int8Block columns.
+//
+//	go run gen_w8a8.go
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+)
+
+const (
+	maxT       = 4   // w8a8MaxT
+	blockBytes = 576 // int8BlockBytes: 16 scales, 8 groups of 16 rows × 4 bytes
+	regFloatT  = 2   // up to this many tokens keep their float accumulators in registers
+)
+
+var b bytes.Buffer
+
+func emit(format string, args ...any) { fmt.Fprintf(&b, "\t"+format+"\n", args...) }
+
+// addr is the operand at byte off from token t's row, given the base register and the
+// registers holding one and three token strides.
+func addr(off, t int, base, s1, s3 string) string {
+	switch t {
+	case 0:
+		return fmt.Sprintf("%d(%s)", off, base)
+	case 1:
+		return fmt.Sprintf("%d(%s)(%s*1)", off, base, s1)
+	case 2:
+		return fmt.Sprintf("%d(%s)(%s*2)", off, base, s1)
+	}
+	return fmt.Sprintf("%d(%s)(%s*1)", off, base, s3)
+}
+
+func tile(T int) {
+	name := fmt.Sprintf("w8a8T%d", T)
+	regFloat := T <= regFloatT
+	iacc := func(t, h int) string { return fmt.Sprintf("Y%d", 2*t+h) }
+	facc := func(t, h int) string { return fmt.Sprintf("Y%d", 4+2*t+h) } // regFloat only
+	xb := func(t int) string { return []string{"Y10", "Y12", "Y13", "Y14"}[t] }
+	x := func(off, t int) string { return addr(off, t, "DI", "R9", "R10") }
+	s := func(t int) string { return addr(0, t, "R8", "BX", "R11") }
+	y := func(off, t int) string { return addr(off, t, "DX", "R12", "R13") }
+
+	fmt.Fprintf(&b, "\n// func %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n", name)
+	fmt.Fprintf(&b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
+	emit("MOVQ w+0(FP), SI")
+	emit("MOVQ nb+8(FP), CX")
+	emit("MOVQ x+16(FP), DI")
+	emit("MOVQ xs+24(FP), R9")
+	emit("LEAQ (R9)(R9*2), R10")
+	emit("MOVQ s+32(FP), R8")
+	emit("MOVQ ss+40(FP), BX")
+	emit("LEAQ (BX)(BX*2), R11")
+	emit("MOVQ y+48(FP), DX")
+	emit("MOVQ ys+56(FP), R12")
+	emit("LEAQ (R12)(R12*2), R13")
+	emit("VPCMPEQW Y15, Y15, Y15")
+	emit("VPSRLW $15, Y15, Y15") // int16 ones, for VPMADDWD
+	if regFloat {
+		for t := range T {
+			for h := range 2 {
+				emit("VXORPS %s, %s, %s", facc(t, h), facc(t, h), facc(t, h))
+			}
+		}
+	} else {
+		emit("VXORPS Y12, Y12, Y12")
+		for t := range T {
+			for h := range 2 {
+				emit("VMOVUPS Y12, %s", y(32*h, t))
+			}
+		}
+	}
+	emit("TESTQ CX, CX")
+	emit("JEQ %s_store", name)
+	fmt.Fprintf(&b, "%s_block:\n", name)
+	if pf := prefetchAhead(T); pf > 0 {
+		for l := range blockBytes / 64 {
+			emit("PREFETCHT0 %d(SI)", pf+64*l)
+		}
+	}
+	for g := range 8 {
+		for t := range T {
+			emit("VPBROADCASTD %s, %s", x(4*g, t), xb(t))
+		}
+		for h := range 2 {
+			emit("VMOVDQU %d(SI), Y8", 64+64*g+32*h)
+			emit("VPABSB Y8, Y9")
+			for t := range T {
+				// Y11 = x with w's signs; |w|·that, pairs summed to int16 (at most
+				// 2·127·127, no saturation), then pairs of those to int32.
+				emit("VPSIGNB Y8, %s, Y11", xb(t))
+				emit("VPMADDUBSW Y11, Y9, Y11")
+				if g == 0 {
+					emit("VPMADDWD Y15, Y11, %s", iacc(t, h))
+				} else {
+					emit("VPMADDWD Y15, Y11, Y11")
+					emit("VPADDD Y11, %s, %s", iacc(t, h), iacc(t, h))
+				}
+			}
+		}
+	}
+	// The block's integer sums are exact; fold them in: acc = fma(float32(isum), ws·xs, acc).
+	for t := range T {
+		emit("VBROADCASTSS %s, Y10", s(t))
+		for h := range 2 {
+			emit("VCVTDQ2PS %s, %s", iacc(t, h), iacc(t, h))
+			emit("VMULPS %d(SI), Y10, Y11", 32*h)
+			if regFloat {
+				emit("VFMADD231PS Y11, %s, %s", iacc(t, h), facc(t, h))
+			} else {
+				emit("VMOVUPS %s, Y12", y(32*h, t))
+				emit("VFMADD231PS Y11, %s, Y12", iacc(t, h))
+				emit("VMOVUPS Y12, %s", y(32*h, t))
+			}
+		}
+	}
+	emit("ADDQ $%d, SI", blockBytes)
+	emit("ADDQ $32, DI")
+	emit("ADDQ $4, R8")
+	emit("DECQ CX")
+	emit("JNZ %s_block", name)
+	fmt.Fprintf(&b, "%s_store:\n", name)
+	if regFloat {
+		for t := range T {
+			for h := range 2 {
+				emit("VMOVUPS %s, %s", facc(t, h), y(32*h, t))
+			}
+		}
+	}
+	emit("VZEROUPPER")
+	emit("RET")
+}
+
+// prefetchAhead is how far ahead of the block the tiles prefetch (PREFETCHT0 of each line of
+// the block that far on), 0 for not at all, the default: on the 2-core EPYC the batch-1 matvec
+// with the two-panel tile (two streams for the hardware prefetcher) read 25-28 GB/s of
+// weights without software prefetch and 18-22 GB/s with it, 2 to 8 KB ahead
+// (BenchmarkMatMulPrecision's shape, a shared machine). W8A8_PF=bytes generates it, to
+// measure elsewhere.
+func prefetchAhead(T int) int {
+	if v := os.Getenv("W8A8_PF"); v != "" {
+		n, _ := strconv.Atoi(v)
+		return n
+	}
+	return 0
+}
+
+// tileP2 writes the two-panel one-token tile w8a8P2T1: the second panel follows the first
+// (nb blocks on), and its outputs follow the first's in y. Per panel two integer sums and two
+// float32 accumulators in registers.
+func tileP2() {
+	name := "w8a8P2T1"
+	iacc := func(j, h int) string { return fmt.Sprintf("Y%d", 2*j+h) }
+	facc := func(j, h int) string { return fmt.Sprintf("Y%d", 4+2*j+h) }
+	w := func(off, j int) string {
+		if j == 0 {
+			return fmt.Sprintf("%d(SI)", off)
+		}
+		return fmt.Sprintf("%d(SI)(R14*1)", off)
+	}
+	fmt.Fprintf(&b, "\n// func %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n", name)
+	fmt.Fprintf(&b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
+	emit("MOVQ w+0(FP), SI")
+	emit("MOVQ nb+8(FP), CX")
+	emit("MOVQ x+16(FP), DI")
+	emit("MOVQ s+32(FP), R8")
+	emit("MOVQ y+48(FP), DX")
+	emit("IMUL3Q $%d, CX, R14", blockBytes) // the panel stride
+	emit("VPCMPEQW Y15, Y15, Y15")
+	emit("VPSRLW $15, Y15, Y15")
+	for j := range 2 {
+		for h := range 2 {
+			emit("VXORPS %s, %s, %s", facc(j, h), facc(j, h), facc(j, h))
+		}
+	}
+	emit("TESTQ CX, CX")
+	emit("JEQ %s_store", name)
+	fmt.Fprintf(&b, "%s_block:\n", name)
+	if pf := prefetchAhead(1); pf > 0 {
+		for j := range 2 {
+			for l := range blockBytes / 64 {
+				emit("PREFETCHT0 %s", w(pf+64*l, j))
+			}
+		}
+	}
+	for g := range 8 {
+		emit("VPBROADCASTD %d(DI), Y10", 4*g)
+		for j := range 2 {
+			for h := range 2 {
+				emit("VMOVDQU %s, Y8", w(64+64*g+32*h, j))
+				emit("VPABSB Y8, Y9")
+				emit("VPSIGNB Y8, Y10, Y11")
+				emit("VPMADDUBSW Y11, Y9, Y11")
+				if g == 0 {
+					emit("VPMADDWD Y15, Y11, %s", iacc(j, h))
+				} else {
+					emit("VPMADDWD Y15, Y11, Y11")
+					emit("VPADDD Y11, %s, %s", iacc(j, h), iacc(j, h))
+				}
+			}
+		}
+	}
+	emit("VBROADCASTSS (R8), Y10")
+	for j := range 2 {
+		for h := range 2 {
+			emit("VCVTDQ2PS %s, %s", iacc(j, h), iacc(j, h))
+			emit("VMULPS %s, Y10, Y11", w(32*h, j))
+			emit("VFMADD231PS Y11, %s, %s", iacc(j, h), facc(j, h))
+		}
+	}
+	emit("ADDQ $%d, SI", blockBytes)
+	emit("ADDQ $32, DI")
+	emit("ADDQ $4, R8")
+	emit("DECQ CX")
+	emit("JNZ %s_block", name)
+	fmt.Fprintf(&b, "%s_store:\n", name)
+	for j := range 2 {
+		for h := range 2 {
+			emit("VMOVUPS %s, %d(DX)", facc(j, h), 64*j+32*h)
+		}
+	}
+	emit("VZEROUPPER")
+	emit("RET")
+}
+
+func main() {
+	b.WriteString("// Code generated by gen_w8a8.go; DO NOT EDIT.\n\n//go:build amd64 && !purego\n\n#include \"textflag.h\"\n")
+	for T := 1; T <= maxT; T++ {
+		tile(T)
+	}
+	tileP2()
+	if err := os.WriteFile("w8a8_avx2_amd64.s", b.Bytes(), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
