@@ -375,6 +375,9 @@ type Engine struct {
 	// beforeCopy, set by tests only, runs before each copy.
 	copies     copyCount
 	beforeCopy func()
+	// kvReleased is the KV pool a sleep released (its memory given back to the OS), which the
+	// wake-up reuses when the model's KV layout is unchanged; nil otherwise.
+	kvReleased *kvcache.Storage
 	// ctl is the pause and sleep state; only setCtl changes it (control.go's table decides).
 	ctl controlState
 	// ctlRunning mirrors ctl.Phase == ctlRunning and ctlPending counts the control calls

@@ -25,3 +25,29 @@ func Advise[T any](x []T) {
 	hi := lo + (len(b)-lo)&^(hugePage-1)
 	_ = unix.Madvise(b[lo:hi], unix.MADV_HUGEPAGE)
 }
+
+// Release gives x's memory back to the kernel and keeps x valid: afterwards x reads as zeros,
+// and the whole pages are faulted in again (as huge pages where x was advised) when next
+// touched. It reports false, having changed nothing, where the kernel refuses; the caller
+// then drops x instead. Only for memory that holds no pointers.
+func Release[T any](x []T) bool {
+	size := len(x) * int(unsafe.Sizeof(*new(T)))
+	if size == 0 {
+		return true
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), size)
+	page := uintptr(unix.Getpagesize())
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	lo := int((start+page-1)&^(page-1) - start)
+	hi := lo + (len(b)-lo)&^int(page-1)
+	if lo >= hi {
+		clear(b)
+		return true
+	}
+	if err := unix.Madvise(b[lo:hi], unix.MADV_DONTNEED); err != nil {
+		return false
+	}
+	clear(b[:lo])
+	clear(b[hi:])
+	return true
+}

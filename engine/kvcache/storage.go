@@ -51,6 +51,14 @@ func (s *Storage) KV(block, layer int) (k, v []float32) {
 	return s.data[off : off+per : off+per], s.data[off+per : off+2*per : off+2*per]
 }
 
+// Release gives the pool's memory back to the OS and keeps the allocation, which then reads
+// as zeros: a sleep that releases the KV pool frees its memory at once (not when the garbage
+// collector and the runtime's scavenger get to it), and a wake-up reuses the same range, whose
+// pages come back as huge pages where it was advised, instead of faulting in a new one. It
+// reports false where the OS cannot; drop the Storage then. Nothing may be reading or writing
+// the pool meanwhile.
+func (s *Storage) Release() bool { return hugepage.Release(s.data) }
+
 // Prefault writes every page of the pool once, split across up to workers goroutines, and
 // returns when done. A fresh pool is only reserved address space: without this, the first KV
 // write to each page takes a page fault inside a decode step (on a KVM guest, a sixth of a
