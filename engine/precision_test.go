@@ -26,14 +26,7 @@ func TestPrecisionGreedyMatchesEffectiveReference(t *testing.T) {
 				t.Helper()
 				eff, err := w.Effective(prec)
 				require.NoError(t, err)
-				var streams []*Stream
-				var prompts [][]int
-				for i := range 4 {
-					p := prompt(5+i*9, i)
-					s, err := e.Add(ctx, Request{ID: fmt.Sprintf("%d-%d", version, i), PromptTokenIDs: p, Sampling: greedy(10)})
-					require.NoError(t, err)
-					streams, prompts = append(streams, s), append(prompts, p)
-				}
+				streams, prompts := addFourGreedy(ctx, t, e, version)
 				for i, s := range streams {
 					res, err := s.Collect(ctx)
 					require.NoError(t, err)
@@ -70,14 +63,7 @@ func TestW8A8ServesBatchInvariantGreedy(t *testing.T) {
 		t.Helper()
 		eff, err := w.Effective(prec)
 		require.NoError(t, err)
-		var streams []*Stream
-		var prompts [][]int
-		for i := range 4 {
-			p := prompt(5+i*9, i)
-			s, err := e.Add(ctx, Request{ID: fmt.Sprintf("%d-%d", version, i), PromptTokenIDs: p, Sampling: greedy(10)})
-			require.NoError(t, err)
-			streams, prompts = append(streams, s), append(prompts, p)
-		}
+		streams, prompts := addFourGreedy(ctx, t, e, version)
 		agree, total := 0, 0
 		for i, s := range streams {
 			res, err := s.Collect(ctx)
@@ -336,4 +322,20 @@ func assertServesGreedy(ctx context.Context, t *testing.T, e *Engine, eff *model
 	res, err := s.Collect(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, referenceGreedy(t, eff, p, n), res.TokenIDs(), msgAndArgs...)
+}
+
+// addFourGreedy adds four greedy requests of 10 tokens for version, with prompts of 5 to 32
+// tokens (chunked prefills beside decodes at a 24-token step budget), and returns their
+// streams and prompts.
+func addFourGreedy(ctx context.Context, t *testing.T, e *Engine, version int64) ([]*Stream, [][]int) {
+	t.Helper()
+	var streams []*Stream
+	var prompts [][]int
+	for i := range 4 {
+		p := prompt(5+i*9, i)
+		s, err := e.Add(ctx, Request{ID: fmt.Sprintf("%d-%d", version, i), PromptTokenIDs: p, Sampling: greedy(10)})
+		require.NoError(t, err)
+		streams, prompts = append(streams, s), append(prompts, p)
+	}
+	return streams, prompts
 }

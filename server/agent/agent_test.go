@@ -636,12 +636,9 @@ func TestConvergenceDropsANewerStagedVersion(t *testing.T) {
 // loop (engine.Engine.ResumeIfRunning): its ack is as before, and no engine.resume span is
 // recorded for it. A resume of a paused server still goes through the engine loop.
 func TestResumeOfAServingServerSkipsItsEngineLoop(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	defer func() { _ = tp.Shutdown(t.Context()) }()
 	mem := newMem(t)
 	f := newFleet(t, mem)
-	n := startNode(t, mem, func(c *server.Config) { c.Tracer = tp.Tracer("test") })
+	n, rec := tracedNode(t, mem)
 	n.joined(f)
 	engineResumes := func() (k int) {
 		for _, s := range rec.Ended() {
