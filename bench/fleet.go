@@ -106,27 +106,8 @@ func ControlRoundTrip(ctx context.Context, transport string, b bus.Bus, n, round
 	return r, nil
 }
 
-// BusFloor is RedisFloor through the Bus interface: publish, n subscribers push an ack each,
-// pop all n.
-func BusFloor(ctx context.Context, b bus.Bus, n, rounds int) (Latency, error) {
-	f, err := newBusFloor(ctx, b, n)
-	if err != nil {
-		return Latency{}, err
-	}
-	defer f.close()
-	lat := make([]time.Duration, 0, rounds)
-	for r := range rounds {
-		d, err := f.round(ctx, r)
-		if err != nil {
-			return Latency{}, err
-		}
-		lat = append(lat, d)
-	}
-	return Summarize(lat), nil
-}
-
-// busFloor is BusFloor's rig: n subscribers on one channel, each pushing the ack a message
-// names.
+// busFloor is RedisFloor through the Bus interface: n subscribers on one channel, each
+// pushing the ack a message names; a round publishes and pops all n acks.
 type busFloor struct {
 	b    bus.Bus
 	n    int
