@@ -15,14 +15,10 @@ const hugePage = 2 << 20
 // (MADV_HUGEPAGE). Call it before x is first written: only pages faulted in after the advice
 // come as huge pages. A hint: where THP is off or the call fails, nothing changes.
 func Advise[T any](x []T) {
-	size := len(x) * int(unsafe.Sizeof(*new(T)))
-	if size < 2*hugePage {
+	b, lo, hi := wholePages(x, hugePage)
+	if len(b) < 2*hugePage {
 		return
 	}
-	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), size)
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	lo := int((start+hugePage-1)&^(hugePage-1) - start)
-	hi := lo + (len(b)-lo)&^(hugePage-1)
 	_ = unix.Madvise(b[lo:hi], unix.MADV_HUGEPAGE)
 }
 
@@ -31,16 +27,8 @@ func Advise[T any](x []T) {
 // touched. It reports false, having changed nothing, where the kernel refuses; the caller
 // then drops x instead. Only for memory that holds no pointers.
 func Release[T any](x []T) bool {
-	size := len(x) * int(unsafe.Sizeof(*new(T)))
-	if size == 0 {
-		return true
-	}
-	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), size)
-	page := uintptr(unix.Getpagesize())
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	lo := int((start+page-1)&^(page-1) - start)
-	hi := lo + (len(b)-lo)&^int(page-1)
-	if lo >= hi {
+	b, lo, hi := wholePages(x, unix.Getpagesize())
+	if lo == hi {
 		clear(b)
 		return true
 	}
@@ -50,4 +38,14 @@ func Release[T any](x []T) bool {
 	clear(b[:lo])
 	clear(b[hi:])
 	return true
+}
+
+// wholePages returns x's bytes and the bounds [lo, hi) of the whole pages of size page (a
+// power of two) inside them; lo == hi when there are none.
+func wholePages[T any](x []T, page int) (b []byte, lo, hi int) {
+	b = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), len(x)*int(unsafe.Sizeof(*new(T))))
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	lo = min(len(b), int((start+uintptr(page)-1)&^uintptr(page-1)-start))
+	hi = lo + (len(b)-lo)&^(page-1)
+	return b, lo, hi
 }

@@ -134,13 +134,10 @@ func TestReleaseGivesMemoryBack(t *testing.T) {
 // residentPages counts the resident pages of b's whole pages (mincore(2)).
 func residentPages(t *testing.T, b []byte) int {
 	t.Helper()
-	page := uintptr(unix.Getpagesize())
-	start := uintptr(unsafe.Pointer(&b[0]))
-	lo := (start + page - 1) &^ (page - 1)
-	hi := (start + uintptr(len(b))) &^ (page - 1)
+	page := unix.Getpagesize()
+	_, lo, hi := wholePages(b, page)
 	vec := make([]byte, (hi-lo)/page)
-	addr := unsafe.Add(unsafe.Pointer(&b[0]), lo-start)
-	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(addr), hi-lo, uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[lo])), uintptr(hi-lo), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
 		t.Fatal(errno)
 	}
 	n := 0
