@@ -62,6 +62,11 @@ type serverKey struct {
 	key            *keyedMAC
 }
 
+// is reports whether s (nil: no key) is the key of server id of fleet under key id kid.
+func (s *serverKey) is(fleet, id, kid string) bool {
+	return s != nil && s.fleet == fleet && s.id == id && s.kid == kid
+}
+
 // keyedMAC is one server's key with a pool of HMAC-SHA256 states keyed with it. An HMAC
 // that has produced a sum resets to its keyed state without hashing the key again, so a MAC
 // from the pool costs two block compressions and no allocation: every command and every ack
@@ -327,10 +332,10 @@ func (a *Auth) macKey(fleet, id, kid string) (*keyedMAC, bool) {
 	if a == nil {
 		return nil, false
 	}
-	if s := a.server; s != nil && s.fleet == fleet && s.id == id && s.kid == kid {
+	if s := a.server; s.is(fleet, id, kid) {
 		return s.key, true
 	}
-	if s := a.lastDerived.Load(); s != nil && s.fleet == fleet && s.id == id && s.kid == kid {
+	if s := a.lastDerived.Load(); s.is(fleet, id, kid) {
 		return s.key, true
 	}
 	for i, k := range a.order {
