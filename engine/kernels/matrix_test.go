@@ -194,6 +194,22 @@ func TestKernelsAreBitwiseIdentical(t *testing.T) {
 	}
 }
 
+// requireBatchInvariant multiplies n random tokens by m at once on pool and then each token
+// alone (no pool), and requires the same bits for every token: what (the precision) names
+// the case in a failure.
+func requireBatchInvariant(t *testing.T, r *rand.Rand, pool *Pool, m *Matrix, n int, what string) {
+	t.Helper()
+	rows, cols := m.Rows, m.Cols
+	x := randSlice(r, n*cols)
+	y := make([]float32, n*rows)
+	m.MatMul(pool, y, x, n)
+	one := make([]float32, rows)
+	for tok := range n {
+		m.MatMul(nil, one, x[tok*cols:(tok+1)*cols], 1)
+		requireSameBits(t, one, y[tok*rows:(tok+1)*rows], "%s workers=%d %dx%d n=%d token %d", what, pool.Workers(), rows, cols, n, tok)
+	}
+}
+
 func requireSameBits(t *testing.T, want, got []float32, msg string, args ...any) {
 	t.Helper()
 	require.Len(t, got, len(want))
@@ -213,14 +229,7 @@ func TestMatMulIsBatchInvariant(t *testing.T) {
 			m, err := NewMatrix(randSlice(r, rows*cols), rows, cols)
 			require.NoError(t, err)
 			for _, n := range batchSizes {
-				x := randSlice(r, n*cols)
-				y := make([]float32, n*rows)
-				m.MatMul(pool, y, x, n)
-				one := make([]float32, rows)
-				for tok := range n {
-					m.MatMul(nil, one, x[tok*cols:(tok+1)*cols], 1)
-					requireSameBits(t, one, y[tok*rows:(tok+1)*rows], "workers=%d %dx%d n=%d token %d", workers, rows, cols, n, tok)
-				}
+				requireBatchInvariant(t, r, pool, m, n, "f32")
 			}
 		}
 		pool.Close()

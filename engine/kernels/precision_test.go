@@ -188,14 +188,7 @@ func TestLowPrecisionMatMulIsBatchInvariant(t *testing.T) {
 				m, err := PackStackedAs(prec, nil, rows, cols, randSlice(r, rows*cols))
 				require.NoError(t, err)
 				for _, n := range []int{1, 2, 5, 7, 13, 64, 65} {
-					x := randSlice(r, n*cols)
-					y := make([]float32, n*rows)
-					m.MatMul(pool, y, x, n)
-					one := make([]float32, rows)
-					for tok := range n {
-						m.MatMul(nil, one, x[tok*cols:(tok+1)*cols], 1)
-						requireSameBits(t, one, y[tok*rows:(tok+1)*rows], "%s workers=%d %dx%d n=%d token %d", prec, workers, rows, cols, n, tok)
-					}
+					requireBatchInvariant(t, r, pool, m, n, prec.String())
 				}
 			}
 		}

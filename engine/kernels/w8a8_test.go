@@ -161,14 +161,7 @@ func TestW8A8MatMulIsBatchInvariant(t *testing.T) {
 			m, err := PackStackedAs(W8A8, nil, rows, cols, randSlice(r, rows*cols))
 			require.NoError(t, err)
 			for _, n := range []int{1, 2, 5, 7, 13, 64, 65, 131} {
-				x := randSlice(r, n*cols)
-				y := make([]float32, n*rows)
-				m.MatMul(pool, y, x, n)
-				one := make([]float32, rows)
-				for tok := range n {
-					m.MatMul(nil, one, x[tok*cols:(tok+1)*cols], 1)
-					requireSameBits(t, one, y[tok*rows:(tok+1)*rows], "workers=%d %dx%d n=%d token %d", workers, rows, cols, n, tok)
-				}
+				requireBatchInvariant(t, r, pool, m, n, "w8a8")
 			}
 		}
 		pool.Close()
