@@ -136,9 +136,11 @@ func newBenchEngineCmd() *cobra.Command {
 				base, ratio := "-", "-"
 				switch {
 				case r.Llama2CMeasured > 0:
-					base, ratio = fmt.Sprintf("%.1f (this run)", r.Llama2CMeasured), fmt.Sprintf("%.2fx", r.Ratio())
+					base = fmt.Sprintf("%.1f (this run)", r.Llama2CMeasured)
 				case r.Llama2CTokensPerSec[1] > 0:
 					base = fmt.Sprintf("%.0f-%.0f (published, other CPU)", r.Llama2CTokensPerSec[0], r.Llama2CTokensPerSec[1])
+				}
+				if base != "-" {
 					ratio = fmt.Sprintf("%.2fx", r.Ratio())
 				}
 				vs := "-"
