@@ -113,40 +113,64 @@ func (c *core) prune() (stale []*Group) {
 
 // take assembles the batch for trainer version t: the B buffered groups nearest their
 // deadline, oldest first. It withholds the batch (ok false) while fewer than B groups are
-// buffered, or while a group in flight would expire with this batch and the buffer holds
-// fewer than B groups as close to expiry: waiting for it is what keeps admitted work from
-// being dropped. stale are the groups pruned for version t and, after a batch, for t+1.
+// buffered, or while taking it would leave more groups due by some version than the batches
+// up to that version can hold, counting groups in flight at the deadline they were admitted
+// with: waiting for them is what keeps admitted work from being dropped. stale are the
+// groups pruned for version t and, after a batch, for t+1.
 func (c *core) take(t int64) (batch, stale []*Group, ok bool) {
 	if t != c.next {
 		c.next = t
 	}
 	stale = c.prune()
-	if len(c.buffer) < c.batch {
+	if len(c.buffer) < c.batch || !c.feasibleAfterBatch() {
 		return nil, stale, false
-	}
-	urgent := false
-	for _, d := range c.inflight {
-		if d == c.next {
-			urgent = true
-			break
-		}
-	}
-	if urgent {
-		due := 0
-		for _, g := range c.buffer {
-			if g.MinVersion+c.staleness <= c.next {
-				due++
-			}
-		}
-		if due < c.batch {
-			return nil, stale, false
-		}
 	}
 	batch = slices.Clone(c.buffer[:c.batch])
 	c.buffer = slices.Delete(c.buffer, 0, c.batch)
 	c.next++
 	stale = append(stale, c.prune()...)
 	return batch, stale, true
+}
+
+// feasibleAfterBatch reports whether, once the next batch takes the B oldest buffered groups,
+// the batches from next+1 on can still take every live group by its deadline: for each
+// version d, at most (d-next)·B + over groups are due by d (the over-sampling margin may go
+// stale by design). Admission keeps this true of every state before a batch, so once nothing
+// is in flight it always holds (taking the oldest B lowers every count by B or leaves it
+// below B); a batch is withheld only while waiting for a group in flight can help, and a
+// take never waits on groups that cannot finish.
+//
+// Checking only the groups due at next would let a younger group overtake older ones due at
+// a later version: with B = 1, two groups due at v+1 in flight and a group due at v+2
+// finished, batch v taking it leaves two groups for the one batch at v+1.
+func (c *core) feasibleAfterBatch() bool {
+	if len(c.inflight) == 0 {
+		return true
+	}
+	last := c.next
+	for _, d := range c.inflight {
+		last = max(last, d)
+	}
+	if n := len(c.buffer); n > c.batch {
+		last = max(last, c.buffer[n-1].MinVersion+c.staleness)
+	}
+	due := make([]int, last-c.next+1) // due[i]: live groups, not in the batch, due at next+i
+	for _, d := range c.inflight {
+		if d >= c.next {
+			due[d-c.next]++
+		}
+	}
+	for _, g := range c.buffer[c.batch:] {
+		due[g.MinVersion+c.staleness-c.next]++
+	}
+	n := 0
+	for i, k := range due {
+		n += k
+		if n > i*c.batch+c.over {
+			return false
+		}
+	}
+	return true
 }
 
 // live is the number of groups in flight or buffered.

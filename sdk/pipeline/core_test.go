@@ -66,6 +66,34 @@ func TestCoreWithholdsBatchForGroupAtItsDeadline(t *testing.T) {
 	assert.Equal(t, b, batch[0].ID, "oldest first")
 }
 
+func TestCoreWithholdsBatchForOlderGroupsDueLater(t *testing.T) {
+	c := newCore(1, 2, 0, 0, 0)
+	a, _ := c.admit() // deadline 2
+	b, _ := c.admit() // deadline 2
+	d, _ := c.admit() // deadline 2
+	finishAt(c, a, 0, true)
+	_, _, ok := c.take(0)
+	require.True(t, ok, "b and d fit batches 1 and 2")
+	c.setVersion(1)
+	e, _ := c.admit() // generated at version 1, deadline 3
+	finishAt(c, e, 1, true)
+	// Taking e for batch 1 would leave b and d both for batch 2, which holds one.
+	_, _, ok = c.take(1)
+	assert.False(t, ok, "the batch waits for the older groups")
+	finishAt(c, b, 0, true)
+	var got []uint64
+	for v := int64(1); v <= 3; v++ {
+		if v == 2 {
+			finishAt(c, d, 0, true)
+		}
+		batch, stale, ok := c.take(v)
+		require.True(t, ok, "version %d", v)
+		assert.Empty(t, stale)
+		got = append(got, batch[0].ID)
+	}
+	assert.Equal(t, []uint64{b, d, e}, got)
+}
+
 func TestCoreFilteredGroupFreesItsPlace(t *testing.T) {
 	c := newCore(2, 0, 0, 0, 0)
 	a, _ := c.admit()
@@ -98,8 +126,8 @@ func TestCoreOverSampledGroupsPrunedAfterTheirBatch(t *testing.T) {
 // TestCoreStalenessProperty drives the core through random interleavings of admissions,
 // finishes (some filtered, some with tokens newer than requested), batches and fleet updates,
 // and checks every batch from its history: each group is within the bound of the batch that
-// took it, batches are oldest-first, and without over-sampling no admitted group is dropped
-// as stale.
+// took it, batches are oldest-first, a batch is never withheld once nothing is in flight, and
+// without over-sampling no admitted group is dropped as stale.
 func TestCoreStalenessProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		B := rapid.IntRange(1, 4).Draw(rt, "B")
@@ -150,6 +178,20 @@ func TestCoreStalenessProperty(t *testing.T) {
 				}
 			}
 			require.LessOrEqual(rt, c.live(), max(c.capacity(), c.live()))
+		}
+		// Liveness: once every group has finished, batches are never withheld.
+		for _, f := range inflight {
+			finishAt(c, f.id, f.req, true)
+		}
+		for {
+			buffered := len(c.buffer)
+			_, st, ok := c.take(trainer)
+			stale += len(st)
+			if !ok {
+				require.Less(rt, buffered-len(st), B, "a batch is withheld with nothing in flight")
+				break
+			}
+			trainer++
 		}
 		if over == 0 {
 			require.Zero(rt, stale, "admission without over-sampling never makes a group miss its batch")
