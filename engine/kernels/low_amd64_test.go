@@ -25,10 +25,17 @@ func lowSIMDImpls() []impl {
 }
 
 // w8a8SIMDImpls lists the W8A8 kernels besides the Go one that this CPU can run: the AVX2
-// tiles (both amd64 builds use them).
+// tiles and, where the CPU has AVX-512 VNNI, the VNNI ones (both amd64 builds use them).
 func w8a8SIMDImpls() []w8a8Impl {
+	var impls []w8a8Impl
 	if _, avx2 := lowFeatures(); avx2 {
-		return []w8a8Impl{{"avx2", matmulW8A8AVX2}}
+		impls = append(impls, w8a8Impl{"avx2", matmulW8A8AVX2})
 	}
-	return nil
+	if w8a8UseVNNI {
+		impls = append(impls, w8a8Impl{"vnni", matmulW8A8VNNI}, w8a8Impl{"vnni-wide2", w8a8VNNIWide2.run})
+	}
+	return impls
 }
+
+// w8a8VNNIWide2 is the VNNI tiles with the two-panel batch-1 tile, to test that one too.
+var w8a8VNNIWide2 = w8a8Tiles{tiles: w8a8VNNI.tiles, wide: w8a8VP2T1, wideP: 2}

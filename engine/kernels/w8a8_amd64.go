@@ -2,14 +2,18 @@
 
 package kernels
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 //go:generate go run gen_w8a8.go
 
 // w8a8Tile computes one whole panel (16 rows) × T tokens of a W8A8 MatMul over nb blocks:
 // w is the panel, x the first token's quantized input (xs bytes between tokens), s its block
 // scales (ss bytes between tokens), y the first token's first output (ys bytes between
-// tokens). Per block it takes, for each group of 4 columns and each 8-row half, the 32 bytes
+// tokens). The AVX2 tiles take per block, for each group of 4 columns and each 8-row half, the 32 bytes
 // of 8 rows × 4 weights: VPABSB gives |w|, VPSIGNB gives the input's 4 values (broadcast)
 // with w's signs, VPMADDUBSW multiplies the two (u8 × s8) and adds pairs, VPMADDWD with ones
 // adds those pairs into one int32 per row, VPADDD into the block's sums; at the block's end
@@ -34,25 +38,56 @@ func w8a8T4(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer
 // and the int16 ones the 16th; from 3 tokens the float32 accumulators live in y.
 const w8a8MaxT = 4
 
-// w8a8AVX2Tiles[T] is the T-token tile.
-var w8a8AVX2Tiles = [w8a8MaxT + 1]w8a8Tile{1: w8a8T1, 2: w8a8T2, 3: w8a8T3, 4: w8a8T4}
-
-// matmulW8A8Panels runs panels [lo,hi) of a W8A8 MatMul: the AVX2 tiles where the CPU has
-// AVX2 and FMA (AVX-512 CPUs too: there is no AVX-512 tile), else the Go kernel.
-func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
-	if w8a8UseAVX2 {
-		matmulW8A8AVX2(m, a, y, n, lo, hi)
-		return
-	}
-	matmulW8A8Generic(m, a, y, n, lo, hi)
+// w8a8Tiles is one instruction set's W8A8 tiles: tiles[T] computes one panel × T tokens,
+// wide computes wideP consecutive whole panels × 1 token (the batch-1 tile).
+type w8a8Tiles struct {
+	tiles [w8a8MaxT + 1]w8a8Tile
+	wide  w8a8Tile
+	wideP int
 }
 
-// matmulW8A8AVX2 runs panels [lo,hi) with the AVX2 tiles: per token block (tokenBlock), panel
-// by panel, each panel swept by tiles of up to w8a8MaxT tokens, so that a panel is read from
-// memory once per block and from cache by its other tiles; a lone token takes two panels at
-// a time (w8a8P2T1), which streamed 25-28 GB/s of weights on the 2-core EPYC where one panel
-// at a time streamed 18-24 (with or without software prefetch).
+// w8a8AVX2 are the AVX2 tiles (w8a8_avx2_amd64.s); for a lone token two panels at a time,
+// which streamed 25-28 GB/s of weights on the 2-core EPYC where one panel at a time
+// streamed 18-24 (with or without software prefetch).
+var w8a8AVX2 = w8a8Tiles{tiles: [w8a8MaxT + 1]w8a8Tile{1: w8a8T1, 2: w8a8T2, 3: w8a8T3, 4: w8a8T4}, wide: w8a8P2T1, wideP: 2}
+
+// w8a8VNNI are the AVX-512 VNNI tiles (w8a8_vnni_amd64.s): VPDPBUSD does a group of 4
+// columns of a whole panel for one token in one instruction, where the AVX2 tiles take
+// eight.
+var w8a8VNNI = w8a8Tiles{tiles: [w8a8MaxT + 1]w8a8Tile{1: w8a8VP1T1, 2: w8a8VP1T2, 3: w8a8VP1T3, 4: w8a8VP1T4}, wide: w8a8VP4T1, wideP: 4}
+
+// w8a8UseVNNI selects the VNNI tiles: AVX-512 with VNNI (Ice Lake and later Xeons, Zen 4),
+// in both amd64 builds.
+var w8a8UseVNNI = w8a8UseAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI
+
+// matmulW8A8Panels runs panels [lo,hi) of a W8A8 MatMul: the VNNI tiles where the CPU has
+// them, else the AVX2 tiles where it has AVX2 and FMA, else the Go kernel.
+func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
+	switch {
+	case w8a8UseVNNI:
+		w8a8VNNI.run(m, a, y, n, lo, hi)
+	case w8a8UseAVX2:
+		w8a8AVX2.run(m, a, y, n, lo, hi)
+	default:
+		matmulW8A8Generic(m, a, y, n, lo, hi)
+	}
+}
+
+// matmulW8A8AVX2 runs panels [lo,hi) with the AVX2 tiles.
 func matmulW8A8AVX2(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
+	w8a8AVX2.run(m, a, y, n, lo, hi)
+}
+
+// matmulW8A8VNNI runs panels [lo,hi) with the VNNI tiles.
+func matmulW8A8VNNI(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
+	w8a8VNNI.run(m, a, y, n, lo, hi)
+}
+
+// run runs panels [lo,hi) with these tiles: per token block (tokenBlock), panel by panel,
+// each panel swept by tiles of up to w8a8MaxT tokens, so that a panel is read from memory
+// once per block and from cache by its other tiles; a lone token takes wideP panels at a
+// time, several streams for the hardware prefetcher.
+func (k *w8a8Tiles) run(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	if lo >= hi || n <= 0 {
 		return
 	}
@@ -68,10 +103,9 @@ func matmulW8A8AVX2(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 		bn := min(tokenBlock, n-b0)
 		p := lo
 		if bn == 1 {
-			// One token: two panels at a time, two streams for the hardware prefetcher.
 			x, s := unsafe.Add(xp, b0*xs), unsafe.Add(sp, b0*ss)
-			for ; p+2 <= full; p += 2 {
-				w8a8P2T1(unsafe.Add(wp, p*ws), nb, x, xs, s, ss, unsafe.Add(yp, b0*ys+p*PanelRows*4), ys)
+			for ; p+k.wideP <= full; p += k.wideP {
+				k.wide(unsafe.Add(wp, p*ws), nb, x, xs, s, ss, unsafe.Add(yp, b0*ys+p*PanelRows*4), ys)
 			}
 		}
 		for ; p < hi; p++ {
@@ -80,13 +114,13 @@ func matmulW8A8AVX2(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 				nt := min(w8a8MaxT, b0+bn-t)
 				x, s := unsafe.Add(xp, t*xs), unsafe.Add(sp, t*ss)
 				if p < full {
-					w8a8AVX2Tiles[nt](w, nb, x, xs, s, ss, unsafe.Add(yp, t*ys+p*PanelRows*4), ys)
+					k.tiles[nt](w, nb, x, xs, s, ss, unsafe.Add(yp, t*ys+p*PanelRows*4), ys)
 					continue
 				}
 				// The last panel is partial: its padding rows would write past y (or over
 				// the next token's outputs), so it goes through a scratch tile.
 				var scratch [w8a8MaxT * PanelRows]float32
-				w8a8AVX2Tiles[nt](w, nb, x, xs, s, ss, unsafe.Pointer(&scratch), PanelRows*4)
+				k.tiles[nt](w, nb, x, xs, s, ss, unsafe.Pointer(&scratch), PanelRows*4)
 				nr := rows - p*PanelRows
 				for i := range nt {
 					copy(y[(t+i)*rows+p*PanelRows:(t+i)*rows+rows], scratch[i*PanelRows:i*PanelRows+nr])
@@ -116,3 +150,24 @@ func quantBlockAVX2(q *[Int8Block]int8, x *[Int8Block]float32) float32
 //
 //go:noescape
 func w8a8P2T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+// The VNNI tiles: w8a8VP<P>T<T> is P consecutive whole panels × T tokens, with the
+// arguments of w8a8Tile (gen_w8a8.go's vnniTile).
+
+//go:noescape
+func w8a8VP1T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+//go:noescape
+func w8a8VP1T2(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+//go:noescape
+func w8a8VP1T3(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+//go:noescape
+func w8a8VP1T4(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+//go:noescape
+func w8a8VP2T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+//go:noescape
+func w8a8VP4T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
