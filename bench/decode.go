@@ -166,7 +166,10 @@ type EngineReport struct {
 	Kernel     string  `json:"kernel"`
 	// KernelBuild is the kernel family built in (kernels.KernelBuild): "assembly",
 	// "archsimd, GOEXPERIMENT=simd", "portable, purego", …
-	KernelBuild      string  `json:"kernel_build"`
+	KernelBuild string `json:"kernel_build"`
+	// W8A8Kernel is the w8a8 precision's kernel on this CPU (kernels.W8A8KernelName):
+	// "vnni", "avx2" or "generic".
+	W8A8Kernel       string  `json:"w8a8_kernel"`
 	ReadBandwidthGBs float64 `json:"read_bandwidth_gb_per_s"`
 	// PeakGFLOPs is the register-only FMA throughput of the kernel in use on all workers
 	// (kernels.PeakFMA), the ceiling of MatMul and of the aggregate decode's MatMul share.

@@ -72,7 +72,7 @@ func newBenchEngineCmd() *cobra.Command {
 			}
 			pr := newProgress(cmd.ErrOrStderr(), "bench engine", steps)
 			defer pr.done()
-			rep := bench.EngineReport{CPU: bench.DescribeCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild()}
+			rep := bench.EngineReport{CPU: bench.DescribeCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild(), W8A8Kernel: kernels.W8A8KernelName()}
 			pr.step("streaming read bandwidth (%d MiB)", bwBytes>>20)
 			rep.ReadBandwidthGBs = kernels.StreamReadBandwidth(pool, bwBytes)
 			pr.step("peak FMA rate")
@@ -118,7 +118,7 @@ func newBenchEngineCmd() *cobra.Command {
 				return enc.Encode(rep)
 			}
 			fmt.Fprintf(out, "cpu: %s\n", rep.CPU)
-			fmt.Fprintf(out, "kernels: %s (%s), %d workers, streaming read bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s\n", rep.Kernel, rep.KernelBuild, workers, rep.ReadBandwidthGBs, rep.PeakGFLOPs)
+			fmt.Fprintf(out, "kernels: %s (%s), w8a8 %s, %d workers, streaming read bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s\n", rep.Kernel, rep.KernelBuild, rep.W8A8Kernel, workers, rep.ReadBandwidthGBs, rep.PeakGFLOPs)
 			for _, mm := range rep.MatMul {
 				fmt.Fprintf(out, "batched matmul %dx%d, n=%d: %.1f GFLOP/s = %.2f of peak\n", mm.Rows, mm.Cols, mm.N, mm.GFLOPs, mm.OfPeak)
 			}

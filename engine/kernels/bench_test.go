@@ -112,3 +112,40 @@ func BenchmarkMatMulPrecision(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkW8A8Kernels runs every W8A8 kernel this CPU has on the 1B shape's FFN
+// down-projection (2048×8192), one after the other in one run, so each figure stands beside
+// the others: batch 1 cycles through enough copies of W to read it from memory (W-GB/s is the
+// weight stream), 64 tokens keep W in cache (GFLOP/s).
+func BenchmarkW8A8Kernels(b *testing.B) {
+	const rows, cols = 2048, 8192
+	r := rand.New(rand.NewPCG(1, 1))
+	w := randSlice(r, rows*cols)
+	pool := NewPool(runtime.GOMAXPROCS(0))
+	defer pool.Close()
+	// 32 copies (600 MB) pass any last-level cache a 2-core machine shares.
+	ms := make([]*Matrix, 32)
+	for i := range ms {
+		var err error
+		if ms[i], err = PackStackedAs(W8A8, nil, rows, cols, w); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, k := range w8a8Impls()[1:] {
+		for _, n := range []int{1, 64} {
+			b.Run(fmt.Sprintf("%s/n=%d", k.name, n), func(b *testing.B) {
+				x, y := randSlice(r, n*cols), make([]float32, n*rows)
+				copies := len(ms)
+				if n > 1 {
+					copies = 1
+				}
+				for i := 0; b.Loop(); i++ {
+					matmulW8A8(pool, ms[i%copies], y, x, n, k.run)
+				}
+				s := b.Elapsed().Seconds()
+				b.ReportMetric(2*float64(rows*cols*n)*float64(b.N)/s/1e9, "GFLOP/s")
+				b.ReportMetric(float64(ms[0].Bytes())*float64(b.N)/s/1e9, "W-GB/s")
+			})
+		}
+	}
+}

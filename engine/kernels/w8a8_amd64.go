@@ -73,6 +73,17 @@ func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	}
 }
 
+// W8A8KernelName names the w8a8 precision's kernel on this CPU: "vnni", "avx2" or "generic".
+func W8A8KernelName() string {
+	switch {
+	case w8a8UseVNNI:
+		return "vnni"
+	case w8a8UseAVX2:
+		return "avx2"
+	}
+	return "generic"
+}
+
 // matmulW8A8AVX2 runs panels [lo,hi) with the AVX2 tiles.
 func matmulW8A8AVX2(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	w8a8AVX2.run(m, a, y, n, lo, hi)

@@ -8,6 +8,9 @@ func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	matmulW8A8Generic(m, a, y, n, lo, hi)
 }
 
+// W8A8KernelName names the w8a8 precision's kernel: always "generic" in this build.
+func W8A8KernelName() string { return "generic" }
+
 // quantizeWholeBlock is quantizeActBlock of a whole block.
 func quantizeWholeBlock(q *[Int8Block]int8, x *[Int8Block]float32) float32 {
 	return quantizeActBlock(q[:], x[:])
