@@ -32,10 +32,12 @@ func w8a8SIMDImpls() []w8a8Impl {
 		impls = append(impls, w8a8Impl{"avx2", matmulW8A8AVX2})
 	}
 	if w8a8UseVNNI {
-		impls = append(impls, w8a8Impl{"vnni", matmulW8A8VNNI}, w8a8Impl{"vnni-wide2", w8a8VNNIWide2.run})
+		impls = append(impls, w8a8Impl{"vnni", matmulW8A8VNNI},
+			w8a8Impl{"vnni-1panel", w8a8VNNIOnePanel.run})
 	}
 	return impls
 }
 
-// w8a8VNNIWide2 is the VNNI tiles with the two-panel batch-1 tile, to test that one too.
-var w8a8VNNIWide2 = w8a8Tiles{tiles: w8a8VNNI.tiles, wide: w8a8VP2T1, wideP: 2}
+// w8a8VNNIOnePanel is the VNNI tiles one panel at a time: the baseline of the two-panel
+// tiles in BenchmarkW8A8Kernels.
+var w8a8VNNIOnePanel = w8a8Tiles{one: w8a8VNNI.one}

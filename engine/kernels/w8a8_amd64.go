@@ -38,23 +38,25 @@ func w8a8T4(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer
 // and the int16 ones the 16th; from 3 tokens the float32 accumulators live in y.
 const w8a8MaxT = 4
 
-// w8a8Tiles is one instruction set's W8A8 tiles: tiles[T] computes one panel × T tokens,
-// wide computes wideP consecutive whole panels × 1 token (the batch-1 tile).
+// w8a8Tiles is one instruction set's W8A8 tiles: one[T] computes one panel × T tokens,
+// two[T] (where not nil) two consecutive whole panels × T tokens.
 type w8a8Tiles struct {
-	tiles [w8a8MaxT + 1]w8a8Tile
-	wide  w8a8Tile
-	wideP int
+	one, two [w8a8MaxT + 1]w8a8Tile
 }
 
 // w8a8AVX2 are the AVX2 tiles (w8a8_avx2_amd64.s); for a lone token two panels at a time,
 // which streamed 25-28 GB/s of weights on the 2-core EPYC where one panel at a time
 // streamed 18-24 (with or without software prefetch).
-var w8a8AVX2 = w8a8Tiles{tiles: [w8a8MaxT + 1]w8a8Tile{1: w8a8T1, 2: w8a8T2, 3: w8a8T3, 4: w8a8T4}, wide: w8a8P2T1, wideP: 2}
+var w8a8AVX2 = w8a8Tiles{one: [w8a8MaxT + 1]w8a8Tile{1: w8a8T1, 2: w8a8T2, 3: w8a8T3, 4: w8a8T4}, two: [w8a8MaxT + 1]w8a8Tile{1: w8a8P2T1}}
 
 // w8a8VNNI are the AVX-512 VNNI tiles (w8a8_vnni_amd64.s): VPDPBUSD does a group of 4
 // columns of a whole panel for one token in one instruction, where the AVX2 tiles take
-// eight.
-var w8a8VNNI = w8a8Tiles{tiles: [w8a8MaxT + 1]w8a8Tile{1: w8a8VP1T1, 2: w8a8VP1T2, 3: w8a8VP1T3, 4: w8a8VP1T4}, wide: w8a8VP4T1, wideP: 4}
+// eight. Two panels at a time share each token's broadcast input; the one-token tile
+// prefetches two blocks ahead (gen_w8a8.go's vnniPrefetch).
+var w8a8VNNI = w8a8Tiles{
+	one: [w8a8MaxT + 1]w8a8Tile{1: w8a8VP1T1, 2: w8a8VP1T2, 3: w8a8VP1T3, 4: w8a8VP1T4},
+	two: [w8a8MaxT + 1]w8a8Tile{1: w8a8VP2T1, 2: w8a8VP2T2, 3: w8a8VP2T3, 4: w8a8VP2T4},
+}
 
 // w8a8UseVNNI selects the VNNI tiles: AVX-512 with VNNI (Ice Lake and later Xeons, Zen 4),
 // in both amd64 builds.
@@ -94,10 +96,10 @@ func matmulW8A8VNNI(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	w8a8VNNI.run(m, a, y, n, lo, hi)
 }
 
-// run runs panels [lo,hi) with these tiles: per token block (tokenBlock), panel by panel,
-// each panel swept by tiles of up to w8a8MaxT tokens, so that a panel is read from memory
-// once per block and from cache by its other tiles; a lone token takes wideP panels at a
-// time, several streams for the hardware prefetcher.
+// run runs panels [lo,hi) with these tiles: per token block (tokenBlock), panel by panel
+// (two at a time where every tile the block needs has a two-panel form), each swept by
+// tiles of up to w8a8MaxT tokens, so that a panel is read from memory once per block and
+// from cache by its other tiles.
 func (k *w8a8Tiles) run(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	if lo >= hi || n <= 0 {
 		return
@@ -112,31 +114,30 @@ func (k *w8a8Tiles) run(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	yp := unsafe.Pointer(unsafe.SliceData(y))
 	for b0 := 0; b0 < n; b0 += tokenBlock {
 		bn := min(tokenBlock, n-b0)
-		p := lo
-		if bn == 1 {
-			x, s := unsafe.Add(xp, b0*xs), unsafe.Add(sp, b0*ss)
-			for ; p+k.wideP <= full; p += k.wideP {
-				k.wide(unsafe.Add(wp, p*ws), nb, x, xs, s, ss, unsafe.Add(yp, b0*ys+p*PanelRows*4), ys)
+		pairs := k.two[min(bn, w8a8MaxT)] != nil && (bn%w8a8MaxT == 0 || k.two[bn%w8a8MaxT] != nil)
+		for p := lo; p < hi; {
+			tiles, np := &k.one, 1
+			if pairs && p+2 <= full {
+				tiles, np = &k.two, 2
 			}
-		}
-		for ; p < hi; p++ {
 			w := unsafe.Add(wp, p*ws)
 			for t := b0; t < b0+bn; t += w8a8MaxT {
 				nt := min(w8a8MaxT, b0+bn-t)
 				x, s := unsafe.Add(xp, t*xs), unsafe.Add(sp, t*ss)
 				if p < full {
-					k.tiles[nt](w, nb, x, xs, s, ss, unsafe.Add(yp, t*ys+p*PanelRows*4), ys)
+					tiles[nt](w, nb, x, xs, s, ss, unsafe.Add(yp, t*ys+p*PanelRows*4), ys)
 					continue
 				}
 				// The last panel is partial: its padding rows would write past y (or over
 				// the next token's outputs), so it goes through a scratch tile.
 				var scratch [w8a8MaxT * PanelRows]float32
-				k.tiles[nt](w, nb, x, xs, s, ss, unsafe.Pointer(&scratch), PanelRows*4)
+				tiles[nt](w, nb, x, xs, s, ss, unsafe.Pointer(&scratch), PanelRows*4)
 				nr := rows - p*PanelRows
 				for i := range nt {
 					copy(y[(t+i)*rows+p*PanelRows:(t+i)*rows+rows], scratch[i*PanelRows:i*PanelRows+nr])
 				}
 			}
+			p += np
 		}
 	}
 }
@@ -163,7 +164,7 @@ func quantBlockAVX2(q *[Int8Block]int8, x *[Int8Block]float32) float32
 func w8a8P2T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
 
 // The VNNI tiles: w8a8VP<P>T<T> is P consecutive whole panels × T tokens, with the
-// arguments of w8a8Tile (gen_w8a8.go's vnniTile).
+// arguments of w8a8Tile (gen_w8a8.go's vnniTile); the one-token ones prefetch.
 
 //go:noescape
 func w8a8VP1T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
@@ -181,4 +182,10 @@ func w8a8VP1T4(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Poin
 func w8a8VP2T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
 
 //go:noescape
-func w8a8VP4T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+func w8a8VP2T2(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+//go:noescape
+func w8a8VP2T3(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+//go:noescape
+func w8a8VP2T4(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
