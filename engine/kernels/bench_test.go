@@ -83,6 +83,13 @@ func BenchmarkStreamReadBandwidth(b *testing.B) {
 // down-projection (2048×8192, 64 MB in float32, so W comes from DRAM) for one token and for 64.
 // W-GB/s is the stored bytes read per second, the figure to hold against StreamReadBandwidth.
 // W8A8's figure includes quantizing the input, once per token and call.
+// reportMatMul reports GFLOP/s (2·rows·cols·n per call) and W-GB/s (bytes of W per call).
+func reportMatMul(b *testing.B, rows, cols, n int, bytes int64) {
+	s := b.Elapsed().Seconds()
+	b.ReportMetric(2*float64(rows*cols*n)*float64(b.N)/s/1e9, "GFLOP/s")
+	b.ReportMetric(float64(bytes)*float64(b.N)/s/1e9, "W-GB/s")
+}
+
 func BenchmarkMatMulPrecision(b *testing.B) {
 	const rows, cols = 2048, 8192
 	r := rand.New(rand.NewPCG(1, 1))
@@ -105,9 +112,7 @@ func BenchmarkMatMulPrecision(b *testing.B) {
 				for i := 0; b.Loop(); i++ {
 					ms[i%2].MatMul(pool, y, x, n)
 				}
-				s := b.Elapsed().Seconds()
-				b.ReportMetric(2*float64(rows*cols*n)*float64(b.N)/s/1e9, "GFLOP/s")
-				b.ReportMetric(float64(ms[0].Bytes())*float64(b.N)/s/1e9, "W-GB/s")
+				reportMatMul(b, rows, cols, n, ms[0].Bytes())
 			})
 		}
 	}
@@ -142,9 +147,7 @@ func BenchmarkW8A8Kernels(b *testing.B) {
 				for i := 0; b.Loop(); i++ {
 					matmulW8A8(pool, ms[i%copies], y, x, n, k.run)
 				}
-				s := b.Elapsed().Seconds()
-				b.ReportMetric(2*float64(rows*cols*n)*float64(b.N)/s/1e9, "GFLOP/s")
-				b.ReportMetric(float64(ms[0].Bytes())*float64(b.N)/s/1e9, "W-GB/s")
+				reportMatMul(b, rows, cols, n, ms[0].Bytes())
 			})
 		}
 	}

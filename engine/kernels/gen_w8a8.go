@@ -39,6 +39,20 @@ func addr(off, t int, base, s1, s3 string) string {
 	return fmt.Sprintf("%d(%s)(%s*1)", off, base, s3)
 }
 
+// prologue starts tile name: its signature comment, TEXT, and the arguments every tile loads
+// the same way: the weights in SI, the block count in CX, the inputs in DI with one and three
+// token strides in R9 and R10, the input scales in R8.
+func prologue(name string) {
+	fmt.Fprintf(&b, "\n// func %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n", name)
+	fmt.Fprintf(&b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
+	emit("MOVQ w+0(FP), SI")
+	emit("MOVQ nb+8(FP), CX")
+	emit("MOVQ x+16(FP), DI")
+	emit("MOVQ xs+24(FP), R9")
+	emit("LEAQ (R9)(R9*2), R10")
+	emit("MOVQ s+32(FP), R8")
+}
+
 func tile(T int) {
 	name := fmt.Sprintf("w8a8T%d", T)
 	regFloat := T <= regFloatT
@@ -49,14 +63,7 @@ func tile(T int) {
 	s := func(t int) string { return addr(0, t, "R8", "BX", "R11") }
 	y := func(off, t int) string { return addr(off, t, "DX", "R12", "R13") }
 
-	fmt.Fprintf(&b, "\n// func %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n", name)
-	fmt.Fprintf(&b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
-	emit("MOVQ w+0(FP), SI")
-	emit("MOVQ nb+8(FP), CX")
-	emit("MOVQ x+16(FP), DI")
-	emit("MOVQ xs+24(FP), R9")
-	emit("LEAQ (R9)(R9*2), R10")
-	emit("MOVQ s+32(FP), R8")
+	prologue(name)
 	emit("MOVQ ss+40(FP), BX")
 	emit("LEAQ (BX)(BX*2), R11")
 	emit("MOVQ y+48(FP), DX")
@@ -261,14 +268,7 @@ func vnniTile(P, T, pf int) {
 	x := func(off, t int) string { return addr(off, t, "DI", "R9", "R10") }
 	s := func(t int) string { return addr(0, t, "R8", "R11", "R12") }
 
-	fmt.Fprintf(&b, "\n// func %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n", name)
-	fmt.Fprintf(&b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
-	emit("MOVQ w+0(FP), SI")
-	emit("MOVQ nb+8(FP), CX")
-	emit("MOVQ x+16(FP), DI")
-	emit("MOVQ xs+24(FP), R9")
-	emit("LEAQ (R9)(R9*2), R10")
-	emit("MOVQ s+32(FP), R8")
+	prologue(name)
 	emit("MOVQ ss+40(FP), R11")
 	emit("LEAQ (R11)(R11*2), R12")
 	emit("IMUL3Q $%d, CX, R14", blockBytes)
