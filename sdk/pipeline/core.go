@@ -147,21 +147,20 @@ func (c *core) feasibleAfterBatch() bool {
 	if len(c.inflight) == 0 {
 		return true
 	}
-	last := c.next
-	for _, d := range c.inflight {
-		last = max(last, d)
-	}
-	if n := len(c.buffer); n > c.batch {
-		last = max(last, c.buffer[n-1].MinVersion+c.staleness)
-	}
-	due := make([]int, last-c.next+1) // due[i]: live groups, not in the batch, due at next+i
-	for _, d := range c.inflight {
-		if d >= c.next {
-			due[d-c.next]++
+	// Only versions before next+L can fail, L the groups counted (L ≤ (d-next)·B past it), so
+	// the counts stop there whatever versions the groups report.
+	rest := c.buffer[c.batch:]
+	due := make([]int, len(c.inflight)+len(rest)+1) // due[i]: groups, not in the batch, due at next+i
+	count := func(d int64) {
+		if i := d - c.next; i >= 0 && i < int64(len(due)) {
+			due[i]++
 		}
 	}
-	for _, g := range c.buffer[c.batch:] {
-		due[g.MinVersion+c.staleness-c.next]++
+	for _, d := range c.inflight {
+		count(d)
+	}
+	for _, g := range rest {
+		count(g.MinVersion + c.staleness)
 	}
 	n := 0
 	for i, k := range due {

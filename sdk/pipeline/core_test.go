@@ -94,6 +94,22 @@ func TestCoreWithholdsBatchForOlderGroupsDueLater(t *testing.T) {
 	assert.Equal(t, []uint64{b, d, e}, got)
 }
 
+func TestCoreTakeCostDoesNotFollowReportedVersions(t *testing.T) {
+	// A server that reports tokens from a far-future version must not make take size its
+	// bookkeeping by that version.
+	c := newCore(1, 3, 0, 0, 0)
+	a, _ := c.admit()
+	b, _ := c.admit()
+	finishAt(c, a, 1<<60, true)
+	finishAt(c, b, 0, true)
+	_, _ = c.admit() // in flight, due at 3
+	batch, _, ok := c.take(0)
+	require.True(t, ok)
+	assert.Equal(t, b, batch[0].ID)
+	allocs := testing.AllocsPerRun(10, func() { c.feasibleAfterBatch() })
+	assert.LessOrEqual(t, allocs, 1.0)
+}
+
 func TestCoreFilteredGroupFreesItsPlace(t *testing.T) {
 	c := newCore(2, 0, 0, 0, 0)
 	a, _ := c.admit()
