@@ -7,9 +7,14 @@ package kernels
 // `go install` on amd64.
 
 var (
-	avx512Kernel = simdKernel{name: "avx512", tiles: &a512Tiles, t1: 7, shape: avx512AsmShape, pf: a512P4T6PF, pfP: 4, pfT: 6}
-	avx2Kernel   = simdKernel{name: "avx2", tiles: &a256Tiles, t1: 6, shape: avx2Shape, pf: a256P1T6PF, pfP: 1, pfT: 6}
+	avx512Kernel = simdKernel{name: "avx512", tiles: &a512Tiles, t1: 7, shape: avx512AsmShape, pf: a512P4T6PF, pfP: 4, pfT: 6,
+		kc: avx512KC, acc: &a512TilesAcc, pfAcc: a512P4T6PFAcc}
+	avx2Kernel = simdKernel{name: "avx2", tiles: &a256Tiles, t1: 6, shape: avx2Shape, pf: a256P1T6PF, pfP: 1, pfT: 6}
 )
+
+// avx512KC is the AVX-512 main tile's column block: 4 panels × 128 columns are 32 KB of
+// weights, which stay in a 48 KB L1 while the token tiles sweep them.
+const avx512KC = 128
 
 // avx512AsmShape is the assembly build's AVX-512 main tile for n tokens. Hand-allocated
 // registers fit 4 panels × 6 tokens (24 accumulators, 4 weight and 2 broadcast registers of
@@ -22,7 +27,8 @@ func avx512AsmShape(n int) (p, t int) {
 	return 4, min(n, 6)
 }
 
-// w8a8UseAVX2 selects the AVX2 W8A8 tiles (w8a8_avx2_amd64.s), also on AVX-512 CPUs.
+// w8a8UseAVX2 selects the AVX2 W8A8 tiles (w8a8_avx2_amd64.s) on the CPUs w8a8UseVNNI
+// leaves to them.
 var w8a8UseAVX2 = hasAVX2FMA
 
 // activeKernel is chosen once from the CPU's features; nil means the portable kernel.

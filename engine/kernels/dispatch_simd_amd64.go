@@ -12,7 +12,7 @@ var (
 )
 
 // w8a8UseAVX2 selects the AVX2 W8A8 tiles (w8a8_avx2_amd64.s, Go assembly in this build
-// too), also on AVX-512 CPUs.
+// too) on the CPUs w8a8UseVNNI leaves to them.
 var w8a8UseAVX2 = archsimd.X86.AVX2() && archsimd.X86.FMA()
 
 // activeKernel is chosen once from the CPU's features; nil means the portable kernel.

@@ -107,6 +107,107 @@ func a512P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y un
 //go:noescape
 func a512P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
 
+// a512P1T1Acc computes a 1-panel × 1-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P1T1Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P1T2Acc computes a 1-panel × 2-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P1T2Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P1T3Acc computes a 1-panel × 3-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P1T3Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P1T4Acc computes a 1-panel × 4-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P1T4Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P1T5Acc computes a 1-panel × 5-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P1T5Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P1T6Acc computes a 1-panel × 6-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P1T6Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P1T7Acc computes a 1-panel × 7-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P1T7Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P2T1Acc computes a 2-panel × 1-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P2T1Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P2T2Acc computes a 2-panel × 2-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P2T2Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P2T3Acc computes a 2-panel × 3-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P2T3Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P2T4Acc computes a 2-panel × 4-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P2T4Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P3T1Acc computes a 3-panel × 1-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P3T1Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P3T2Acc computes a 3-panel × 2-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P3T2Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T1Acc computes a 4-panel × 1-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P4T1Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T2Acc computes a 4-panel × 2-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P4T2Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T3Acc computes a 4-panel × 3-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P4T3Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T4Acc computes a 4-panel × 4-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P4T4Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T5Acc computes a 4-panel × 5-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P4T5Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T6Acc computes a 4-panel × 6-token accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512P4T6Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512P4T6PFAcc is a512P4T6Acc that also prefetches the cols·64 bytes at pf (PREFETCHT0), one
+// line per step; see pfTileFunc.
+//
+//go:noescape
+func a512P4T6PFAcc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+
 // a512Tiles[P][T] is the a512 assembly tile for P panels × T tokens, nil where none is
 // generated.
 var a512Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{
@@ -114,4 +215,14 @@ var a512Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{
 	2: {1: a512P2T1, 2: a512P2T2, 3: a512P2T3, 4: a512P2T4},
 	3: {1: a512P3T1, 2: a512P3T2},
 	4: {1: a512P4T1, 2: a512P4T2, 3: a512P4T3, 4: a512P4T4, 5: a512P4T5, 6: a512P4T6},
+}
+
+// a512TilesAcc[P][T] is the a512 assembly accumulating tile for P panels × T tokens, nil where none is
+// generated.
+// Its chains continue from y, where the tile over the earlier columns left them.
+var a512TilesAcc = [maxTileP + 1][maxTileT + 1]tileFunc{
+	1: {1: a512P1T1Acc, 2: a512P1T2Acc, 3: a512P1T3Acc, 4: a512P1T4Acc, 5: a512P1T5Acc, 6: a512P1T6Acc, 7: a512P1T7Acc},
+	2: {1: a512P2T1Acc, 2: a512P2T2Acc, 3: a512P2T3Acc, 4: a512P2T4Acc},
+	3: {1: a512P3T1Acc, 2: a512P3T2Acc},
+	4: {1: a512P4T1Acc, 2: a512P4T2Acc, 3: a512P4T3Acc, 4: a512P4T4Acc, 5: a512P4T5Acc, 6: a512P4T6Acc},
 }

@@ -43,6 +43,13 @@ type simdKernel struct {
 	// tiles of a panel group each prefetch one panel of the next group.
 	pf       pfTileFunc
 	pfP, pfT int
+	// kc, when set, splits the columns of each main-tile panel group into blocks of kc, every
+	// token tile sweeping one block before the next: the group's block then stays in L1
+	// across the token tiles instead of streaming from L2 once per tile. acc and pfAcc are the
+	// tiles that continue the chains a block left in y, so the bits do not change.
+	kc    int
+	acc   *[maxTileP + 1][maxTileT + 1]tileFunc
+	pfAcc pfTileFunc
 }
 
 // avx2Shape is the AVX2 main tile for n tokens: from three tokens up the 1×6 tile (12
@@ -86,15 +93,27 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 		P, T := k.shape(bn)
 		p := lo
 		pf := k.pf != nil && P == k.pfP && T == k.pfT
+		kc := cols
+		if k.kc > 0 && bn > T {
+			kc = k.kc
+		}
 		for ; p+P <= full; p += P {
-			fn := &k.tiles[P]
-			for t, i := b0, 0; t < b0+bn; t, i = t+T, i+1 {
-				nt := min(T, b0+bn-t)
-				if pf && nt == T && i < P && p+P+i < panels {
-					k.pf(panel(p), ws, tok(t), xs, cols, out(t, p), ys, panel(p+P+i))
-					continue
+			for k0 := 0; k0 < cols; k0 += kc {
+				kl := min(kc, cols-k0)
+				fn, pft := &k.tiles[P], k.pf
+				if k0 > 0 {
+					fn, pft = &k.acc[P], k.pfAcc
 				}
-				fn[nt](panel(p), ws, tok(t), xs, cols, out(t, p), ys)
+				w := unsafe.Add(panel(p), k0*64)
+				for t, i := b0, 0; t < b0+bn; t, i = t+T, i+1 {
+					nt := min(T, b0+bn-t)
+					xt := unsafe.Add(tok(t), k0*4)
+					if pf && nt == T && i < P && p+P+i < panels {
+						pft(w, ws, xt, xs, kl, out(t, p), ys, unsafe.Add(panel(p+P+i), k0*64))
+						continue
+					}
+					fn[nt](w, ws, xt, xs, kl, out(t, p), ys)
+				}
 			}
 		}
 		fn := &k.tiles[1]
