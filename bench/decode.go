@@ -180,7 +180,9 @@ type EngineReport struct {
 	Prefix     *PrefixResult      `json:"prefix_cache,omitempty"`
 	Pause      *PauseResult       `json:"pause_keep_clear_cache,omitempty"`
 	Updates    []UpdateResult     `json:"weight_update,omitempty"`
-	Idle       *IdleResult        `json:"idle,omitempty"`
+	// UpdatesSkipped says why a preset's weight update was not measured (ErrNotEnoughMemory).
+	UpdatesSkipped []string    `json:"weight_update_skipped,omitempty"`
+	Idle           *IdleResult `json:"idle,omitempty"`
 	// Peers are rollout and llama.cpp side by side on the same weights (`--peer llamacpp`).
 	Peers []PeerResult `json:"peers,omitempty"`
 }

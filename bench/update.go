@@ -1,10 +1,15 @@
 package bench
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/rolloutkit/rollout/engine"
@@ -69,12 +74,61 @@ func (u UpdateRound) LoadVsSHA256() float64 { return u.LoadGBs / u.SHA256GBs }
 // StageVsLoad is the stage time as a share of the load time (goal <= 0.5).
 func (u UpdateRound) StageVsLoad() float64 { return u.StageMs / u.LoadMs }
 
+// ErrNotEnoughMemory reports a figure that would not fit in the machine's available memory:
+// measuring it anyway would end with the kernel killing the process.
+var ErrNotEnoughMemory = errors.New("bench: not enough memory")
+
+// updateSets is how many float32 copies of the weights WeightUpdate holds at its peak: the
+// served set (unpacked and packed), the checkpoint's bytes, and the spare a server prepares
+// (unpacked and packed), which later updates load and stage into.
+const updateSets = 5
+
+// updateMemory is the memory WeightUpdate needs for c: updateSets copies of its float32
+// weights and the KV pool (at most 1 GiB, engine.Config.NumBlocks).
+func updateMemory(c model.Config) int64 { return updateSets*4*c.NumParams() + 1<<30 }
+
+// availableMemory is MemAvailable from meminfo (Linux's /proc/meminfo), and false where it
+// cannot be read.
+func availableMemory(meminfo string) (int64, bool) {
+	b, err := os.ReadFile(meminfo)
+	if err != nil {
+		return 0, false
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := bytes.Fields(sc.Bytes())
+		if len(f) == 3 && string(f[0]) == "MemAvailable:" && string(f[2]) == "kB" {
+			kb, err := strconv.ParseInt(string(f[1]), 10, 64)
+			return kb << 10, err == nil
+		}
+	}
+	return 0, false
+}
+
+// checkUpdateMemory fails with ErrNotEnoughMemory when WeightUpdate of c would not fit in
+// the available memory read from meminfo.
+func checkUpdateMemory(c model.Config, preset, meminfo string) error {
+	need := updateMemory(c)
+	if avail, ok := availableMemory(meminfo); ok && need > avail {
+		return fmt.Errorf("%w: a weight update of %s holds %d float32 copies of its weights and a KV pool, about %.1f GB, and %.1f GB are available",
+			ErrNotEnoughMemory, preset, updateSets, float64(need)/1e9, float64(avail)/1e9)
+	}
+	return nil
+}
+
 // WeightUpdate writes preset's seed-2 weights as an HF checkpoint of dtype d under dir and
 // measures UpdateResult over updates updates (at least two) with running requests (0: none)
 // decoding on the seed-1 weights.
 func WeightUpdate(ctx context.Context, preset string, running, updates, workers int, d weights.DType, dir string) (UpdateResult, error) {
 	r := UpdateResult{Preset: preset, Running: running, DType: d.String()}
 	updates = max(updates, 2)
+	c, err := model.PresetConfig(preset)
+	if err != nil {
+		return r, err
+	}
+	if err := checkUpdateMemory(c, preset, "/proc/meminfo"); err != nil {
+		return r, err
+	}
 	w1, err := model.Preset(preset, 1)
 	if err != nil {
 		return r, err

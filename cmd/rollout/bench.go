@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -394,6 +395,11 @@ func engineFigures(ctx context.Context, pr *progress, rep *bench.EngineReport, p
 		}
 		pr.step("weight update, %s, 32 requests decoding", p)
 		u, err := weightUpdate(ctx, p, workers)
+		if errors.Is(err, bench.ErrNotEnoughMemory) {
+			// The other figures stand without it; being killed by the kernel would lose them.
+			rep.UpdatesSkipped = append(rep.UpdatesSkipped, err.Error())
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -467,6 +473,9 @@ func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
 				u.LoadMs, u.LoadGBs, u.ReadGBs, u.SHA256GBs, u.StageMs, u.FirstStageMs, u.ServedSteps, u.CutMs, u.CutSteps, u.StepMillis)
 		}
 		_ = tw.Flush()
+	}
+	for _, why := range rep.UpdatesSkipped {
+		fmt.Fprintf(out, "weight update skipped: %s\n", why)
 	}
 	if p := rep.Prefix; p != nil {
 		fmt.Fprintf(out, "\nTTFT with a %d-token shared prefix on %s: miss %.1f ms, hit %.1f ms (%d cached) = %.3fx (goal <= 0.1x)\n",
