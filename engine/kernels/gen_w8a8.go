@@ -173,12 +173,7 @@ func tileP2() {
 		}
 		return fmt.Sprintf("%d(SI)(R14*1)", off)
 	}
-	fmt.Fprintf(&b, "\n// func %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n", name)
-	fmt.Fprintf(&b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
-	emit("MOVQ w+0(FP), SI")
-	emit("MOVQ nb+8(FP), CX")
-	emit("MOVQ x+16(FP), DI")
-	emit("MOVQ s+32(FP), R8")
+	prologue(name)
 	emit("MOVQ y+48(FP), DX")
 	emit("IMUL3Q $%d, CX, R14", blockBytes) // the panel stride
 	emit("VPCMPEQW Y15, Y15, Y15")
