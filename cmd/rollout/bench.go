@@ -460,7 +460,11 @@ func printEngineFigures(out io.Writer, rep *bench.EngineReport) {
 			if len(r.Runs) > 1 {
 				spread = fmt.Sprintf(" (%.0f-%.0f)", slices.Min(r.Runs), slices.Max(r.Runs))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f%s\t%.2fx\t%.1f\t%.2f\n", r.Preset, r.Precision, r.Concurrency, r.TokensPerSec, spread, r.SpeedupVsBatch1, r.MatMulGFLOPs, r.OfPeak)
+			speedup := "-" // no concurrency-1 figure to divide by
+			if r.SpeedupVsBatch1 > 0 {
+				speedup = fmt.Sprintf("%.2fx", r.SpeedupVsBatch1)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f%s\t%s\t%.1f\t%.2f\n", r.Preset, r.Precision, r.Concurrency, r.TokensPerSec, spread, speedup, r.MatMulGFLOPs, r.OfPeak)
 		}
 		_ = tw.Flush()
 	}
