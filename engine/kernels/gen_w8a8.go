@@ -53,6 +53,17 @@ func prologue(name string) {
 	emit("MOVQ s+32(FP), R8")
 }
 
+// nextBlock ends tile name's block loop: the weights, inputs and input scales move on one
+// block, and the store follows.
+func nextBlock(name string) {
+	emit("ADDQ $%d, SI", blockBytes)
+	emit("ADDQ $32, DI")
+	emit("ADDQ $4, R8")
+	emit("DECQ CX")
+	emit("JNZ %s_block", name)
+	fmt.Fprintf(&b, "%s_store:\n", name)
+}
+
 func tile(T int) {
 	name := fmt.Sprintf("w8a8T%d", T)
 	regFloat := T <= regFloatT
@@ -129,12 +140,7 @@ func tile(T int) {
 			}
 		}
 	}
-	emit("ADDQ $%d, SI", blockBytes)
-	emit("ADDQ $32, DI")
-	emit("ADDQ $4, R8")
-	emit("DECQ CX")
-	emit("JNZ %s_block", name)
-	fmt.Fprintf(&b, "%s_store:\n", name)
+	nextBlock(name)
 	if regFloat {
 		for t := range T {
 			for h := range 2 {
@@ -218,12 +224,7 @@ func tileP2() {
 			emit("VFMADD231PS Y11, %s, %s", iacc(j, h), facc(j, h))
 		}
 	}
-	emit("ADDQ $%d, SI", blockBytes)
-	emit("ADDQ $32, DI")
-	emit("ADDQ $4, R8")
-	emit("DECQ CX")
-	emit("JNZ %s_block", name)
-	fmt.Fprintf(&b, "%s_store:\n", name)
+	nextBlock(name)
 	for j := range 2 {
 		for h := range 2 {
 			emit("VMOVUPS %s, %d(DX)", facc(j, h), 64*j+32*h)
@@ -317,12 +318,7 @@ func vnniTile(P, T, pf int) {
 			emit("VFMADD231PS %s, %s, %s", tmp, iacc(p, t), facc(p, t))
 		}
 	}
-	emit("ADDQ $%d, SI", blockBytes)
-	emit("ADDQ $32, DI")
-	emit("ADDQ $4, R8")
-	emit("DECQ CX")
-	emit("JNZ %s_block", name)
-	fmt.Fprintf(&b, "%s_store:\n", name)
+	nextBlock(name)
 	emit("MOVQ y+48(FP), DX")
 	emit("MOVQ ys+56(FP), R9")
 	emit("LEAQ (R9)(R9*2), R10")
