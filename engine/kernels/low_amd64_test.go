@@ -29,10 +29,10 @@ func lowSIMDImpls() []impl {
 func w8a8SIMDImpls() []w8a8Impl {
 	var impls []w8a8Impl
 	if _, avx2 := lowFeatures(); avx2 {
-		impls = append(impls, w8a8Impl{"avx2", matmulW8A8AVX2})
+		impls = append(impls, w8a8Impl{"avx2", w8a8AVX2.run})
 	}
 	if w8a8UseVNNI {
-		impls = append(impls, w8a8Impl{"vnni", matmulW8A8VNNI},
+		impls = append(impls, w8a8Impl{"vnni", w8a8VNNI.run},
 			w8a8Impl{"vnni-1panel", w8a8VNNIOnePanel.run})
 	}
 	return impls

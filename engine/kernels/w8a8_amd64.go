@@ -86,16 +86,6 @@ func W8A8KernelName() string {
 	return "generic"
 }
 
-// matmulW8A8AVX2 runs panels [lo,hi) with the AVX2 tiles.
-func matmulW8A8AVX2(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
-	w8a8AVX2.run(m, a, y, n, lo, hi)
-}
-
-// matmulW8A8VNNI runs panels [lo,hi) with the VNNI tiles.
-func matmulW8A8VNNI(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
-	w8a8VNNI.run(m, a, y, n, lo, hi)
-}
-
 // run runs panels [lo,hi) with these tiles: per token block (tokenBlock), panel by panel
 // (two at a time where every tile the block needs has a two-panel form), each swept by
 // tiles of up to w8a8MaxT tokens, so that a panel is read from memory once per block and
