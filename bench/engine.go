@@ -54,9 +54,9 @@ type ConcurrentResult struct {
 	// SpeedupVsBatch1 is TokensPerSec over the concurrency-1 figure of the same round (the
 	// median of the rounds' ratios when there are several).
 	SpeedupVsBatch1 float64 `json:"speedup_vs_batch1"`
-	// MatMulGFLOPs is TokensPerSec × MatMulFlopsPerToken, and OfPeak that over
-	// EngineReport.PeakGFLOPs: how close the aggregate decode's matrix work is to the compute
-	// limit.
+	// MatMulGFLOPs is the requests' MatMul flops (MatMulFlopsPerRequest: their prompts'
+	// too) over the time they took, and OfPeak that over EngineReport.PeakGFLOPs: how close
+	// the aggregate decode's matrix work is to the compute limit.
 	MatMulGFLOPs float64 `json:"matmul_gflop_per_s"`
 	OfPeak       float64 `json:"of_peak,omitempty"`
 	// Runs holds each round's tokens/s when the figure is a median of several rounds.
@@ -80,7 +80,7 @@ func Concurrent(ctx context.Context, w *model.Weights, preset string, prec kerne
 	errs := make(chan error, c)
 	for i := range c {
 		go func() {
-			_, err := generate(ctx, e, fmt.Sprintf("r%d", i), benchPrompt(8, i, w.Config.VocabSize), tokens)
+			_, err := generate(ctx, e, fmt.Sprintf("r%d", i), benchPrompt(concurrentPrompt, i, w.Config.VocabSize), tokens)
 			errs <- err
 		}()
 	}
@@ -91,7 +91,15 @@ func Concurrent(ctx context.Context, w *model.Weights, preset string, prec kerne
 	}
 	el := time.Since(start).Seconds()
 	tps := float64(c*tokens) / el
-	return ConcurrentResult{Preset: preset, Precision: prec.String(), Concurrency: c, Tokens: tokens, TokensPerSec: tps, MatMulGFLOPs: tps * MatMulFlopsPerToken(w.Config) / 1e9}, nil
+	return ConcurrentResult{Preset: preset, Precision: prec.String(), Concurrency: c, Tokens: tokens, TokensPerSec: tps, MatMulGFLOPs: matmulGFLOPs(w.Config, tps, tokens)}, nil
+}
+
+// concurrentPrompt is the prompt length of Concurrent's requests.
+const concurrentPrompt = 8
+
+// matmulGFLOPs is the MatMul GFLOP/s of requests of tokens decoding at tps tokens/s in all.
+func matmulGFLOPs(c model.Config, tps float64, tokens int) float64 {
+	return tps * MatMulFlopsPerRequest(c, concurrentPrompt, tokens) / float64(tokens) / 1e9
 }
 
 // ConcurrentRounds runs Concurrent for each concurrency in conc, in order, rounds times over,
@@ -123,7 +131,7 @@ func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, prec
 	for i := range out {
 		r := &out[i]
 		r.TokensPerSec = Median(r.Runs)
-		r.MatMulGFLOPs = r.TokensPerSec * MatMulFlopsPerToken(w.Config) / 1e9
+		r.MatMulGFLOPs = matmulGFLOPs(w.Config, r.TokensPerSec, tokens)
 		r.SpeedupVsBatch1 = Median(speedups[i])
 		if peak > 0 {
 			r.OfPeak = r.MatMulGFLOPs / peak

@@ -51,7 +51,7 @@ func TestConcurrentRounds(t *testing.T) {
 		assert.Equal(t, c, r.Concurrency)
 		require.Len(t, r.Runs, 3, "one run per round")
 		assert.Equal(t, Median(r.Runs), r.TokensPerSec)
-		assert.InDelta(t, r.TokensPerSec*MatMulFlopsPerToken(w.Config)/1e12, r.OfPeak, 1e-12)
+		assert.InDelta(t, r.TokensPerSec*MatMulFlopsPerRequest(w.Config, 8, 8)/8/1e12, r.OfPeak, 1e-12)
 	}
 	assert.Equal(t, 1.0, rs[0].SpeedupVsBatch1)
 	var ratios []float64

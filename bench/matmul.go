@@ -58,7 +58,28 @@ func MatMul(pool *kernels.Pool, rows, cols, n int, d time.Duration, peak float64
 // output, gate, up and down projections and the classifier (attention and the vector kernels
 // are not counted).
 func MatMulFlopsPerToken(c model.Config) float64 {
+	return bodyFlops(c) + classifierFlops(c)
+}
+
+// MatMulFlopsPerRequest is the MatMul flops of one greedy request of c with a prompt of
+// prompt tokens that decodes tokens: every prompt position and every decoded token but the
+// last passes through the layers, and only the tokens' logits (the prompt's last position's
+// and each decoded one's but the last) go through the classifier. Counting decoded tokens
+// alone left out a prompt of 8 tokens' layers, a third of the work of a 16-token request.
+func MatMulFlopsPerRequest(c model.Config, prompt, tokens int) float64 {
+	if tokens <= 0 {
+		return 0
+	}
+	return float64(prompt+tokens-1)*bodyFlops(c) + float64(tokens)*classifierFlops(c)
+}
+
+// bodyFlops is one position's MatMul flops in the layers: QKV, output, gate, up and down.
+func bodyFlops(c model.Config) float64 {
 	h, f, kv := float64(c.HiddenSize), float64(c.IntermediateSize), float64(c.KVDim())
-	perLayer := h*(h+2*kv) + h*h + 3*h*f
-	return 2 * (float64(c.NumHiddenLayers)*perLayer + float64(c.VocabSize)*h)
+	return 2 * float64(c.NumHiddenLayers) * (h*(h+2*kv) + h*h + 3*h*f)
+}
+
+// classifierFlops is one position's MatMul flops in the classifier.
+func classifierFlops(c model.Config) float64 {
+	return 2 * float64(c.VocabSize) * float64(c.HiddenSize)
 }

@@ -34,3 +34,16 @@ func TestMatMulFlopsPerTokenCountsEveryProjection(t *testing.T) {
 	}
 	assert.Equal(t, want, MatMulFlopsPerToken(c))
 }
+
+// A request's flops: every prompt position and every decoded token but the last through the
+// layers, the classifier once per decoded token.
+func TestMatMulFlopsPerRequestCountsThePrompt(t *testing.T) {
+	c, err := model.PresetConfig("stories15m")
+	require.NoError(t, err)
+	tok := MatMulFlopsPerToken(c)
+	cls := 2 * float64(c.VocabSize*c.HiddenSize)
+	assert.Equal(t, tok, MatMulFlopsPerRequest(c, 1, 1), "a one-token prompt decoding one token is one forward")
+	assert.Equal(t, 16*tok, MatMulFlopsPerRequest(c, 1, 16))
+	assert.InDelta(t, 16*tok+7*(tok-cls), MatMulFlopsPerRequest(c, 8, 16), 1)
+	assert.Zero(t, MatMulFlopsPerRequest(c, 8, 0))
+}

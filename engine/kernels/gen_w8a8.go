@@ -17,8 +17,12 @@ import (
 
 const (
 	maxT       = 4   // w8a8MaxT
-	blockBytes = 576 // int8BlockBytes: 16 scales, 8 groups of 16 rows × 4 bytes
-	regFloatT  = 2   // up to this many tokens keep their float accumulators in registers
+	blockBytes = 544 // w8a8BlockBytes: 16 float16 scales, 8 groups of 16 rows × 4 bytes
+	scaleBytes = 32  // w8a8ScaleBytes
+	// blockLines is the cache lines a prefetch of one block touches: 544 bytes start half-way
+	// into a line every other block, so 9 lines, not 8.
+	blockLines = (blockBytes + 63) / 64
+	regFloatT  = 2 // up to this many tokens keep their float accumulators in registers
 )
 
 var b bytes.Buffer
@@ -100,7 +104,7 @@ func tile(T int) {
 	emit("JEQ %s_store", name)
 	fmt.Fprintf(&b, "%s_block:\n", name)
 	if pf := prefetchAhead(T); pf > 0 {
-		for l := range blockBytes / 64 {
+		for l := range blockLines {
 			emit("PREFETCHT0 %d(SI)", pf+64*l)
 		}
 	}
@@ -109,7 +113,7 @@ func tile(T int) {
 			emit("VPBROADCASTD %s, %s", x(4*g, t), xb(t))
 		}
 		for h := range 2 {
-			emit("VMOVDQU %d(SI), Y8", 64+64*g+32*h)
+			emit("VMOVDQU %d(SI), Y8", scaleBytes+64*g+32*h)
 			emit("VPABSB Y8, Y9")
 			for t := range T {
 				// Y11 = x with w's signs; |w|·that, pairs summed to int16 (at most
@@ -125,12 +129,14 @@ func tile(T int) {
 			}
 		}
 	}
-	// The block's integer sums are exact; fold them in: acc = fma(float32(isum), ws·xs, acc).
+	// The block's integer sums are exact; fold them in: acc = fma(float32(isum), ws·xs, acc),
+	// ws widened from float16 (exactly) by VCVTPH2PS.
 	for t := range T {
 		emit("VBROADCASTSS %s, Y10", s(t))
 		for h := range 2 {
 			emit("VCVTDQ2PS %s, %s", iacc(t, h), iacc(t, h))
-			emit("VMULPS %d(SI), Y10, Y11", 32*h)
+			emit("VCVTPH2PS %d(SI), Y11", 16*h)
+			emit("VMULPS Y11, Y10, Y11")
 			if regFloat {
 				emit("VFMADD231PS Y11, %s, %s", iacc(t, h), facc(t, h))
 			} else {
@@ -194,7 +200,7 @@ func tileP2() {
 	fmt.Fprintf(&b, "%s_block:\n", name)
 	if pf := prefetchAhead(1); pf > 0 {
 		for j := range 2 {
-			for l := range blockBytes / 64 {
+			for l := range blockLines {
 				emit("PREFETCHT0 %s", w(pf+64*l, j))
 			}
 		}
@@ -203,7 +209,7 @@ func tileP2() {
 		emit("VPBROADCASTD %d(DI), Y10", 4*g)
 		for j := range 2 {
 			for h := range 2 {
-				emit("VMOVDQU %s, Y8", w(64+64*g+32*h, j))
+				emit("VMOVDQU %s, Y8", w(scaleBytes+64*g+32*h, j))
 				emit("VPABSB Y8, Y9")
 				emit("VPSIGNB Y8, Y10, Y11")
 				emit("VPMADDUBSW Y11, Y9, Y11")
@@ -220,7 +226,8 @@ func tileP2() {
 	for j := range 2 {
 		for h := range 2 {
 			emit("VCVTDQ2PS %s, %s", iacc(j, h), iacc(j, h))
-			emit("VMULPS %s, Y10, Y11", w(32*h, j))
+			emit("VCVTPH2PS %s, Y11", w(16*h, j))
+			emit("VMULPS Y11, Y10, Y11")
 			emit("VFMADD231PS Y11, %s, %s", iacc(j, h), facc(j, h))
 		}
 	}
@@ -287,14 +294,14 @@ func vnniTile(P, T, pf int) {
 	}
 	if pf > 0 {
 		for p := range P {
-			for l := range blockBytes / 64 {
+			for l := range blockLines {
 				emit("PREFETCHT0 %s", w(pf+64*l, p))
 			}
 		}
 	}
 	for g := range 8 {
 		for p := range P {
-			emit("VMOVDQU64 %s, %s", w(64+64*g, p), wr(p))
+			emit("VMOVDQU64 %s, %s", w(scaleBytes+64*g, p), wr(p))
 			emit("VPDPBUSD %s, %s, %s", wr(p), bias, corr(p))
 		}
 		for t := range T {
@@ -307,7 +314,7 @@ func vnniTile(P, T, pf int) {
 	}
 	// acc = fma(float32(isum), ws·xs, acc), isum = Σ(x+128)·w − Σ128·w.
 	for p := range P {
-		emit("VMOVUPS %s, %s", w(0, p), wr(p))
+		emit("VCVTPH2PS %s, %s", w(0, p), wr(p)) // the 16 float16 scales, widened exactly
 	}
 	for t := range T {
 		emit("VBROADCASTSS %s, %s", s(t), xr)

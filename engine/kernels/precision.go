@@ -1,11 +1,13 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 
 	"github.com/rolloutkit/rollout/engine/hugepage"
+	"github.com/x448/float16"
 )
 
 // Precision is how a Matrix stores its weights. Whatever F32, BF16 or Int8 store, a MatMul
@@ -24,12 +26,13 @@ const (
 	// bytes a weight. The effective weight is the bfloat16 value, exactly.
 	BF16
 	// Int8 stores blocks of Int8Block weights along a row (the last one shorter when Cols is
-	// not a multiple) as int8 with one float32 scale per block (q8_0-like, symmetric: scale =
-	// max|w|/127): 1.125 bytes a weight. The effective weight is float32(q)·scale, one float32
-	// multiply.
+	// not a multiple) as int8 with one scale per block, as q8_0 does (symmetric: scale =
+	// max|w|/127 rounded to a float16 value, see QuantizeInt8), held as a float32: 1.125
+	// bytes a weight. The effective weight is float32(q)·scale, one float32 multiply.
 	Int8
 	// W8A8 stores the weights as Int8 does (the same int8 values and scales, in a panel layout
-	// made for integer dot products), and its MatMul also quantizes each token's input the
+	// made for integer dot products, with the scales as the float16 values they are: 1.0625
+	// bytes a weight, q8_0's size), and its MatMul also quantizes each token's input the
 	// same way, per block of Int8Block along the row (scale max|x|/127, round to even, clamp
 	// to ±127; a zero block has scale 0; a block holding a NaN or an infinity gets scale NaN
 	// and zero values). For output row r and token t, with qw, ws the weights and their
@@ -53,10 +56,17 @@ const (
 // Int8Block is the number of weights of a row that share one Int8 scale.
 const Int8Block = 32
 
-// int8BlockBytes is the bytes of one panel's whole block: 16 float32 scales, then Int8Block
-// steps of PanelRows int8 weights (Int8), or Int8Block/4 groups of PanelRows rows × 4 int8
-// weights (W8A8). A W8A8 panel pads a short last block to whole Int8Block columns.
+// int8BlockBytes is the bytes of one Int8 panel's whole block: 16 float32 scales, then
+// Int8Block steps of PanelRows int8 weights.
 const int8BlockBytes = PanelRows*4 + Int8Block*PanelRows
+
+// w8a8ScaleBytes and w8a8BlockBytes are the bytes of one W8A8 panel's block's scales (16
+// float16) and of the whole block: the scales, then Int8Block/4 groups of PanelRows rows × 4
+// int8 weights. A W8A8 panel pads a short last block to whole Int8Block columns.
+const (
+	w8a8ScaleBytes = PanelRows * 2
+	w8a8BlockBytes = w8a8ScaleBytes + Int8Block*PanelRows
+)
 
 // ErrPrecision is returned (wrapped) for an unknown precision name, or a matrix shape or value
 // a precision cannot store.
@@ -99,8 +109,10 @@ func (p Precision) BytesPerWeight() float64 {
 	switch p {
 	case BF16:
 		return 2
-	case Int8, W8A8:
+	case Int8:
 		return float64(int8BlockBytes) / float64(Int8Block*PanelRows)
+	case W8A8:
+		return float64(w8a8BlockBytes) / float64(Int8Block*PanelRows)
 	}
 	return 4
 }
@@ -138,10 +150,37 @@ func FromBF16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 // RoundBF16 is f rounded to the nearest bfloat16 value, as a float32.
 func RoundBF16(f float32) float32 { return FromBF16(ToBF16(f)) }
 
-// QuantizeInt8 quantizes one block of weights: scale = max|w|/127 in float32 and q[i] =
-// round(w[i]/scale) (ties to even), so that float32(q[i])·scale is the effective weight. A
-// block of zeros has scale 0. Non-finite weights cannot be quantized.
+// QuantizeInt8 quantizes one block of weights: scale = max|w|/127 in float32, rounded up to
+// a float16 value, and q[i] = round(w[i]/scale) (ties to even), so that float32(q[i])·scale is
+// the effective weight, within half a step of w[i]. Rounded up, the scale never puts a weight
+// past ±127; a float16 scale lets W8A8 store it in 2 bytes, as q8_0 does. A block of zeros
+// has scale 0. Non-finite weights, and weights beyond float16's largest value times 127
+// (about 8.3e6), cannot be quantized.
 func QuantizeInt8(q []int8, w []float32) (scale float32, err error) {
+	amax, err := finiteMax(w)
+	if err != nil {
+		return 0, err
+	}
+	scale = float16Above(amax / 127)
+	if math.IsInf(float64(scale), 0) {
+		return 0, fmt.Errorf("%w: int8 cannot hold the weight %v (its block's scale is beyond float16)", ErrPrecision, amax)
+	}
+	quantizeWith(q, w, scale)
+	return scale, nil
+}
+
+// float16Above is the least float16 value at or above f (finite, not negative), as a float32:
+// +Inf past the largest float16.
+func float16Above(f float32) float32 {
+	h := float16.Fromfloat32(f)
+	if h.Float32() < f {
+		h = float16.Frombits(h.Bits() + 1) // the next float16 up (0x7bff's next is +Inf)
+	}
+	return h.Float32()
+}
+
+// finiteMax is max|w|, or an error for a non-finite weight.
+func finiteMax(w []float32) (float32, error) {
 	var amax float32
 	for _, v := range w {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
@@ -149,16 +188,20 @@ func QuantizeInt8(q []int8, w []float32) (scale float32, err error) {
 		}
 		amax = max(amax, float32(math.Abs(float64(v))))
 	}
-	scale = amax / 127
+	return amax, nil
+}
+
+// quantizeWith sets q[i] = round(w[i]/scale), ties to even, clamped to ±127; all zeros when
+// scale is 0.
+func quantizeWith(q []int8, w []float32, scale float32) {
 	if scale == 0 {
 		clear(q[:len(w)])
-		return 0, nil
+		return
 	}
 	for i, v := range w {
 		r := math.RoundToEven(float64(v) / float64(scale))
 		q[i] = int8(min(127, max(-127, r)))
 	}
-	return scale, nil
 }
 
 // packLow packs the row-major parts into m (of precision BF16, Int8 or W8A8).
@@ -184,8 +227,8 @@ func packLow(m *Matrix, parts [][]float32) error {
 					if err != nil {
 						return fmt.Errorf("row %d, columns %d..%d: %w", r, k0, k1-1, err)
 					}
-					blk := m.q8[base+b*int8BlockBytes:]
-					putFloat32(blk[4*i:], scale)
+					blk := m.q8[base+b*m.q8BlockBytes():]
+					m.putScale(blk, i, scale)
 					for k, v := range q[:k1-k0] {
 						blk[m.q8Offset(k, i)] = byte(v)
 					}
@@ -196,15 +239,31 @@ func packLow(m *Matrix, parts [][]float32) error {
 	return nil
 }
 
-// putFloat32 stores f little-endian in b[0:4] (every supported GOARCH is little-endian).
-func putFloat32(b []byte, f float32) {
-	u := math.Float32bits(f)
-	b[0], b[1], b[2], b[3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+// q8BlockBytes is the bytes of one block of an Int8 or W8A8 panel.
+func (m *Matrix) q8BlockBytes() int {
+	if m.Prec == W8A8 {
+		return w8a8BlockBytes
+	}
+	return int8BlockBytes
 }
 
-// getFloat32 reads what putFloat32 stored.
-func getFloat32(b []byte) float32 {
-	return math.Float32frombits(uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24)
+// putScale stores row i's scale in blk, a block of an Int8 panel (float32) or a W8A8 one
+// (float16: QuantizeInt8's scales are float16 values, so nothing is lost), little-endian as
+// every supported GOARCH is.
+func (m *Matrix) putScale(blk []byte, i int, s float32) {
+	if m.Prec == W8A8 {
+		binary.LittleEndian.PutUint16(blk[2*i:], float16.Fromfloat32(s).Bits())
+		return
+	}
+	binary.LittleEndian.PutUint32(blk[4*i:], math.Float32bits(s))
+}
+
+// scale reads what putScale stored.
+func (m *Matrix) scale(blk []byte, i int) float32 {
+	if m.Prec == W8A8 {
+		return float16.Frombits(binary.LittleEndian.Uint16(blk[2*i:])).Float32()
+	}
+	return math.Float32frombits(binary.LittleEndian.Uint32(blk[4*i:]))
 }
 
 // PackedBytes is Bytes of a rows×cols matrix packed at prec, without packing one.
@@ -231,7 +290,7 @@ func newLowMatrix(p Precision, rows, cols int) *Matrix {
 // (VPMADDUBSW then VPMADDWD) against the input's 4 values broadcast.
 func (m *Matrix) q8Offset(k, i int) int {
 	if m.Prec == W8A8 {
-		return PanelRows*4 + (k/4)*PanelRows*4 + i*4 + k%4
+		return w8a8ScaleBytes + (k/4)*PanelRows*4 + i*4 + k%4
 	}
 	return PanelRows*4 + k*PanelRows + i
 }
@@ -244,7 +303,7 @@ func (m *Matrix) panelBytes() int {
 	case Int8:
 		return (m.Cols+Int8Block-1)/Int8Block*PanelRows*4 + m.Cols*PanelRows
 	case W8A8:
-		return (m.Cols + Int8Block - 1) / Int8Block * int8BlockBytes
+		return (m.Cols + Int8Block - 1) / Int8Block * w8a8BlockBytes
 	}
 	return PanelRows * m.Cols * 4
 }
@@ -267,10 +326,10 @@ func (m *Matrix) widenPanel(dst []float32, p int) {
 	case Int8, W8A8:
 		base := p * m.panelBytes()
 		for b := 0; b*Int8Block < cols; b++ {
-			blk := m.q8[base+b*int8BlockBytes:]
+			blk := m.q8[base+b*m.q8BlockBytes():]
 			var scale [PanelRows]float32
 			for i := range scale {
-				scale[i] = getFloat32(blk[4*i:])
+				scale[i] = m.scale(blk, i)
 			}
 			for k := range min(Int8Block, cols-b*Int8Block) {
 				out := dst[(b*Int8Block+k)*PanelRows : (b*Int8Block+k+1)*PanelRows]

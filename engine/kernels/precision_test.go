@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/x448/float16"
 )
 
 // lowImpls is every kernel that runs a bf16 or int8 MatMul here: the widening fallback over
@@ -54,11 +55,41 @@ func TestQuantizeInt8(t *testing.T) {
 	for _, v := range w {
 		amax = max(amax, math.Abs(float64(v)))
 	}
-	assert.Equal(t, float32(amax)/127, s)
+	// The scale is max|w|/127 rounded up to a float16 value: at least it, within one float16
+	// step above.
+	f16 := float16.Fromfloat32(s)
+	assert.Equal(t, s, f16.Float32(), "a float16 value")
+	assert.GreaterOrEqual(t, s, float32(amax)/127)
+	assert.Less(t, float16.Frombits(f16.Bits()-1).Float32(), float32(amax)/127)
 	for i, v := range w {
 		eff := float32(q[i]) * s
 		assert.LessOrEqual(t, math.Abs(float64(eff-v)), float64(s)*0.5001, "weight %d", i)
 	}
+	// Blocks whose scale is a float16 subnormal keep the half-step bound, down to the smallest
+	// one; one beyond float16's range times 127 is refused.
+	for _, c := range []struct {
+		amax float32
+		zero bool
+	}{{1e-4, false}, {1e-6, false}, {1e-9, false}, {0, true}} {
+		ws := make([]float32, Int8Block)
+		for i := range ws {
+			ws[i] = c.amax * float32(i-16) / 16
+		}
+		s, err := QuantizeInt8(q[:], ws)
+		require.NoError(t, err)
+		if c.zero {
+			assert.Zero(t, s)
+			assert.Equal(t, [Int8Block]int8{}, q)
+			continue
+		}
+		for i, v := range ws {
+			assert.LessOrEqual(t, math.Abs(float64(float32(q[i])*s-v)), float64(s)*0.5001, "max %g weight %d", c.amax, i)
+		}
+	}
+	ws := make([]float32, Int8Block)
+	ws[5] = 1e7
+	_, err = QuantizeInt8(q[:], ws)
+	require.ErrorIs(t, err, ErrPrecision)
 	s, err = QuantizeInt8(q[:], make([]float32, Int8Block))
 	require.NoError(t, err)
 	assert.Zero(t, s)
@@ -84,7 +115,7 @@ func TestParsePrecision(t *testing.T) {
 	require.ErrorIs(t, err, ErrPrecision)
 	assert.ErrorContains(t, err, "w8a8")
 	assert.InDelta(t, 1.125, Int8.BytesPerWeight(), 1e-9)
-	assert.InDelta(t, 1.125, W8A8.BytesPerWeight(), 1e-9)
+	assert.InDelta(t, 1.0625, W8A8.BytesPerWeight(), 1e-9)
 	assert.Equal(t, 2.0, BF16.BytesPerWeight())
 }
 

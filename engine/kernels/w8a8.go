@@ -38,7 +38,7 @@ var w8a8Scratch = sync.Pool{New: func() any {
 }}
 
 // quantizeActs quantizes one token's input x into q (len(s)·Int8Block values) and s, one
-// scale per block of Int8Block, as W8A8 defines (QuantizeInt8's rounding; a non-finite block
+// scale per block of Int8Block, as W8A8 defines (QuantizeInt8 with a float32 scale; a non-finite block
 // gets scale NaN and zero values, so that its outputs are NaN as a float32 MatMul's would be
 // NaN or infinite). q's padding past len(x) is zeroed.
 func quantizeActs(q []int8, s []float32, x []float32) {
@@ -123,11 +123,11 @@ func matmulW8A8Generic(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 			xs := a.s[t*nb : (t+1)*nb]
 			var acc [PanelRows]float32
 			for b := range nb {
-				blk := panel[b*int8BlockBytes : (b+1)*int8BlockBytes]
+				blk := panel[b*w8a8BlockBytes : (b+1)*w8a8BlockBytes]
 				xb := qx[b*Int8Block : (b+1)*Int8Block]
 				var isum [PanelRows]int32
 				for g := range Int8Block / 4 {
-					grp := (*[PanelRows * 4]byte)(blk[PanelRows*4+g*PanelRows*4:])
+					grp := (*[PanelRows * 4]byte)(blk[w8a8ScaleBytes+g*PanelRows*4:])
 					x0, x1, x2, x3 := int32(xb[4*g]), int32(xb[4*g+1]), int32(xb[4*g+2]), int32(xb[4*g+3])
 					for i := range PanelRows {
 						w := grp[4*i : 4*i+4]
@@ -135,7 +135,7 @@ func matmulW8A8Generic(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 					}
 				}
 				for i := range nr {
-					d := float32(getFloat32(blk[4*i:]) * xs[b])
+					d := float32(m.scale(blk, i) * xs[b])
 					acc[i] = fma32(float32(isum[i]), d, acc[i])
 				}
 			}

@@ -23,7 +23,7 @@ func w8a8Impls() []w8a8Impl {
 
 // w8a8Reference is W8A8's definition written out from the row-major weights, independently of
 // the packing and the kernels: the weights and each token's input quantized per block by
-// QuantizeInt8 (inputs here are finite), integer dot products, one float32 multiply of the
+// QuantizeInt8 (the inputs with float32 scales, quantizeActRef; inputs here are finite), integer dot products, one float32 multiply of the
 // scales and an fma per block, in block order from zero.
 func w8a8Reference(t *testing.T, w, x []float32, rows, cols, n int) []float32 {
 	t.Helper()
@@ -36,7 +36,7 @@ func w8a8Reference(t *testing.T, w, x []float32, rows, cols, n int) []float32 {
 				k1 := min(cols, k0+Int8Block)
 				ws, err := QuantizeInt8(qw[:], w[r*cols+k0:r*cols+k1])
 				require.NoError(t, err)
-				xs, err := QuantizeInt8(qx[:], x[tok*cols+k0:tok*cols+k1])
+				xs, err := quantizeActRef(qx[:], x[tok*cols+k0:tok*cols+k1])
 				require.NoError(t, err)
 				var isum int32
 				for k := range k1 - k0 {
@@ -113,6 +113,27 @@ var w8a8Fills = []w8a8Data{
 	}},
 }
 
+// w8a8WeightFills are the weights of TestW8A8MatMulMatchesDefinition: w8a8Fills within the
+// range of float16 scales (max|w| up to 127·65504), with blocks whose scales are float16
+// subnormals, down to the smallest.
+var w8a8WeightFills = append(w8a8Fills[:4:4],
+	w8a8Data{"huge", func(r *rand.Rand, s []float32) {
+		for i := range s {
+			s[i] = float32(r.NormFloat64() * 1e6)
+		}
+	}},
+	w8a8Data{"subnormal-scales", func(r *rand.Rand, s []float32) {
+		for i := range s {
+			s[i] = float32(r.NormFloat64() * 1e-4)
+		}
+	}},
+	w8a8Data{"smallest-scales", func(r *rand.Rand, s []float32) {
+		for i := range s {
+			s[i] = float32(r.NormFloat64() * 1e-9)
+		}
+	}},
+)
+
 func TestW8A8MatMulMatchesDefinition(t *testing.T) {
 	// Every W8A8 kernel gives the definition's bits, for any batch, tile split and pool.
 	r := rand.New(rand.NewPCG(11, 11))
@@ -128,7 +149,7 @@ func TestW8A8MatMulMatchesDefinition(t *testing.T) {
 	ns := []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}
 	for i, sh := range shapes {
 		rows, cols := sh[0], sh[1]
-		for j, wf := range w8a8Fills {
+		for j, wf := range w8a8WeightFills {
 			xf := w8a8Fills[(i+j)%len(w8a8Fills)]
 			w := make([]float32, rows*cols)
 			wf.fill(r, w)
@@ -192,7 +213,7 @@ func TestW8A8NonFiniteInput(t *testing.T) {
 }
 
 func TestQuantizeActs(t *testing.T) {
-	// The input quantizer is QuantizeInt8 on finite blocks, NaN scale and zeros on the others,
+	// The input quantizer is quantizeActRef on finite blocks, NaN scale and zeros on the others,
 	// with zero padding past the row.
 	r := rand.New(rand.NewPCG(14, 14))
 	// Scale 1 with halfway quotients: ties go to even.
@@ -227,7 +248,7 @@ func checkQuantizedActs(t *testing.T, q []int8, s, x []float32) {
 	for b := range s {
 		k0 := b * Int8Block
 		k1 := min(len(x), k0+Int8Block)
-		ws, err := QuantizeInt8(want[:], x[k0:k1])
+		ws, err := quantizeActRef(want[:], x[k0:k1])
 		if err != nil {
 			require.True(t, math.IsNaN(float64(s[b])), "block %d of %v: scale %v", b, x[k0:k1], s[b])
 			require.Equal(t, make([]int8, Int8Block), q[k0:k0+Int8Block], "block %d", b)
@@ -258,8 +279,8 @@ func FuzzQuantizeActs(f *testing.F) {
 }
 
 func TestW8A8WeightsAreInt8s(t *testing.T) {
-	// W8A8 stores Int8's values: the same effective weights, the same bytes but for the
-	// padding of a short last block.
+	// W8A8 stores Int8's values: the same effective weights, in 544 bytes a block where Int8
+	// takes 576 (float16 scales), and a short last block padded.
 	r := rand.New(rand.NewPCG(15, 15))
 	for _, sh := range [][2]int{{1, 32}, {17, 33}, {40, 176}, {3, 4}} {
 		rows, cols := sh[0], sh[1]
@@ -270,10 +291,10 @@ func TestW8A8WeightsAreInt8s(t *testing.T) {
 		require.NoError(t, err)
 		requireSameBits(t, effective(a), effective(b), "%dx%d", rows, cols)
 		blocks := (cols + Int8Block - 1) / Int8Block
-		assert.Equal(t, int64(b.Panels()*blocks*int8BlockBytes), b.Bytes())
+		assert.Equal(t, int64(b.Panels()*blocks*544), b.Bytes())
 		assert.Equal(t, b.Bytes(), PackedBytes(W8A8, rows, cols))
 		if cols%Int8Block == 0 {
-			assert.Equal(t, a.Bytes(), b.Bytes())
+			assert.Equal(t, a.Bytes()*544/576, b.Bytes())
 		}
 		// Unpack gives those weights too (Engine.Weights of a W8A8 model).
 		u := make([]float32, rows*cols)
@@ -298,4 +319,15 @@ func TestW8A8MatMulAllocatesNothing(t *testing.T) {
 		allocs := testing.AllocsPerRun(100, func() { m.MatMul(pool, y, x, n) })
 		assert.Zero(t, allocs, "n=%d", n)
 	}
+}
+
+// quantizeActRef is W8A8's input quantization as its definition states it: QuantizeInt8 with
+// the scale max|x|/127 kept in float32 (only stored weight scales are float16 values).
+func quantizeActRef(q []int8, x []float32) (float32, error) {
+	amax, err := finiteMax(x)
+	if err != nil {
+		return 0, err
+	}
+	quantizeWith(q, x, amax/127)
+	return amax / 127, nil
 }
