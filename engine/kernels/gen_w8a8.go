@@ -130,13 +130,15 @@ func tile(T int) {
 		}
 	}
 	// The block's integer sums are exact; fold them in: acc = fma(float32(isum), ws·xs, acc),
-	// ws widened from float16 (exactly) by VCVTPH2PS.
+	// ws widened from float16 (exactly) by VCVTPH2PS once per block, into the registers the
+	// weights no longer need.
+	emit("VCVTPH2PS 0(SI), Y8")
+	emit("VCVTPH2PS 16(SI), Y9")
 	for t := range T {
 		emit("VBROADCASTSS %s, Y10", s(t))
 		for h := range 2 {
 			emit("VCVTDQ2PS %s, %s", iacc(t, h), iacc(t, h))
-			emit("VCVTPH2PS %d(SI), Y11", 16*h)
-			emit("VMULPS Y11, Y10, Y11")
+			emit("VMULPS Y%d, Y10, Y11", 8+h)
 			if regFloat {
 				emit("VFMADD231PS Y11, %s, %s", iacc(t, h), facc(t, h))
 			} else {
