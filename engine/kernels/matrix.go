@@ -72,9 +72,10 @@ func PackStacked(reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, er
 // quantized (Int8) once, here. A BF16 panel holds, for each pair of columns k, k+1, the
 // PanelRows pairs (W[r][k], W[r][k+1]) as 32-bit words, so one load yields both steps of 16
 // rows; an Int8 panel holds, for each block of Int8Block columns, the 16 rows' float32 scales
-// and then the block's steps of 16 int8 weights; a W8A8 panel holds the same values, with each
-// block's weights in groups of 4 columns × 16 rows (see q8Offset) and a short last block
-// padded with zeros. reuse is taken only with the same precision.
+// and then the block's steps of 16 int8 weights; a W8A8 panel holds the same values, with the
+// scales as float16 (they are float16 values) and each block's weights in groups of 4 columns
+// × 16 rows (see q8Offset), a short last block padded with zeros. reuse is taken only with the
+// same precision.
 func PackStackedAs(prec Precision, reuse *Matrix, rows, cols int, parts ...[]float32) (*Matrix, error) {
 	m, err := packTarget(reuse, prec, rows, cols, cols, "matrix part", parts)
 	if err != nil {

@@ -27,7 +27,7 @@ const (
 	BF16
 	// Int8 stores blocks of Int8Block weights along a row (the last one shorter when Cols is
 	// not a multiple) as int8 with one scale per block, as q8_0 does (symmetric: scale =
-	// max|w|/127 rounded to a float16 value, see QuantizeInt8), held as a float32: 1.125
+	// max|w|/127 rounded up to a float16 value, see QuantizeInt8), held as a float32: 1.125
 	// bytes a weight. The effective weight is float32(q)·scale, one float32 multiply.
 	Int8
 	// W8A8 stores the weights as Int8 does (the same int8 values and scales, in a panel layout
