@@ -38,9 +38,9 @@ var w8a8Scratch = sync.Pool{New: func() any {
 }}
 
 // quantizeActs quantizes one token's input x into q (len(s)·Int8Block values) and s, one
-// scale per block of Int8Block, as W8A8 defines (QuantizeInt8 with a float32 scale; a non-finite block
-// gets scale NaN and zero values, so that its outputs are NaN as a float32 MatMul's would be
-// NaN or infinite). q's padding past len(x) is zeroed.
+// scale per block of Int8Block, as W8A8 defines (QuantizeInt8 with a float32 scale; a
+// non-finite block gets scale NaN and zero values, so that its outputs are NaN as a float32
+// MatMul's would be NaN or infinite). q's padding past len(x) is zeroed.
 func quantizeActs(q []int8, s []float32, x []float32) {
 	for b := range s {
 		k0 := b * Int8Block
