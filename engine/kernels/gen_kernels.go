@@ -501,14 +501,10 @@ func writeLowTiles(is asmISA, file string) {
 // AVX-512 Xeon it streamed 29.6-30.3 GB/s of weights (five rounds) against 25.9-29.5 without,
 // 3 KB 28.4-31.7. F32_PF=bytes overrides it, to measure elsewhere.
 func f32SelfPrefetch(is asmISA, p, t int, other bool) int {
-	if other || is.name != "a512" || p != 4 || t != 1 {
+	if other {
 		return 0
 	}
-	if v := os.Getenv("F32_PF"); v != "" {
-		n, _ := strconv.Atoi(v)
-		return n
-	}
-	return 2048
+	return batch1Prefetch(is, p, t, "F32_PF")
 }
 
 // selfPrefetch is how far ahead of its own panels (bytes) a low-precision tile prefetches, 0
@@ -516,10 +512,19 @@ func f32SelfPrefetch(is asmISA, p, t int, other bool) int {
 // AVX-512 Xeon it streamed 29.6-31.2 GB/s of weights against 24.7-26.7 without (1 and 3 KB
 // ahead did less, 4 KB 28.2-28.5). LOW_PF=bytes overrides it, to measure elsewhere.
 func selfPrefetch(is asmISA, prec string, p, t int) int {
-	if is.name != "a512" || prec != "bf16" || p != 4 || t != 1 {
+	if prec != "bf16" {
 		return 0
 	}
-	if v := os.Getenv("LOW_PF"); v != "" {
+	return batch1Prefetch(is, p, t, "LOW_PF")
+}
+
+// batch1Prefetch is how far ahead of its own panels the AVX-512 4×1 (batch-1) tile prefetches:
+// 2 KB, or the bytes in the environment variable env; 0 for every other tile.
+func batch1Prefetch(is asmISA, p, t int, env string) int {
+	if is.name != "a512" || p != 4 || t != 1 {
+		return 0
+	}
+	if v := os.Getenv(env); v != "" {
 		n, _ := strconv.Atoi(v)
 		return n
 	}
