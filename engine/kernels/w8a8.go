@@ -75,14 +75,7 @@ func quantizeActBlock(q []int8, x []float32) float32 {
 		return float32(math.NaN())
 	}
 	scale := math.Float32frombits(bits) / 127
-	if scale == 0 {
-		clear(q[:len(x)])
-		return 0
-	}
-	for i, v := range x {
-		r := math.RoundToEven(float64(v) / float64(scale))
-		q[i] = int8(min(127, max(-127, r)))
-	}
+	quantizeWith(q, x, scale)
 	return scale
 }
 

@@ -22,9 +22,9 @@ func w8a8Impls() []w8a8Impl {
 }
 
 // w8a8Reference is W8A8's definition written out from the row-major weights, independently of
-// the packing and the kernels: the weights and each token's input quantized per block by
-// QuantizeInt8 (the inputs with float32 scales, quantizeActRef; inputs here are finite), integer dot products, one float32 multiply of the
-// scales and an fma per block, in block order from zero.
+// the packing and the kernels: the weights quantized per block by QuantizeInt8 and each token's
+// input by quantizeActRef (float32 scales; inputs here are finite), integer dot products, one
+// float32 multiply of the scales and an fma per block, in block order from zero.
 func w8a8Reference(t *testing.T, w, x []float32, rows, cols, n int) []float32 {
 	t.Helper()
 	var qw, qx [Int8Block]int8
