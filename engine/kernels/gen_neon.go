@@ -2,7 +2,8 @@
 
 // gen_neon writes the arm64 NEON tile kernels: kernels_neon_arm64.s (Go assembly, one TEXT per
 // tile shape) and kernels_neon_arm64.go (their declarations and the shape table), the bf16 and
-// int8 tiles in kernels_neon_bf16_arm64.* and kernels_neon_i8_arm64.*; and the
+// int8 tiles in kernels_neon_bf16_arm64.* and kernels_neon_i8_arm64.*, the W8A8 SDOT tiles in
+// w8a8_sdot_arm64.*; and the
 // exponential, SwiGLU, MaxF32, FirstAtLeast and streaming-read kernels in vec_neon_arm64.s
 // (declared in vec_arm64.go and dispatch_arm64.go), whose floating-point vector instructions
 // the Go assembler lacks and which are encoded here. A 16-row
@@ -96,6 +97,7 @@ func main() {
 	write("vec_neon_arm64.s", vecKernels())
 	writeBF16Tiles()
 	writeInt8Tiles()
+	writeW8A8Tiles()
 }
 
 // int8Fits reports whether an int8 P×T tile fits: 4·P weight vectors, 4·P·T accumulators, up to
@@ -209,6 +211,229 @@ func int8Tile(s *bytes.Buffer, n string, p, t int) {
 		}
 		if i+1 < t {
 			e("ADD R6, R5, R5")
+		}
+	}
+	e("RET")
+}
+
+// w8a8BlockBytes is kernels.w8a8BlockBytes: a block of a W8A8 panel is its 16 rows' float16
+// scales (32 bytes), then 8 groups of 4 columns, each 16 rows × 4 int8 weights (64 bytes).
+const w8a8BlockBytes = 544
+
+// w8a8Shapes are the SDOT tiles generated, {P, T}: one panel × 1 to 4 tokens and the batch-1
+// two-panel tile, the table of kernels.w8a8Tiles.
+var w8a8Shapes = [][2]int{{1, 1}, {1, 2}, {1, 3}, {1, 4}, {2, 1}}
+
+func w8a8Name(p, t int) string { return fmt.Sprintf("w8a8SP%dT%d", p, t) }
+
+// writeW8A8Tiles writes w8a8_sdot_arm64.s and .go: the W8A8 tiles of CPUs with the dot-product
+// extension (SDOT), with kernels.w8a8Tile's arguments.
+func writeW8A8Tiles() {
+	var s, g bytes.Buffer
+	s.WriteString(header)
+	s.WriteString("#include \"textflag.h\"\n")
+	g.WriteString(header)
+	g.WriteString("package kernels\n\nimport \"unsafe\"\n\n")
+	one := make([]string, 0, 4)
+	var two string
+	for _, sh := range w8a8Shapes {
+		p, t := sh[0], sh[1]
+		n := w8a8Name(p, t)
+		fmt.Fprintf(&g, "// %s computes %d whole panel(s) × %d token(s) of a W8A8 MatMul with SDOT; see w8a8Tile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n\n", n, p, t, n)
+		w8a8Tile(&s, p, t)
+		if p == 1 {
+			one = append(one, fmt.Sprintf("%d: %s", t, n))
+		} else {
+			two = fmt.Sprintf("%d: %s", t, n)
+		}
+	}
+	g.WriteString("// w8a8SDOT are the SDOT tiles: one panel × 1 to 4 tokens, and two panels for a lone token.\n")
+	fmt.Fprintf(&g, "var w8a8SDOT = w8a8Tiles{\n\tone: [w8a8MaxT + 1]w8a8Tile{%s},\n\ttwo: [w8a8MaxT + 1]w8a8Tile{%s},\n}\n", strings.Join(one, ", "), two)
+	src, err := format.Source(g.Bytes())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	write("w8a8_sdot_arm64.go", src)
+	write("w8a8_sdot_arm64.s", s.Bytes())
+}
+
+// w8a8Tile writes one SDOT tile of P panels × T tokens. Per block, each token's 32 quantized
+// inputs are two vectors; for each group g of 4 columns a panel's 16 rows × 4 weights are four
+// vectors, and SDOT by element (the token's 4 inputs of group g, lane g%4 of its vector g/4)
+// adds each row's 4 products into its int32 lane: the block's integer sums, exact. At the
+// block's end the panel's 16 float16 scales are widened (FCVTL, FCVTL2; exact), multiplied by
+// the token's scale (FMUL), and each row's float32 accumulator takes fma(float32(isum), ws·xs,
+// acc) (SCVTF, exact below 2^24; then VFMLA): W8A8's definition, bit for bit. The float32
+// accumulators stay in registers up to two tokens; from three they live in y, zeroed first.
+// Registers: R1 counts blocks, R8+i and R12+i are token i's inputs and scales, R19+j and R21+j
+// panel j's weights and current block, R23 and R24 walk y.
+func w8a8Tile(s *bytes.Buffer, p, t int) {
+	e := func(format string, args ...any) { fmt.Fprintf(s, "\t"+format+"\n", args...) }
+	a := vasm{s}
+	n := w8a8Name(p, t)
+	inRegs := t <= 2
+	if !inRegs && p != 1 {
+		panic("w8a8Tile: accumulators in y only for one panel")
+	}
+	next := 0
+	alloc := func(k int) int { r := next; next += k; return r }
+	iacc := alloc(4 * p * t)
+	facc := -1
+	if inRegs {
+		facc = alloc(4 * p * t)
+	}
+	w := alloc(4 * p)
+	x := alloc(2 * t)
+	if next > vregs {
+		panic(n + ": registers")
+	}
+	// The block's end reuses the weight and input registers, then the free ones.
+	var temps []int
+	for r := next; r < vregs; r++ {
+		temps = append(temps, r)
+	}
+	for r := w; r < x+2*t; r++ {
+		temps = append(temps, r)
+	}
+	take := func(k int) int {
+		// k consecutive registers (VLD1 lists must be consecutive)
+		for i := 0; i+k <= len(temps); i++ {
+			ok := true
+			for j := 1; j < k; j++ {
+				ok = ok && temps[i+j] == temps[i]+j
+			}
+			if ok {
+				r := temps[i]
+				temps = append(temps[:i:i], temps[i+k:]...)
+				return r
+			}
+		}
+		panic(n + ": temporaries")
+	}
+	sc, d := take(4), take(4)
+	ys := -1
+	if !inRegs {
+		ys = take(4)
+	}
+	tok := make([]int, t)
+	for i := range tok {
+		tok[i] = take(1)
+	}
+	ia := func(i, j, q int) int { return iacc + 4*(i*p+j) + q }
+	fa := func(i, j, q int) int { return facc + 4*(i*p+j) + q }
+	fmt.Fprintf(s, "\n// func %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n", n)
+	fmt.Fprintf(s, "TEXT ·%s(SB), NOSPLIT, $0-64\n", n)
+	e("MOVD w+0(FP), R19")
+	e("MOVD nb+8(FP), R1")
+	e("MOVD x+16(FP), R8")
+	e("MOVD xs+24(FP), R3")
+	e("MOVD s+32(FP), R12")
+	e("MOVD ss+40(FP), R5")
+	e("MOVD y+48(FP), R6")
+	e("MOVD ys+56(FP), R7")
+	if p == 2 {
+		e("MOVD $%d, R2", w8a8BlockBytes)
+		e("MUL R1, R2, R2")
+		e("ADD R2, R19, R20")
+	}
+	for i := 1; i < t; i++ {
+		e("ADD R3, R%d, R%d", 8+i-1, 8+i)
+		e("ADD R5, R%d, R%d", 12+i-1, 12+i)
+	}
+	for r := iacc; r < iacc+4*p*t; r++ {
+		e("VEOR V%d.B16, V%d.B16, V%d.B16", r, r, r)
+	}
+	if inRegs {
+		for r := facc; r < facc+4*p*t; r++ {
+			e("VEOR V%d.B16, V%d.B16, V%d.B16", r, r, r)
+		}
+	} else {
+		e("MOVD R6, R23")
+		for i := range t {
+			e("MOVD R23, R24")
+			e("VST1 %s, (R24)", quad(iacc)) // zeros
+			if i+1 < t {
+				e("ADD R7, R23, R23")
+			}
+		}
+	}
+	e("CBZ R1, %s_store", n)
+	fmt.Fprintf(s, "%s_block:\n", n)
+	for j := range p {
+		e("MOVD R%d, R%d", 19+j, 21+j)
+		e("ADD $32, R%d, R%d", 19+j, 19+j)
+	}
+	for i := range t {
+		e("VLD1.P 32(R%d), [V%d.B16, V%d.B16]", 8+i, x+2*i, x+2*i+1)
+	}
+	for g := range 8 {
+		for j := range p {
+			e("VLD1.P 64(R%d), %s", 19+j, quad(w+4*j))
+		}
+		for i := range t {
+			xr, lane := x+2*i+g/4, g%4
+			for j := range p {
+				for q := range 4 {
+					dst, wr := ia(i, j, q), w+4*j+q
+					a.word(0x4f80e000|uint32(lane&1)<<21|uint32(xr)<<16|uint32(lane>>1)<<11|uint32(wr)<<5|uint32(dst),
+						"SDOT V%d.4S, V%d.16B, V%d.4B[%d]", dst, wr, xr, lane)
+				}
+			}
+		}
+	}
+	for i := range t {
+		e("VLD1R.P 4(R%d), [V%d.S4]", 12+i, tok[i])
+	}
+	if !inRegs {
+		e("MOVD R6, R23")
+	}
+	for j := range p {
+		e("VLD1 (R%d), [V%d.B16, V%d.B16]", 21+j, sc, sc+1)
+		a.word(0x4e217800|uint32(sc+1)<<5|uint32(sc+3), "FCVTL2 V%d.4S, V%d.8H", sc+3, sc+1)
+		a.word(0x0e217800|uint32(sc+1)<<5|uint32(sc+2), "FCVTL V%d.4S, V%d.4H", sc+2, sc+1)
+		a.word(0x4e217800|uint32(sc)<<5|uint32(sc+1), "FCVTL2 V%d.4S, V%d.8H", sc+1, sc)
+		a.word(0x0e217800|uint32(sc)<<5|uint32(sc), "FCVTL V%d.4S, V%d.4H", sc, sc)
+		for i := range t {
+			if !inRegs {
+				e("VLD1 (R23), %s", quad(ys))
+			}
+			for q := range 4 {
+				a.fp3("FMUL", d+q, sc+q, tok[i])
+			}
+			for q := range 4 {
+				r := ia(i, j, q)
+				a.word(0x4e21d800|uint32(r)<<5|uint32(r), "SCVTF V%d.4S, V%d.4S", r, r)
+			}
+			for q := range 4 {
+				acc := ys + q
+				if inRegs {
+					acc = fa(i, j, q)
+				}
+				e("VFMLA V%d.S4, V%d.S4, V%d.S4", d+q, ia(i, j, q), acc)
+			}
+			for q := range 4 {
+				r := ia(i, j, q)
+				e("VEOR V%d.B16, V%d.B16, V%d.B16", r, r, r)
+			}
+			if !inRegs {
+				e("VST1 %s, (R23)", quad(ys))
+				e("ADD R7, R23, R23")
+			}
+		}
+	}
+	e("SUBS $1, R1, R1")
+	e("BNE %s_block", n)
+	fmt.Fprintf(s, "%s_store:\n", n)
+	if inRegs {
+		for i := range t {
+			e("MOVD R6, R24")
+			for j := range p {
+				e("VST1.P %s, 64(R24)", quad(fa(i, j, 0)))
+			}
+			if i+1 < t {
+				e("ADD R7, R6, R6")
+			}
 		}
 	}
 	e("RET")
@@ -549,6 +774,114 @@ func exp(a vasm, shift int, rs ...expRegs) {
 	each(func(r expRegs) { a.ins("VAND V%d.B16, V%d.B16, V%d.B16", r.x, r.d, r.d) })
 }
 
+// Vector instructions of the W8A8 input quantizer, by GNU mnemonic and operand form: integer
+// maxima, float64 arithmetic (the size bit, 22, of the 4S forms above) and the narrowing moves.
+var quantOps = map[string]struct {
+	enc      uint32
+	mn, form string
+}{
+	"UMAX":      {0x6ea06400, "UMAX", "V%d.4S, V%d.4S, V%d.4S"},
+	"UMAXV":     {0x6eb0a800, "UMAXV", "S%d, V%d.4S"},
+	"FDIV.2D":   {0x6e60fc00, "FDIV", "V%d.2D, V%d.2D, V%d.2D"},
+	"FMIN.2D":   {0x4ee0f400, "FMIN", "V%d.2D, V%d.2D, V%d.2D"},
+	"FMAX.2D":   {0x4e60f400, "FMAX", "V%d.2D, V%d.2D, V%d.2D"},
+	"FRINTN.2D": {0x4e618800, "FRINTN", "V%d.2D, V%d.2D"},
+	"FCVTZS.2D": {0x4ee1b800, "FCVTZS", "V%d.2D, V%d.2D"},
+	"XTN.2S":    {0x0ea12800, "XTN", "V%d.2S, V%d.2D"},
+	"XTN2.4S":   {0x4ea12800, "XTN2", "V%d.4S, V%d.2D"},
+	"XTN.4H":    {0x0e612800, "XTN", "V%d.4H, V%d.4S"},
+	"XTN2.8H":   {0x4e612800, "XTN2", "V%d.8H, V%d.4S"},
+	"XTN.8B":    {0x0e212800, "XTN", "V%d.8B, V%d.8H"},
+	"XTN2.16B":  {0x4e212800, "XTN2", "V%d.16B, V%d.8H"},
+}
+
+// qop writes quantOps[op] on registers r: d, n and, for three-register forms, m.
+func (a vasm) qop(op string, r ...int) {
+	o := quantOps[op]
+	enc := o.enc | uint32(r[0]) | uint32(r[1])<<5
+	args := []any{o.mn, r[0], r[1]}
+	if len(r) == 3 {
+		enc |= uint32(r[2]) << 16
+		args = append(args, r[2])
+	}
+	a.word(enc, "%s "+o.form, args...)
+}
+
+// quantBlock writes quantBlockNEON, kernels.quantizeActBlock of one whole block in the Go
+// code's operations, each exactly rounded: max|x| as the unsigned maximum of the values' bits
+// without the sign (finite values ordered by magnitude, infinities and NaNs above them), scale
+// = max/127 in float32 (FDIVS), then per value float64(x)/float64(scale) (FCVTL, FDIV), rounded
+// to even (FRINTN), clamped to ±127 and converted (FCVTZS, exact), narrowed to bytes (XTN:
+// every value fits).
+func quantBlock(a vasm, text func(doc, sig string, frame int)) {
+	text("// quantBlockNEON is quantizeActBlock of one whole block (32 values); see quantBlock in\n"+
+		"// gen_neon.go.", "quantBlockNEON(q *[32]int8, x *[32]float32) float32", 20)
+	a.ins("MOVD q+0(FP), R0")
+	a.ins("MOVD x+8(FP), R1")
+	a.ins("VLD1.P 64(R1), [V0.S4, V1.S4, V2.S4, V3.S4]")
+	a.ins("VLD1 (R1), [V4.S4, V5.S4, V6.S4, V7.S4]")
+	a.ins("MOVW $0x7fffffff, R3")
+	a.ins("VDUP R3, V16.S4")
+	for i := range 8 {
+		a.ins("VAND V16.B16, V%d.B16, V%d.B16", i, 8+i)
+	}
+	for _, m := range [][2]int{{8, 9}, {10, 11}, {12, 13}, {14, 15}, {8, 10}, {12, 14}, {8, 12}} {
+		a.qop("UMAX", m[0], m[0], m[1])
+	}
+	a.qop("UMAXV", 8, 8)
+	a.ins("VMOV V8.S[0], R4")
+	a.ins("MOVW $0x7f800000, R5")
+	a.ins("CMPW R5, R4")
+	a.ins("BHS quant_nonfinite")
+	a.ins("MOVW $0x42fe0000, R5") // 127.0
+	a.ins("FMOVS R5, F9")
+	a.ins("FDIVS F9, F8, F10")
+	a.ins("FMOVS F10, R6")
+	a.ins("CBZW R6, quant_zero")
+	a.ins("MOVW R6, ret+16(FP)")
+	a.ins("FCVTSD F10, F10")
+	a.ins("VDUP V10.D[0], V11.D2")
+	a.ins("MOVD $0x405fc00000000000, R7") // 127.0
+	a.ins("VDUP R7, V12.D2")
+	a.ins("MOVD $0xc05fc00000000000, R7") // -127.0
+	a.ins("VDUP R7, V13.D2")
+	for i := range 8 {
+		lo, hi := 16+2*(i%4), 17+2*(i%4)
+		a.fp2("FCVTL", lo, i)
+		a.fp2("FCVTL2", hi, i)
+		for _, r := range []int{lo, hi} {
+			a.qop("FDIV.2D", r, r, 11)
+			a.qop("FRINTN.2D", r, r)
+			a.qop("FMIN.2D", r, r, 12)
+			a.qop("FMAX.2D", r, r, 13)
+			a.qop("FCVTZS.2D", r, r)
+		}
+		a.qop("XTN.2S", i, lo)
+		a.qop("XTN2.4S", i, hi)
+	}
+	for i := range 4 {
+		a.qop("XTN.4H", 8+i, 2*i)
+		a.qop("XTN2.8H", 8+i, 2*i+1)
+	}
+	for i := range 2 {
+		a.qop("XTN.8B", 12+i, 8+2*i)
+		a.qop("XTN2.16B", 12+i, 9+2*i)
+	}
+	a.ins("VST1 [V12.B16, V13.B16], (R0)")
+	a.ins("RET")
+	a.label("quant_nonfinite")
+	a.ins("MOVW $0x7fc00000, R6")
+	a.ins("MOVW R6, ret+16(FP)")
+	a.ins("B quant_clear")
+	a.label("quant_zero")
+	a.ins("MOVW ZR, ret+16(FP)")
+	a.label("quant_clear")
+	a.ins("VEOR V0.B16, V0.B16, V0.B16")
+	a.ins("VEOR V1.B16, V1.B16, V1.B16")
+	a.ins("VST1 [V0.B16, V1.B16], (R0)")
+	a.ins("RET")
+}
+
 // vecKernels returns vec_neon_arm64.s.
 func vecKernels() []byte {
 	var b bytes.Buffer
@@ -691,6 +1024,8 @@ func vecKernels() []byte {
 	a.ins("BNE swiglu_half")
 	a.label("swiglu_done")
 	a.ins("RET")
+
+	quantBlock(a, text)
 
 	text("// streamReadNEON sums blocks×512 bytes at p as uint32 lanes into out (word i into lane\n"+
 		"// i mod 4): eight accumulators (V0-V7), 64-byte VLD1 loads into four rotating banks\n"+

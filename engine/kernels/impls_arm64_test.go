@@ -9,5 +9,11 @@ func simdImpls() []impl { return []impl{{"neon", matmulNEON}} }
 // NEON bf16 and int8 tiles.
 func lowSIMDImpls() []impl { return []impl{{"neon", matmulLow}} }
 
-// w8a8SIMDImpls is empty: arm64 runs the Go W8A8 kernel (no SDOT tiles yet).
-func w8a8SIMDImpls() []w8a8Impl { return nil }
+// w8a8SIMDImpls is the SDOT tiles where the CPU has the dot-product extension (qemu-user's
+// default CPU has it).
+func w8a8SIMDImpls() []w8a8Impl {
+	if !w8a8UseSDOT {
+		return nil
+	}
+	return []w8a8Impl{{"sdot", w8a8SDOT.run}}
+}

@@ -57,7 +57,7 @@ func TestNEONWordEncodings(t *testing.T) {
 	dir := t.TempDir()
 	in, obj := filepath.Join(dir, "words.s"), filepath.Join(dir, "words.o")
 	require.NoError(t, os.WriteFile(in, []byte(src.String()), 0o644))
-	out, err := exec.Command(as, "-o", obj, in).CombinedOutput()
+	out, err := exec.Command(as, "-march=armv8.2-a+dotprod", "-o", obj, in).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	ef, err := elf.Open(obj)
 	require.NoError(t, err)

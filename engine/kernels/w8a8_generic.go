@@ -1,9 +1,9 @@
-//go:build purego || !amd64
+//go:build purego || !(amd64 || arm64)
 
 package kernels
 
 // matmulW8A8Panels runs panels [lo,hi) of a W8A8 MatMul with the Go kernel: this build has no
-// integer dot-product tiles (arm64's SDOT needs the dotprod extension, not yet used).
+// integer dot-product tiles.
 func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	matmulW8A8Generic(m, a, y, n, lo, hi)
 }
