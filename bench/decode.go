@@ -24,10 +24,14 @@ type DecodeResult struct {
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_s"`
 	// WeightGBPerSec is the weight bytes streamed per second by decode.
 	WeightGBPerSec float64 `json:"weight_gb_per_s"`
-	// BandwidthRatio is WeightGBPerSec over the machine's measured read bandwidth.
-	BandwidthRatio      float64 `json:"bandwidth_ratio"`
-	PrefillTokens       int     `json:"prefill_tokens"`
-	PrefillTokensPerSec float64 `json:"prefill_tokens_per_s"`
+	// BandwidthRatio is WeightGBPerSec over the machine's measured read bandwidth: with
+	// repeats, the median over them of each run's rate over the bandwidth probed just before
+	// it (BandwidthRuns), so that a shared host's load, which moves both, cancels out.
+	BandwidthRatio float64 `json:"bandwidth_ratio"`
+	// BandwidthRuns is the read bandwidth probed before each repeat, in GB/s.
+	BandwidthRuns       []float64 `json:"bandwidth_runs_gb_per_s,omitempty"`
+	PrefillTokens       int       `json:"prefill_tokens"`
+	PrefillTokensPerSec float64   `json:"prefill_tokens_per_s"`
 	// Llama2CTokensPerSec is the published range for llama2.c's run.c on this machine kind
 	// (docs/perf.md), the baseline for DecodeTokensPerSec when none is measured.
 	Llama2CTokensPerSec [2]float64 `json:"llama2c_tokens_per_s"`
@@ -168,7 +172,7 @@ type EngineReport struct {
 	// "archsimd, GOEXPERIMENT=simd", "portable, purego", …
 	KernelBuild string `json:"kernel_build"`
 	// W8A8Kernel is the w8a8 precision's kernel on this CPU (kernels.W8A8KernelName):
-	// "vnni", "avx2" or "generic".
+	// "vnni", "avx2", "sdot" or "generic".
 	W8A8Kernel       string  `json:"w8a8_kernel"`
 	ReadBandwidthGBs float64 `json:"read_bandwidth_gb_per_s"`
 	// PeakGFLOPs is the register-only FMA throughput of the kernel in use on all workers

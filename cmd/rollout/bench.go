@@ -94,7 +94,7 @@ func newBenchEngineCmd() *cobra.Command {
 					return err
 				}
 				for _, prec := range precs {
-					r, err := decodeFigures(cmd.Context(), pr, pool, p, w, prec, tokens, prefill, rep.ReadBandwidthGBs, repeats, llama2cBin, workers)
+					r, err := decodeFigures(cmd.Context(), pr, pool, p, w, prec, tokens, prefill, bwBytes, repeats, llama2cBin, workers)
 					if err != nil {
 						return err
 					}
@@ -320,8 +320,9 @@ func printPeerFigures(out io.Writer, rep *bench.EngineReport, peer peerFlags, re
 }
 
 // decodeFigures measures batch-1 decode repeats times, alternating with llama2.c's run when a
-// binary is given, so both see the same machine conditions; it reports medians.
-func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, w *model.Weights, prec kernels.Precision, tokens, prefill int, bw float64, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
+// binary is given, so both see the same machine conditions, and each run after a read-bandwidth
+// probe of bwBytes, its ratio's baseline; it reports medians.
+func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, w *model.Weights, prec kernels.Precision, tokens, prefill, bwBytes, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
 	var l2c *bench.Llama2C
 	if llama2cBin != "" && prec == kernels.F32 { // llama2.c reads float32 weights only
 		var err error
@@ -331,18 +332,22 @@ func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset
 		defer l2c.Close()
 	}
 	var r bench.DecodeResult
-	var runs, base, pre []float64
+	var runs, base, pre, bws, ratios []float64
 	for i := range max(repeats, 1) {
 		with := ""
 		if l2c != nil {
 			with = ", then llama2.c's"
 		}
 		pr.step("batch-1 decode, %s at %s, %d tokens, run %d of %d%s", preset, prec, tokens, i+1, max(repeats, 1), with)
+		// Each run beside a probe of its own: on a shared host the bandwidth moves by a
+		// quarter between probes a minute apart, and the ratio is the gate's figure.
+		bw := kernels.StreamReadBandwidth(pool, bwBytes)
 		d, err := bench.DecodeWeights(ctx, pool, w, preset, prec, tokens, prefill, bw)
 		if err != nil {
 			return bench.DecodeResult{}, err
 		}
 		runs, pre = append(runs, d.DecodeTokensPerSec), append(pre, d.PrefillTokensPerSec)
+		bws, ratios = append(bws, bw), append(ratios, d.BandwidthRatio)
 		if i == 0 {
 			r = d
 		}
@@ -354,12 +359,10 @@ func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset
 			base = append(base, v)
 		}
 	}
-	r.Runs, r.Llama2CRuns = runs, base
+	r.Runs, r.Llama2CRuns, r.BandwidthRuns = runs, base, bws
 	r.DecodeTokensPerSec, r.Llama2CMeasured, r.PrefillTokensPerSec = bench.Median(runs), bench.Median(base), bench.Median(pre)
 	r.WeightGBPerSec = r.DecodeTokensPerSec * float64(r.WeightBytes) / 1e9
-	if bw > 0 {
-		r.BandwidthRatio = r.WeightGBPerSec / bw
-	}
+	r.BandwidthRatio = bench.Median(ratios)
 	return r, nil
 }
 

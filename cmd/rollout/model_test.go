@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"path/filepath"
 	"testing"
 
 	parser "github.com/gpustack/gguf-parser-go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rolloutkit/rollout/bench"
 )
 
 // TestModelGGUF: `model init --format gguf` and `model export` write files an independent
@@ -62,4 +65,25 @@ func TestBenchPeerRefusals(t *testing.T) {
 		require.NotEqual(t, 0, run(t.Context(), append(base, c.args...), &o, &e), "%v", c.args)
 		require.Contains(t, e.String(), c.want, "%v", c.args)
 	}
+}
+
+// TestBenchDecodePairsBandwidth: each batch-1 repeat is measured beside a bandwidth probe of its
+// own, and the row's ratio is the median of the runs' ratios, not the median rate over the
+// report's one probe.
+func TestBenchDecodePairsBandwidth(t *testing.T) {
+	args := []string{"bench", "engine", "--quick", "--presets", "tiny", "--tokens", "4", "--repeats", "3", "--bandwidth-bytes", "1048576", "--json"}
+	var o, e bytes.Buffer
+	require.Equal(t, 0, run(t.Context(), args, &o, &e), "%s", e.String())
+	var rep bench.EngineReport
+	require.NoError(t, json.Unmarshal(o.Bytes(), &rep))
+	require.Len(t, rep.Decode, 1)
+	d := rep.Decode[0]
+	require.Len(t, d.Runs, 3)
+	require.Len(t, d.BandwidthRuns, 3)
+	ratios := make([]float64, 3)
+	for i, bw := range d.BandwidthRuns {
+		require.Positive(t, bw)
+		ratios[i] = d.Runs[i] * float64(d.WeightBytes) / 1e9 / bw
+	}
+	require.InDelta(t, bench.Median(ratios), d.BandwidthRatio, 1e-12*bench.Median(ratios))
 }
