@@ -58,11 +58,7 @@ func plan(p, t int) layout {
 func name(p, t int) string { return fmt.Sprintf("neonP%dT%d", p, t) }
 
 func main() {
-	var s, g bytes.Buffer
-	s.WriteString(header)
-	s.WriteString("#include \"textflag.h\"\n")
-	g.WriteString(header)
-	g.WriteString("package kernels\n\nimport \"unsafe\"\n\n")
+	s, g := files()
 	var table [maxP + 1][maxT + 1]string
 	for p := 1; p <= maxP; p++ {
 		for t := 1; t <= maxT; t++ {
@@ -71,12 +67,12 @@ func main() {
 				continue
 			}
 			table[p][t] = name(p, t)
-			fmt.Fprintf(&g, "// %s computes a %d-panel × %d-token tile; see neonTile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n\n", name(p, t), p, t, name(p, t))
-			tile(&s, p, t, l)
+			fmt.Fprintf(g, "// %s computes a %d-panel × %d-token tile; see neonTile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n\n", name(p, t), p, t, name(p, t))
+			tile(s, p, t, l)
 		}
 	}
 	g.WriteString("// neonTiles holds the generated tile shapes by panels and tokens; nil where a shape does not\n// fit in the 32 V registers.\n")
-	fmt.Fprintf(&g, "var neonTiles = [%d][%d]neonTile{\n", maxP+1, maxT+1)
+	fmt.Fprintf(g, "var neonTiles = [%d][%d]neonTile{\n", maxP+1, maxT+1)
 	for p := 1; p <= maxP; p++ {
 		var row []string
 		for t := 1; t <= maxT; t++ {
@@ -84,16 +80,10 @@ func main() {
 				row = append(row, fmt.Sprintf("%d: %s", t, table[p][t]))
 			}
 		}
-		fmt.Fprintf(&g, "\t%d: {%s},\n", p, strings.Join(row, ", "))
+		fmt.Fprintf(g, "\t%d: {%s},\n", p, strings.Join(row, ", "))
 	}
 	g.WriteString("}\n")
-	src, err := format.Source(g.Bytes())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	write("kernels_neon_arm64.go", src)
-	write("kernels_neon_arm64.s", s.Bytes())
+	writePair("kernels_neon_arm64", s, g)
 	write("vec_neon_arm64.s", vecKernels())
 	writeBF16Tiles()
 	writeInt8Tiles()
@@ -107,11 +97,7 @@ func int8Fits(p, t int) bool { return 4*p+4*p*t+min(2, t)+4 <= vregs }
 // writeInt8Tiles writes kernels_neon_i8_arm64.s and .go: the tiles over int8 panels
 // (kernels.PackStackedAs), the same FMA chains as the float32 tiles on the effective weights.
 func writeInt8Tiles() {
-	var s, g bytes.Buffer
-	s.WriteString(header)
-	s.WriteString("#include \"textflag.h\"\n")
-	g.WriteString(header)
-	g.WriteString("package kernels\n\nimport \"unsafe\"\n\n")
+	s, g := files()
 	var rows []string
 	for p := 1; p <= maxP; p++ {
 		var row []string
@@ -121,20 +107,14 @@ func writeInt8Tiles() {
 			}
 			n := "neonI8" + strings.TrimPrefix(name(p, t), "neon")
 			row = append(row, fmt.Sprintf("%d: %s", t, n))
-			fmt.Fprintf(&g, "// %s computes a %d-panel × %d-token int8 tile; see neonTile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n\n", n, p, t, n)
-			int8Tile(&s, n, p, t)
+			fmt.Fprintf(g, "// %s computes a %d-panel × %d-token int8 tile; see neonTile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n\n", n, p, t, n)
+			int8Tile(s, n, p, t)
 		}
 		rows = append(rows, fmt.Sprintf("\t%d: {%s},\n", p, strings.Join(row, ", ")))
 	}
 	g.WriteString("// neonI8Tiles holds the int8 tile shapes by panels and tokens; nil where a shape does not\n// fit in the 32 V registers.\n")
-	fmt.Fprintf(&g, "var neonI8Tiles = [%d][%d]neonTile{\n%s}\n", maxP+1, maxT+1, strings.Join(rows, ""))
-	src, err := format.Source(g.Bytes())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	write("kernels_neon_i8_arm64.go", src)
-	write("kernels_neon_i8_arm64.s", s.Bytes())
+	fmt.Fprintf(g, "var neonI8Tiles = [%d][%d]neonTile{\n%s}\n", maxP+1, maxT+1, strings.Join(rows, ""))
+	writePair("kernels_neon_i8_arm64", s, g)
 }
 
 // int8Tile writes one int8 tile. A panel's block of 32 steps starts with its 16 rows' float32
@@ -229,18 +209,14 @@ func w8a8Name(p, t int) string { return fmt.Sprintf("w8a8SP%dT%d", p, t) }
 // writeW8A8Tiles writes w8a8_sdot_arm64.s and .go: the W8A8 tiles of CPUs with the dot-product
 // extension (SDOT), with kernels.w8a8Tile's arguments.
 func writeW8A8Tiles() {
-	var s, g bytes.Buffer
-	s.WriteString(header)
-	s.WriteString("#include \"textflag.h\"\n")
-	g.WriteString(header)
-	g.WriteString("package kernels\n\nimport \"unsafe\"\n\n")
+	s, g := files()
 	one := make([]string, 0, 4)
 	var two string
 	for _, sh := range w8a8Shapes {
 		p, t := sh[0], sh[1]
 		n := w8a8Name(p, t)
-		fmt.Fprintf(&g, "// %s computes %d whole panel(s) × %d token(s) of a W8A8 MatMul with SDOT; see w8a8Tile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n\n", n, p, t, n)
-		w8a8Tile(&s, p, t)
+		fmt.Fprintf(g, "// %s computes %d whole panel(s) × %d token(s) of a W8A8 MatMul with SDOT; see w8a8Tile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)\n\n", n, p, t, n)
+		w8a8Tile(s, p, t)
 		if p == 1 {
 			one = append(one, fmt.Sprintf("%d: %s", t, n))
 		} else {
@@ -248,14 +224,8 @@ func writeW8A8Tiles() {
 		}
 	}
 	g.WriteString("// w8a8SDOT are the SDOT tiles: one panel × 1 to 4 tokens, and two panels for a lone token.\n")
-	fmt.Fprintf(&g, "var w8a8SDOT = w8a8Tiles{\n\tone: [w8a8MaxT + 1]w8a8Tile{%s},\n\ttwo: [w8a8MaxT + 1]w8a8Tile{%s},\n}\n", strings.Join(one, ", "), two)
-	src, err := format.Source(g.Bytes())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	write("w8a8_sdot_arm64.go", src)
-	write("w8a8_sdot_arm64.s", s.Bytes())
+	fmt.Fprintf(g, "var w8a8SDOT = w8a8Tiles{\n\tone: [w8a8MaxT + 1]w8a8Tile{%s},\n\ttwo: [w8a8MaxT + 1]w8a8Tile{%s},\n}\n", strings.Join(one, ", "), two)
+	writePair("w8a8_sdot_arm64", s, g)
 }
 
 // w8a8Tile writes one SDOT tile of P panels × T tokens. Per block, each token's 32 quantized
@@ -446,11 +416,7 @@ func bf16Fits(p, t int) bool { return 4*p+4*p*t+min(2, t)+1 <= vregs }
 // writeBF16Tiles writes kernels_neon_bf16_arm64.s and .go: the tiles over bf16 panels
 // (kernels.PackStackedAs), the same FMA chains as the float32 tiles on the effective weights.
 func writeBF16Tiles() {
-	var s, g bytes.Buffer
-	s.WriteString(header)
-	s.WriteString("#include \"textflag.h\"\n")
-	g.WriteString(header)
-	g.WriteString("package kernels\n\nimport \"unsafe\"\n\n")
+	s, g := files()
 	var rows []string
 	for p := 1; p <= maxP; p++ {
 		var row []string
@@ -460,20 +426,14 @@ func writeBF16Tiles() {
 			}
 			n := "neonBF16" + strings.TrimPrefix(name(p, t), "neon")
 			row = append(row, fmt.Sprintf("%d: %s", t, n))
-			fmt.Fprintf(&g, "// %s computes a %d-panel × %d-token bf16 tile; see neonTile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n\n", n, p, t, n)
-			bf16Tile(&s, n, p, t)
+			fmt.Fprintf(g, "// %s computes a %d-panel × %d-token bf16 tile; see neonTile.\n//\n//go:noescape\nfunc %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n\n", n, p, t, n)
+			bf16Tile(s, n, p, t)
 		}
 		rows = append(rows, fmt.Sprintf("\t%d: {%s},\n", p, strings.Join(row, ", ")))
 	}
 	g.WriteString("// neonBF16Tiles holds the bf16 tile shapes by panels and tokens; nil where a shape does not\n// fit in the 32 V registers.\n")
-	fmt.Fprintf(&g, "var neonBF16Tiles = [%d][%d]neonTile{\n%s}\n", maxP+1, maxT+1, strings.Join(rows, ""))
-	src, err := format.Source(g.Bytes())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	write("kernels_neon_bf16_arm64.go", src)
-	write("kernels_neon_bf16_arm64.s", s.Bytes())
+	fmt.Fprintf(g, "var neonBF16Tiles = [%d][%d]neonTile{\n%s}\n", maxP+1, maxT+1, strings.Join(rows, ""))
+	writePair("kernels_neon_bf16_arm64", s, g)
 }
 
 // bf16Tile writes one bf16 tile. A step pair (k, k+1) of a panel is 64 bytes of 32-bit words
@@ -546,6 +506,27 @@ func bf16Tile(s *bytes.Buffer, n string, p, t int) {
 		}
 	}
 	e("RET")
+}
+
+// files starts an assembly file and its Go declarations, each with the generated header.
+func files() (s, g *bytes.Buffer) {
+	s, g = new(bytes.Buffer), new(bytes.Buffer)
+	s.WriteString(header)
+	s.WriteString("#include \"textflag.h\"\n")
+	g.WriteString(header)
+	g.WriteString("package kernels\n\nimport \"unsafe\"\n\n")
+	return s, g
+}
+
+// writePair writes base.go (g, gofmt-ed) and base.s (s).
+func writePair(base string, s, g *bytes.Buffer) {
+	src, err := format.Source(g.Bytes())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	write(base+".go", src)
+	write(base+".s", s.Bytes())
 }
 
 func write(file string, b []byte) {
