@@ -167,7 +167,7 @@ func int8Tile(s *bytes.Buffer, n string, p, t int) {
 		a.word(0x0f10a400|uint32(w0+2)<<5|uint32(w0+2), "SXTL V%d.4S, V%d.4H", w0+2, w0+2)
 		e("VLD1 (R%d), %s", 20+j, quad(sc))
 		for q := range 4 {
-			a.word(0x4e21d800|uint32(w0+q)<<5|uint32(w0+q), "SCVTF V%d.4S, V%d.4S", w0+q, w0+q)
+			a.op("SCVTF.4S", w0+q, w0+q)
 			a.fp3("FMUL", w0+q, w0+q, sc+q)
 		}
 	}
@@ -360,10 +360,10 @@ func w8a8Tile(s *bytes.Buffer, p, t int) {
 	}
 	for j := range p {
 		e("VLD1 (R%d), [V%d.B16, V%d.B16]", 21+j, sc, sc+1)
-		a.word(0x4e217800|uint32(sc+1)<<5|uint32(sc+3), "FCVTL2 V%d.4S, V%d.8H", sc+3, sc+1)
-		a.word(0x0e217800|uint32(sc+1)<<5|uint32(sc+2), "FCVTL V%d.4S, V%d.4H", sc+2, sc+1)
-		a.word(0x4e217800|uint32(sc)<<5|uint32(sc+1), "FCVTL2 V%d.4S, V%d.8H", sc+1, sc)
-		a.word(0x0e217800|uint32(sc)<<5|uint32(sc), "FCVTL V%d.4S, V%d.4H", sc, sc)
+		a.op("FCVTL2.8H", sc+3, sc+1)
+		a.op("FCVTL.4H", sc+2, sc+1)
+		a.op("FCVTL2.8H", sc+1, sc)
+		a.op("FCVTL.4H", sc, sc)
 		for i := range t {
 			if !inRegs {
 				e("VLD1 (R23), %s", quad(ys))
@@ -373,7 +373,7 @@ func w8a8Tile(s *bytes.Buffer, p, t int) {
 			}
 			for q := range 4 {
 				r := ia(i, j, q)
-				a.word(0x4e21d800|uint32(r)<<5|uint32(r), "SCVTF V%d.4S, V%d.4S", r, r)
+				a.op("SCVTF.4S", r, r)
 			}
 			for q := range 4 {
 				acc := ys + q
@@ -755,9 +755,10 @@ func exp(a vasm, shift int, rs ...expRegs) {
 	each(func(r expRegs) { a.ins("VAND V%d.B16, V%d.B16, V%d.B16", r.x, r.d, r.d) })
 }
 
-// Vector instructions of the W8A8 input quantizer, by GNU mnemonic and operand form: integer
-// maxima, float64 arithmetic (the size bit, 22, of the 4S forms above) and the narrowing moves.
-var quantOps = map[string]struct {
+// Vector instructions of the int8 and W8A8 kernels, by GNU mnemonic and operand form: integer
+// maxima, conversions, float64 arithmetic (the size bit, 22, of the 4S forms above) and the
+// narrowing moves.
+var wordOps = map[string]struct {
 	enc      uint32
 	mn, form string
 }{
@@ -774,11 +775,14 @@ var quantOps = map[string]struct {
 	"XTN2.8H":   {0x4e612800, "XTN2", "V%d.8H, V%d.4S"},
 	"XTN.8B":    {0x0e212800, "XTN", "V%d.8B, V%d.8H"},
 	"XTN2.16B":  {0x4e212800, "XTN2", "V%d.16B, V%d.8H"},
+	"SCVTF.4S":  {0x4e21d800, "SCVTF", "V%d.4S, V%d.4S"},
+	"FCVTL.4H":  {0x0e217800, "FCVTL", "V%d.4S, V%d.4H"},
+	"FCVTL2.8H": {0x4e217800, "FCVTL2", "V%d.4S, V%d.8H"},
 }
 
-// qop writes quantOps[op] on registers r: d, n and, for three-register forms, m.
-func (a vasm) qop(op string, r ...int) {
-	o := quantOps[op]
+// op writes wordOps[name] on registers r: d, n and, for three-register forms, m.
+func (a vasm) op(name string, r ...int) {
+	o := wordOps[name]
 	enc := o.enc | uint32(r[0]) | uint32(r[1])<<5
 	args := []any{o.mn, r[0], r[1]}
 	if len(r) == 3 {
@@ -807,9 +811,9 @@ func quantBlock(a vasm, text func(doc, sig string, frame int)) {
 		a.ins("VAND V16.B16, V%d.B16, V%d.B16", i, 8+i)
 	}
 	for _, m := range [][2]int{{8, 9}, {10, 11}, {12, 13}, {14, 15}, {8, 10}, {12, 14}, {8, 12}} {
-		a.qop("UMAX", m[0], m[0], m[1])
+		a.op("UMAX", m[0], m[0], m[1])
 	}
-	a.qop("UMAXV", 8, 8)
+	a.op("UMAXV", 8, 8)
 	a.ins("VMOV V8.S[0], R4")
 	a.ins("MOVW $0x7f800000, R5")
 	a.ins("CMPW R5, R4")
@@ -831,22 +835,22 @@ func quantBlock(a vasm, text func(doc, sig string, frame int)) {
 		a.fp2("FCVTL", lo, i)
 		a.fp2("FCVTL2", hi, i)
 		for _, r := range []int{lo, hi} {
-			a.qop("FDIV.2D", r, r, 11)
-			a.qop("FRINTN.2D", r, r)
-			a.qop("FMIN.2D", r, r, 12)
-			a.qop("FMAX.2D", r, r, 13)
-			a.qop("FCVTZS.2D", r, r)
+			a.op("FDIV.2D", r, r, 11)
+			a.op("FRINTN.2D", r, r)
+			a.op("FMIN.2D", r, r, 12)
+			a.op("FMAX.2D", r, r, 13)
+			a.op("FCVTZS.2D", r, r)
 		}
-		a.qop("XTN.2S", i, lo)
-		a.qop("XTN2.4S", i, hi)
+		a.op("XTN.2S", i, lo)
+		a.op("XTN2.4S", i, hi)
 	}
 	for i := range 4 {
-		a.qop("XTN.4H", 8+i, 2*i)
-		a.qop("XTN2.8H", 8+i, 2*i+1)
+		a.op("XTN.4H", 8+i, 2*i)
+		a.op("XTN2.8H", 8+i, 2*i+1)
 	}
 	for i := range 2 {
-		a.qop("XTN.8B", 12+i, 8+2*i)
-		a.qop("XTN2.16B", 12+i, 9+2*i)
+		a.op("XTN.8B", 12+i, 8+2*i)
+		a.op("XTN2.16B", 12+i, 9+2*i)
 	}
 	a.ins("VST1 [V12.B16, V13.B16], (R0)")
 	a.ins("RET")
