@@ -55,12 +55,14 @@ type ConcurrentResult struct {
 	// median of the rounds' ratios when there are several).
 	SpeedupVsBatch1 float64 `json:"speedup_vs_batch1"`
 	// MatMulGFLOPs is the requests' MatMul flops (MatMulFlopsPerRequest: their prompts'
-	// too) over the time they took, and OfPeak that over EngineReport.PeakGFLOPs: how close
-	// the aggregate decode's matrix work is to the compute limit.
+	// too) over the time they took, and OfPeak the median over the rounds of each round's
+	// figure over the FMA peak probed at the round's start (PeakRuns): how close the aggregate
+	// decode's matrix work is to the compute limit, each side measured on the same machine.
 	MatMulGFLOPs float64 `json:"matmul_gflop_per_s"`
 	OfPeak       float64 `json:"of_peak,omitempty"`
 	// Runs holds each round's tokens/s when the figure is a median of several rounds.
-	Runs []float64 `json:"runs,omitempty"`
+	Runs     []float64 `json:"runs,omitempty"`
+	PeakRuns []float64 `json:"peak_runs_gflop_per_s,omitempty"`
 }
 
 // Concurrent measures aggregate decode tokens/s with c concurrent greedy requests of tokens
@@ -107,11 +109,16 @@ func matmulGFLOPs(c model.Config, tps float64, tokens int) float64 {
 // and SpeedupVsBatch1, when conc holds 1 before it, the median of each round's own ratio to
 // that round's concurrency-1 figure, so that both sides of a ratio saw the same machine (on a
 // shared VM the batch-1 figure alone moves 10-20% from one run to the next). OfPeak is set
-// when peak (GFLOP/s) is.
-func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, prec kernels.Precision, conc []int, tokens, workers, rounds int, peak float64) ([]ConcurrentResult, error) {
+// when peak, which probes the FMA peak in GFLOP/s (kernels.PeakFMA) at each round's start, is.
+func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, prec kernels.Precision, conc []int, tokens, workers, rounds int, peak func() float64) ([]ConcurrentResult, error) {
 	out := make([]ConcurrentResult, len(conc))
 	speedups := make([][]float64, len(conc))
+	shares := make([][]float64, len(conc))
 	for range max(rounds, 1) {
+		p := 0.0
+		if peak != nil {
+			p = peak()
+		}
 		base := 0.0
 		for i, c := range conc {
 			r, err := Concurrent(ctx, w, preset, prec, c, tokens, workers)
@@ -124,8 +131,14 @@ func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, prec
 			if base > 0 {
 				speedups[i] = append(speedups[i], r.TokensPerSec/base)
 			}
-			runs := append(out[i].Runs, r.TokensPerSec)
-			out[i], out[i].Runs = r, runs
+			if p > 0 {
+				shares[i] = append(shares[i], matmulGFLOPs(w.Config, r.TokensPerSec, tokens)/p)
+			}
+			runs, peaks := append(out[i].Runs, r.TokensPerSec), out[i].PeakRuns
+			if p > 0 {
+				peaks = append(peaks, p)
+			}
+			out[i], out[i].Runs, out[i].PeakRuns = r, runs, peaks
 		}
 	}
 	for i := range out {
@@ -133,9 +146,7 @@ func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, prec
 		r.TokensPerSec = Median(r.Runs)
 		r.MatMulGFLOPs = matmulGFLOPs(w.Config, r.TokensPerSec, tokens)
 		r.SpeedupVsBatch1 = Median(speedups[i])
-		if peak > 0 {
-			r.OfPeak = r.MatMulGFLOPs / peak
-		}
+		r.OfPeak = Median(shares[i])
 	}
 	return out, nil
 }

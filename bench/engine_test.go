@@ -43,15 +43,24 @@ func TestEngineFigures(t *testing.T) {
 // runs, and a speedup that is the median of the per-round ratios, not a ratio of medians.
 func TestConcurrentRounds(t *testing.T) {
 	w := tinyWeights(t)
-	rs, err := ConcurrentRounds(context.Background(), w, "tiny", kernels.F32, []int{1, 4}, 8, 2, 3, 1000)
+	// The peak is probed once per round; each round's share is over its own probe.
+	peaks := []float64{1000, 10, 100}
+	probes := 0
+	rs, err := ConcurrentRounds(context.Background(), w, "tiny", kernels.F32, []int{1, 4}, 8, 2, 3, func() float64 { probes++; return peaks[probes-1] })
 	require.NoError(t, err)
+	require.Equal(t, 3, probes)
 	require.Len(t, rs, 2)
 	for i, c := range []int{1, 4} {
 		r := rs[i]
 		assert.Equal(t, c, r.Concurrency)
 		require.Len(t, r.Runs, 3, "one run per round")
+		assert.Equal(t, peaks, r.PeakRuns)
 		assert.Equal(t, Median(r.Runs), r.TokensPerSec)
-		assert.InDelta(t, r.TokensPerSec*MatMulFlopsPerRequest(w.Config, 8, 8)/8/1e12, r.OfPeak, 1e-12)
+		var shares []float64
+		for k, p := range peaks {
+			shares = append(shares, r.Runs[k]*MatMulFlopsPerRequest(w.Config, 8, 8)/8/1e9/p)
+		}
+		assert.InDelta(t, Median(shares), r.OfPeak, 1e-12*Median(shares))
 	}
 	assert.Equal(t, 1.0, rs[0].SpeedupVsBatch1)
 	var ratios []float64
@@ -61,7 +70,7 @@ func TestConcurrentRounds(t *testing.T) {
 	assert.Equal(t, Median(ratios), rs[1].SpeedupVsBatch1)
 
 	// Without concurrency 1 there is no baseline: no speedup.
-	rs, err = ConcurrentRounds(context.Background(), w, "tiny", kernels.BF16, []int{2}, 4, 2, 1, 0)
+	rs, err = ConcurrentRounds(context.Background(), w, "tiny", kernels.BF16, []int{2}, 4, 2, 1, nil)
 	require.NoError(t, err)
 	assert.Zero(t, rs[0].SpeedupVsBatch1)
 	assert.Zero(t, rs[0].OfPeak)

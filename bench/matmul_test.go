@@ -14,11 +14,21 @@ import (
 func TestMatMulReportsShareOfPeak(t *testing.T) {
 	pool := kernels.NewPool(2)
 	defer pool.Close()
-	r, err := MatMul(pool, 64, 48, 5, time.Millisecond, 1000)
+	// Each pass is held against the peak probed just before it, and the share is the median
+	// of the passes' shares.
+	peaks := []float64{1000, 10, 100}
+	probes := 0
+	r, err := MatMul(pool, 64, 48, 5, time.Millisecond, func() float64 { probes++; return peaks[probes-1] })
 	require.NoError(t, err)
-	assert.Equal(t, MatMulResult{Rows: 64, Cols: 48, N: 5, GFLOPs: r.GFLOPs, OfPeak: r.GFLOPs / 1000}, r)
+	require.Equal(t, 3, probes)
+	require.Len(t, r.Runs, 3)
+	assert.Equal(t, peaks, r.PeakRuns)
+	shares := []float64{r.Runs[0] / 1000, r.Runs[1] / 10, r.Runs[2] / 100}
+	assert.Equal(t, Median(shares), r.OfPeak)
+	assert.Equal(t, max(r.Runs[0], r.Runs[1], r.Runs[2]), r.GFLOPs)
+	assert.Equal(t, MatMulResult{Rows: 64, Cols: 48, N: 5, GFLOPs: r.GFLOPs, OfPeak: r.OfPeak, Runs: r.Runs, PeakRuns: peaks}, r)
 	assert.Greater(t, r.GFLOPs, 0.0)
-	_, err = MatMul(pool, 0, 48, 5, time.Millisecond, 1)
+	_, err = MatMul(pool, 0, 48, 5, time.Millisecond, func() float64 { return 1 })
 	require.Error(t, err)
 }
 
