@@ -126,8 +126,8 @@ peer-install: ## Install node-llama-cpp (llama.cpp's prebuilt CPU build, from np
 
 # The side-by-side table of docs/perf.md: rollout and llama.cpp on the same weights, per precision.
 PEER_PRESETS ?= stories110m,qwen2.5-0.5b-shape,llama3.2-1b-shape
-bench-peer: build ## rollout (f32/bf16/int8) beside llama.cpp (f32/bf16/f16/q8_0; make peer-install first) on PEER_PRESETS: batch 1 and 16 sequences
-	$(BIN) bench engine --quick --presets $(PEER_PRESETS) --precision f32,bf16,int8 --tokens 64 --peer llamacpp --peer-tokens 64 --peer-sequences 16
+bench-peer: build ## rollout (f32/bf16/int8/w8a8) beside llama.cpp (f32/bf16/f16/q8_0; make peer-install first) on PEER_PRESETS: batch 1 and 16 sequences
+	$(BIN) bench engine --quick --presets $(PEER_PRESETS) --precision f32,bf16,int8,w8a8 --tokens 64 --peer llamacpp --peer-tokens 64 --peer-sequences 16
 
 bench-kernels: ## bench engine (BENCH_KERNELS_FLAGS, default --quick) with the default build and the GOEXPERIMENT=simd build, in one run
 	GOEXPERIMENT= $(GO) build -ldflags '$(LDFLAGS)' -o bin/rollout-default ./cmd/rollout
