@@ -654,9 +654,9 @@ func (a vasm) fp3(op string, d, n, m int) {
 	a.word(fp3ops[op]|uint32(m)<<16|uint32(n)<<5|uint32(d), "%s V%d.4S, V%d.4S, V%d.4S", op, d, n, m)
 }
 
-// faddD is FADD Vd.2D, Vn.2D, Vm.2D (the size bit, 22, set).
-func (a vasm) faddD(d, n, m int) {
-	a.word(fp3ops["FADD"]|1<<22|uint32(m)<<16|uint32(n)<<5|uint32(d), "FADD V%d.2D, V%d.2D, V%d.2D", d, n, m)
+// fp3D is op Vd.2D, Vn.2D, Vm.2D: the 4S form with the size bit, 22, set.
+func (a vasm) fp3D(op string, d, n, m int) {
+	a.word(fp3ops[op]|1<<22|uint32(m)<<16|uint32(n)<<5|uint32(d), "%s V%d.2D, V%d.2D, V%d.2D", op, d, n, m)
 }
 
 // Two-register vector instructions (Rn at 5, Rd at 0) and their GNU operand forms.
@@ -674,6 +674,11 @@ var fp2ops = map[string]struct {
 func (a vasm) fp2(op string, d, n int) {
 	o := fp2ops[op]
 	a.word(o.enc|uint32(n)<<5|uint32(d), "%s "+o.form, strings.TrimSuffix(op, "0"), d, n)
+}
+
+// fp2D is op Vd.2D, Vn.2D of a 4S form in fp2ops: the size bit, 22, set.
+func (a vasm) fp2D(op string, d, n int) {
+	a.word(fp2ops[op].enc|1<<22|uint32(n)<<5|uint32(d), "%s V%d.2D, V%d.2D", op, d, n)
 }
 
 // fpe is FMUL or FMLA by element: op Vd.4S, Vn.4S, Vm.S[i] (index i in H:L, bits 11 and 21).
@@ -756,19 +761,13 @@ func exp(a vasm, shift int, rs ...expRegs) {
 }
 
 // Vector instructions of the int8 and W8A8 kernels, by GNU mnemonic and operand form: integer
-// maxima, conversions, float64 arithmetic (the size bit, 22, of the 4S forms above) and the
-// narrowing moves.
+// maxima, conversions and the narrowing moves (their float64 arithmetic is fp3D and fp2D).
 var wordOps = map[string]struct {
 	enc      uint32
 	mn, form string
 }{
 	"UMAX":      {0x6ea06400, "UMAX", "V%d.4S, V%d.4S, V%d.4S"},
 	"UMAXV":     {0x6eb0a800, "UMAXV", "S%d, V%d.4S"},
-	"FDIV.2D":   {0x6e60fc00, "FDIV", "V%d.2D, V%d.2D, V%d.2D"},
-	"FMIN.2D":   {0x4ee0f400, "FMIN", "V%d.2D, V%d.2D, V%d.2D"},
-	"FMAX.2D":   {0x4e60f400, "FMAX", "V%d.2D, V%d.2D, V%d.2D"},
-	"FRINTN.2D": {0x4e618800, "FRINTN", "V%d.2D, V%d.2D"},
-	"FCVTZS.2D": {0x4ee1b800, "FCVTZS", "V%d.2D, V%d.2D"},
 	"XTN.2S":    {0x0ea12800, "XTN", "V%d.2S, V%d.2D"},
 	"XTN2.4S":   {0x4ea12800, "XTN2", "V%d.4S, V%d.2D"},
 	"XTN.4H":    {0x0e612800, "XTN", "V%d.4H, V%d.4S"},
@@ -835,11 +834,11 @@ func quantBlock(a vasm, text func(doc, sig string, frame int)) {
 		a.fp2("FCVTL", lo, i)
 		a.fp2("FCVTL2", hi, i)
 		for _, r := range []int{lo, hi} {
-			a.op("FDIV.2D", r, r, 11)
-			a.op("FRINTN.2D", r, r)
-			a.op("FMIN.2D", r, r, 12)
-			a.op("FMAX.2D", r, r, 13)
-			a.op("FCVTZS.2D", r, r)
+			a.fp3D("FDIV", r, r, 11)
+			a.fp2D("FRINTN", r, r)
+			a.fp3D("FMIN", r, r, 12)
+			a.fp3D("FMAX", r, r, 13)
+			a.fp2D("FCVTZS", r, r)
 		}
 		a.op("XTN.2S", i, lo)
 		a.op("XTN2.4S", i, hi)
@@ -964,8 +963,8 @@ func vecKernels() []byte {
 		for i, r := range []expRegs{lanesA, lanesB} {
 			a.fp2("FCVTL", r.p, r.d)
 			a.fp2("FCVTL2", r.t, r.d)
-			a.faddD(4*half+2*i, 4*half+2*i, r.p)
-			a.faddD(4*half+2*i+1, 4*half+2*i+1, r.t)
+			a.fp3D("FADD", 4*half+2*i, 4*half+2*i, r.p)
+			a.fp3D("FADD", 4*half+2*i+1, 4*half+2*i+1, r.t)
 		}
 	}
 	a.ins("SUBS $1, R2, R2")
