@@ -114,10 +114,12 @@ func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, prec
 	out := make([]ConcurrentResult, len(conc))
 	speedups := make([][]float64, len(conc))
 	shares := make([][]float64, len(conc))
+	var peaks []float64
 	for range max(rounds, 1) {
 		p := 0.0
 		if peak != nil {
 			p = peak()
+			peaks = append(peaks, p)
 		}
 		base := 0.0
 		for i, c := range conc {
@@ -134,11 +136,8 @@ func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, prec
 			if p > 0 {
 				shares[i] = append(shares[i], matmulGFLOPs(w.Config, r.TokensPerSec, tokens)/p)
 			}
-			runs, peaks := append(out[i].Runs, r.TokensPerSec), out[i].PeakRuns
-			if p > 0 {
-				peaks = append(peaks, p)
-			}
-			out[i], out[i].Runs, out[i].PeakRuns = r, runs, peaks
+			runs := append(out[i].Runs, r.TokensPerSec)
+			out[i], out[i].Runs = r, runs
 		}
 	}
 	for i := range out {
@@ -146,7 +145,7 @@ func ConcurrentRounds(ctx context.Context, w *model.Weights, preset string, prec
 		r.TokensPerSec = Median(r.Runs)
 		r.MatMulGFLOPs = matmulGFLOPs(w.Config, r.TokensPerSec, tokens)
 		r.SpeedupVsBatch1 = Median(speedups[i])
-		r.OfPeak = Median(shares[i])
+		r.OfPeak, r.PeakRuns = Median(shares[i]), peaks
 	}
 	return out, nil
 }

@@ -121,7 +121,7 @@ func newBenchEngineCmd() *cobra.Command {
 			fmt.Fprintf(out, "cpu: %s\n", rep.CPU)
 			fmt.Fprintf(out, "kernels: %s (%s), w8a8 %s, %d workers, streaming read bandwidth %.1f GB/s, peak FMA %.1f GFLOP/s\n", rep.Kernel, rep.KernelBuild, rep.W8A8Kernel, workers, rep.ReadBandwidthGBs, rep.PeakGFLOPs)
 			for _, mm := range rep.MatMul {
-				fmt.Fprintf(out, "batched matmul %dx%d, n=%d: %.1f GFLOP/s, %.2f of peak (median of 3 passes, each over the peak probed before it)\n", mm.Rows, mm.Cols, mm.N, mm.GFLOPs, mm.OfPeak)
+				fmt.Fprintf(out, "batched matmul %dx%d, n=%d: %.1f GFLOP/s, %.2f of peak (median of %d passes, each over the peak probed before it)\n", mm.Rows, mm.Cols, mm.N, mm.GFLOPs, mm.OfPeak, len(mm.Runs))
 			}
 			fmt.Fprintln(out)
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
