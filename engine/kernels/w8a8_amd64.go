@@ -70,8 +70,9 @@ func W8A8KernelName() string {
 }
 
 // quantizeWholeBlock is quantizeActBlock of a whole block: in assembly where the AVX2 tiles
-// run (the Go loop, with a float64 division per value, cost as much as the batch-1 MatMul it
-// feeds on the 1B shape's FFN), bit for bit the same.
+// run, bit for bit the same. For the 8192 inputs of the 1B shape's FFN down-projection the Go
+// loop (a float64 division and a rounding call per value) took 31-34 µs and the assembly
+// takes 4.6-5.1, beside about 570 µs for the batch-1 MatMul they feed (2-core EPYC).
 func quantizeWholeBlock(q *[Int8Block]int8, x *[Int8Block]float32) float32 {
 	if w8a8UseAVX2 {
 		return quantBlockAVX2(q, x)
