@@ -35,6 +35,9 @@ type DecodeResult struct {
 	// Llama2CTokensPerSec is the published range for llama2.c's run.c on this machine kind
 	// (docs/perf.md), the baseline for DecodeTokensPerSec when none is measured.
 	Llama2CTokensPerSec [2]float64 `json:"llama2c_tokens_per_s"`
+	// VsF32 is, where f32 was measured in the same rounds, the median of each round's decode
+	// rate over the f32 run's in that round.
+	VsF32 float64 `json:"vs_f32,omitempty"`
 	// Runs and Llama2CRuns are every repeat's decode rate, Rollout's and (with a llama2.c
 	// binary) llama2.c's, measured alternately in this run; DecodeTokensPerSec and
 	// Llama2CMeasured are their medians.
@@ -69,6 +72,19 @@ func Median(v []float64) float64 {
 		return (s[n/2-1] + s[n/2]) / 2
 	}
 	return s[len(s)/2]
+}
+
+// MedianRatio is the median of a[k]/b[k] over the rounds k both have (skipping b[k] = 0), 0
+// when there are none: the ratio of two figures measured in alternating rounds, each round's
+// pair under the same machine conditions.
+func MedianRatio(a, b []float64) float64 {
+	var r []float64
+	for k := range min(len(a), len(b)) {
+		if b[k] > 0 {
+			r = append(r, a[k]/b[k])
+		}
+	}
+	return Median(r)
 }
 
 // Llama2C holds llama2.c run.c's batch-1 greedy decode rates on this machine kind

@@ -10,10 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-
-	"github.com/rolloutkit/rollout/engine/gguf"
-	"github.com/rolloutkit/rollout/engine/model"
-	"github.com/rolloutkit/rollout/engine/tokenizer"
 )
 
 // ErrNoLlamaCpp means the peer cannot run here: no node binary or no node-llama-cpp package.
@@ -127,56 +123,10 @@ type PeerResult struct {
 	// reference precision (f32 unless told otherwise), of GreedyTokens.
 	GreedyMatch  int `json:"greedy_match"`
 	GreedyTokens int `json:"greedy_tokens"`
-}
-
-// LlamaCppFigures measures llama.cpp on w (the weights of preset, with its vocabulary tok)
-// exported as GGUF in each of types: batch-1 decode of tokens tokens from BOS and the
-// aggregate of seqs sequences, each repeats times, on threads threads. greedy are rollout's
-// tokens from BOS (at f32, as a rule), which the batch-1 run is compared with. The files go to a temporary
-// directory, one at a time (a 1B model in f32 is 5 GB).
-func LlamaCppFigures(ctx context.Context, peer *LlamaCpp, w *model.Weights, tok tokenizer.Tokenizer, preset string, types []gguf.Type,
-	greedy []int, tokens, seqs, threads, repeats int) ([]PeerResult, error) {
-	dir, err := os.MkdirTemp("", "rollout-peer-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	c := w.Config
-	prompts := make([][]int, seqs)
-	for i := range prompts {
-		prompts[i] = benchPrompt(8, i, c.VocabSize)
-	}
-	var out []PeerResult
-	for _, typ := range types {
-		path := filepath.Join(dir, preset+"-"+typ.String()+".gguf")
-		if err := gguf.WriteFile(path, w, tok, typ, preset); err != nil {
-			return nil, err
-		}
-		r := PeerResult{Preset: preset, Engine: "llama.cpp", Precision: typ.String(), Sequences: seqs, GreedyTokens: len(greedy)}
-		for i := range max(repeats, 1) {
-			one, err := peer.Run(ctx, path, [][]int{{c.BOSTokenID}}, tokens, threads)
-			if err != nil {
-				return nil, err
-			}
-			r.Batch1Runs = append(r.Batch1Runs, one.DecodeTokensPerSec)
-			if i == 0 {
-				for r.GreedyMatch < min(len(greedy), len(one.Tokens[0])) && one.Tokens[0][r.GreedyMatch] == greedy[r.GreedyMatch] {
-					r.GreedyMatch++
-				}
-			}
-			if seqs > 0 {
-				many, err := peer.Run(ctx, path, prompts, tokens, threads)
-				if err != nil {
-					return nil, err
-				}
-				r.AggregateRuns = append(r.AggregateRuns, many.AggregateTokensPerSec)
-			}
-		}
-		r.Batch1TokensPerSec, r.AggregateTokensPerSec = Median(r.Batch1Runs), Median(r.AggregateRuns)
-		out = append(out, r)
-		if err := os.Remove(path); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	// VsPeer is, on a rollout row, the median over the rounds of its batch-1 rate over that of
+	// the llama.cpp row VsPeerType (SameBytes) in the same round; VsPeerAggregate the same of
+	// the aggregate. 0 where that type was not run.
+	VsPeer          float64 `json:"vs_peer,omitempty"`
+	VsPeerAggregate float64 `json:"vs_peer_aggregate,omitempty"`
+	VsPeerType      string  `json:"vs_peer_type,omitempty"`
 }

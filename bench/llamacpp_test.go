@@ -2,6 +2,7 @@ package bench
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -147,25 +148,60 @@ func top2(x []float32) (int, float64) {
 	return best, float64(x[best] - x[second])
 }
 
-// TestLlamaCppFigures: the side-by-side figures of a preset, with the f32 peer reproducing
-// rollout's greedy tokens from BOS.
-func TestLlamaCppFigures(t *testing.T) {
+// TestSideBySide: the side-by-side figures of a preset in two rounds, with the f32 peer
+// reproducing rollout's greedy tokens from BOS and every rollout row held against its peer row.
+func TestSideBySide(t *testing.T) {
 	peer := findPeer(t)
 	w, err := model.Preset("tiny", 1)
 	require.NoError(t, err)
-	d, err := DecodeWeights(t.Context(), nil, w, "tiny", kernels.F32, 8, 8, 0)
+	var steps []string
+	rs, err := SideBySide(t.Context(), nil, peer, w, tokenizer.NewByte(), SideBySideConfig{
+		Preset: "tiny", Precs: []kernels.Precision{kernels.F32, kernels.W8A8, kernels.BF16}, Types: []gguf.Type{gguf.F32, gguf.Q8_0},
+		Tokens: 8, Seqs: 2, Threads: 1, Workers: 1, Rounds: 2,
+		Step: func(format string, args ...any) { steps = append(steps, fmt.Sprintf(format, args...)) },
+	})
 	require.NoError(t, err)
-	require.Len(t, d.Greedy, 8)
-	rs, err := LlamaCppFigures(t.Context(), peer, w, tokenizer.NewByte(), "tiny", []gguf.Type{gguf.F32, gguf.Q8_0}, d.Greedy, 8, 2, 1, 1)
-	require.NoError(t, err)
-	require.Len(t, rs, 2)
-	require.Equal(t, "f32", rs[0].Precision)
-	require.Equal(t, 8, rs[0].GreedyMatch, "llama.cpp's f32 greedy tokens are rollout's")
+	require.Len(t, steps, 10, "each of the 5 rows once per round")
+	require.Contains(t, steps[0], "rollout f32, round 1 of 2")
+	require.Contains(t, steps[5], "rollout f32, round 2 of 2", "rounds alternate the rows")
+	require.Len(t, rs, 5)
+	byName := map[string]PeerResult{}
 	for _, r := range rs {
+		byName[r.Engine+" "+r.Precision] = r
+		require.Len(t, r.Batch1Runs, 2, r.Precision)
+		require.Len(t, r.AggregateRuns, 2, r.Precision)
 		require.Positive(t, r.Batch1TokensPerSec)
 		require.Positive(t, r.AggregateTokensPerSec)
 		require.Equal(t, 2, r.Sequences)
+		require.Equal(t, 8, r.GreedyTokens)
 	}
+	require.Equal(t, 8, byName["rollout f32"].GreedyMatch)
+	require.Equal(t, 8, byName["llama.cpp f32"].GreedyMatch, "llama.cpp's f32 greedy tokens are rollout's")
+	for prec, typ := range map[string]string{"f32": "f32", "w8a8": "q8_0"} {
+		r, p := byName["rollout "+prec], byName["llama.cpp "+typ]
+		require.Equal(t, typ, r.VsPeerType)
+		require.InDelta(t, Median([]float64{r.Batch1Runs[0] / p.Batch1Runs[0], r.Batch1Runs[1] / p.Batch1Runs[1]}), r.VsPeer, 1e-12)
+		require.InDelta(t, Median([]float64{r.AggregateRuns[0] / p.AggregateRuns[0], r.AggregateRuns[1] / p.AggregateRuns[1]}), r.VsPeerAggregate, 1e-12)
+	}
+	require.Zero(t, byName["rollout bf16"].VsPeer, "no bf16 peer row ran")
+	require.Empty(t, byName["rollout bf16"].VsPeerType)
+}
+
+func TestSideBySideRejectsBadConfig(t *testing.T) {
+	w, err := model.Preset("tiny", 1)
+	require.NoError(t, err)
+	_, err = SideBySide(t.Context(), nil, &LlamaCpp{}, w, tokenizer.NewByte(), SideBySideConfig{Preset: "tiny", Tokens: 8, Threads: 1})
+	require.ErrorContains(t, err, "0 precisions")
+}
+
+func TestMedianRatioPairsRounds(t *testing.T) {
+	require.InDelta(t, 2.0, MedianRatio([]float64{2, 9, 4}, []float64{1, 3, 2}), 1e-12, "ratios 2, 3, 2")
+	require.InDelta(t, 3.0, MedianRatio([]float64{2, 9}, []float64{0, 3}), 1e-12, "a zero round is skipped")
+	require.Zero(t, MedianRatio(nil, []float64{1}))
+	require.Equal(t, gguf.Q8_0, SameBytes(kernels.W8A8))
+	require.Equal(t, gguf.Q8_0, SameBytes(kernels.Int8))
+	require.Equal(t, gguf.BF16, SameBytes(kernels.BF16))
+	require.Equal(t, gguf.F32, SameBytes(kernels.F32))
 }
 
 func TestFindLlamaCppMissing(t *testing.T) {
@@ -188,13 +224,13 @@ func TestLlamaCppGreedyLargeShapes(t *testing.T) {
 		t.Run(preset, func(t *testing.T) {
 			w, err := model.Preset(preset, 1)
 			require.NoError(t, err)
-			d, err := DecodeWeights(t.Context(), nil, w, preset, kernels.F32, 6, 1, 0)
-			require.NoError(t, err)
 			tok, err := tokenizer.Synthetic(w.Config.VocabSize)
 			require.NoError(t, err)
-			rs, err := LlamaCppFigures(t.Context(), peer, w, tok, preset, []gguf.Type{gguf.F32}, d.Greedy, 6, 0, 1, 1)
+			rs, err := SideBySide(t.Context(), nil, peer, w, tok, SideBySideConfig{Preset: preset, Precs: []kernels.Precision{kernels.F32},
+				Types: []gguf.Type{gguf.F32}, Tokens: 6, Threads: 1, Workers: 1})
 			require.NoError(t, err)
-			require.Equal(t, len(d.Greedy), rs[0].GreedyMatch, "llama.cpp's greedy tokens from BOS are rollout's")
+			require.Equal(t, 6, rs[1].GreedyTokens)
+			require.Equal(t, 6, rs[1].GreedyMatch, "llama.cpp's greedy tokens from BOS are rollout's")
 		})
 	}
 }

@@ -69,7 +69,7 @@ func newBenchEngineCmd() *cobra.Command {
 			defer pool.Close()
 			steps := engineSteps(len(presets), len(precs), repeats, quick, idleFor > 0)
 			if lc != nil {
-				steps += len(presets) * (len(precs) + len(peerTypes)) // rollout at each precision, then each peer file
+				steps += len(presets) * (len(precs) + len(peerTypes)) * max(repeats, 1) // each row once a round
 			}
 			pr := newProgress(cmd.ErrOrStderr(), "bench engine", steps)
 			defer pr.done()
@@ -93,13 +93,11 @@ func newBenchEngineCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				for _, prec := range precs {
-					r, err := decodeFigures(cmd.Context(), pr, pool, p, w, prec, tokens, prefill, bwBytes, repeats, llama2cBin, workers)
-					if err != nil {
-						return err
-					}
-					rep.Decode = append(rep.Decode, r)
+				rs, err := decodeFigures(cmd.Context(), pr, pool, p, w, precs, tokens, prefill, bwBytes, repeats, llama2cBin, workers)
+				if err != nil {
+					return err
 				}
+				rep.Decode = append(rep.Decode, rs...)
 			}
 			if !quick {
 				if err := engineFigures(cmd.Context(), pr, pool, &rep, presets, precs, conc, concToks, workers, repeats, idleFor); err != nil {
@@ -126,12 +124,6 @@ func newBenchEngineCmd() *cobra.Command {
 			fmt.Fprintln(out)
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "preset\tprecision\tdecode tok/s\tvs f32\tllama2.c tok/s\tratio\tweights GB/s\tof bandwidth\tprefill tok/s")
-			f32 := map[string]float64{}
-			for _, r := range rep.Decode {
-				if r.Precision == kernels.F32.String() {
-					f32[r.Preset] = r.DecodeTokensPerSec
-				}
-			}
 			for _, r := range rep.Decode {
 				// A preset llama2.c has no figure for (the 0.5B-1B shapes) shows none.
 				base, ratio := "-", "-"
@@ -145,14 +137,14 @@ func newBenchEngineCmd() *cobra.Command {
 					ratio = fmt.Sprintf("%.2fx", r.Ratio())
 				}
 				vs := "-"
-				if b := f32[r.Preset]; b > 0 {
-					vs = fmt.Sprintf("%.2fx", r.DecodeTokensPerSec/b)
+				if r.VsF32 > 0 {
+					vs = fmt.Sprintf("%.2fx", r.VsF32)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%s\t%s\t%.1f\t%.2f\t%.0f\n", r.Preset, r.Precision, r.DecodeTokensPerSec, vs,
 					base, ratio, r.WeightGBPerSec, r.BandwidthRatio, r.PrefillTokensPerSec)
 			}
 			if repeats > 1 {
-				fmt.Fprintf(tw, "(medians of %d alternating runs)\n", repeats)
+				fmt.Fprintf(tw, "(medians of %d rounds, each running every precision once; vs f32: the median of each round's ratio)\n", repeats)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -233,8 +225,8 @@ func (peer peerFlags) resolve() (*bench.LlamaCpp, []gguf.Type, error) {
 }
 
 // peerFigures measures, per preset, rollout at each of precs and the peer at each of its
-// types on the same weights: batch 1 from BOS and peer.seqs sequences, peer.tokens tokens
-// each. The peer's batch-1 tokens are compared with rollout's at precs[0].
+// types on the same weights, in repeats rounds (bench.SideBySide): batch 1 from BOS and
+// peer.seqs sequences, peer.tokens tokens each, greedy tokens compared with rollout's at precs[0].
 func peerFigures(ctx context.Context, pr *progress, pool *kernels.Pool, rep *bench.EngineReport, presets []string, precs []kernels.Precision,
 	lc *bench.LlamaCpp, types []gguf.Type, peer peerFlags, workers, repeats int) error {
 	for _, p := range presets {
@@ -246,49 +238,12 @@ func peerFigures(ctx context.Context, pr *progress, pool *kernels.Pool, rep *ben
 		if err != nil {
 			return err
 		}
-		// Rollout's rows first, alternating nothing with the peer: each peer run is a process
-		// of its own that maps its file afresh, so order does not favour either side.
-		var greedy []int
-		for pi, prec := range precs {
-			pr.step("side by side, %s: rollout %s, %d runs", p, prec, max(repeats, 1))
-			r := bench.PeerResult{Preset: p, Engine: "rollout", Precision: prec.String(), Sequences: peer.seqs}
-			var mine []int
-			for i := range max(repeats, 1) {
-				d, err := bench.DecodeWeights(ctx, pool, w, p, prec, peer.tokens, 8, rep.ReadBandwidthGBs)
-				if err != nil {
-					return err
-				}
-				r.Batch1Runs = append(r.Batch1Runs, d.DecodeTokensPerSec)
-				if i == 0 {
-					mine = d.Greedy
-				}
-				if peer.seqs > 0 {
-					c, err := bench.Concurrent(ctx, w, p, prec, peer.seqs, peer.tokens, workers)
-					if err != nil {
-						return err
-					}
-					r.AggregateRuns = append(r.AggregateRuns, c.TokensPerSec)
-				}
-			}
-			if pi == 0 {
-				greedy = mine
-			}
-			r.Batch1TokensPerSec, r.AggregateTokensPerSec = bench.Median(r.Batch1Runs), bench.Median(r.AggregateRuns)
-			r.GreedyTokens = len(greedy)
-			for r.GreedyMatch < min(len(greedy), len(mine)) && mine[r.GreedyMatch] == greedy[r.GreedyMatch] {
-				r.GreedyMatch++
-			}
-			rep.Peers = append(rep.Peers, r)
+		rs, err := bench.SideBySide(ctx, pool, lc, w, tok, bench.SideBySideConfig{Preset: p, Precs: precs, Types: types,
+			Tokens: peer.tokens, Seqs: peer.seqs, Threads: cmp.Or(peer.threads, workers), Workers: workers, Rounds: repeats, Step: pr.step})
+		if err != nil {
+			return err
 		}
-		threads := cmp.Or(peer.threads, workers)
-		for _, t := range types {
-			pr.step("side by side, %s: llama.cpp %s, %d runs", p, t, max(repeats, 1))
-			rs, err := bench.LlamaCppFigures(ctx, lc, w, tok, p, []gguf.Type{t}, greedy, peer.tokens, peer.seqs, threads, repeats)
-			if err != nil {
-				return err
-			}
-			rep.Peers = append(rep.Peers, rs...)
-		}
+		rep.Peers = append(rep.Peers, rs...)
 	}
 	return nil
 }
@@ -301,69 +256,95 @@ func printPeerFigures(out io.Writer, rep *bench.EngineReport, peer peerFlags, re
 	if peer.seqs > 0 {
 		many = fmt.Sprintf(", %d sequences after 8-token prompts", peer.seqs)
 	}
-	fmt.Fprintf(out, "\nside by side on the same weights (llama.cpp through node-llama-cpp; batch 1 from BOS%s; %d tokens each; medians of %d runs)\n",
+	fmt.Fprintf(out, "\nside by side on the same weights (llama.cpp through node-llama-cpp; batch 1 from BOS%s; %d tokens each; medians of %d rounds, each running every row once)\n",
 		many, peer.tokens, max(repeats, 1))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	head := "preset\tengine\tprecision\tbatch-1 tok/s"
+	head := "preset\tengine\tprecision\tbatch-1 tok/s\tvs llama.cpp"
 	if peer.seqs > 0 {
-		head += fmt.Sprintf("\t%d seqs tok/s", peer.seqs)
+		head += fmt.Sprintf("\t%d seqs tok/s\tvs llama.cpp", peer.seqs)
 	}
 	fmt.Fprintf(tw, "%s\tgreedy = rollout %s\n", head, ref)
+	vs := func(x float64, typ string) string {
+		if x == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fx %s", x, typ)
+	}
 	for _, r := range rep.Peers {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f", r.Preset, r.Engine, r.Precision, r.Batch1TokensPerSec)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%s", r.Preset, r.Engine, r.Precision, r.Batch1TokensPerSec, vs(r.VsPeer, r.VsPeerType))
 		if peer.seqs > 0 {
-			fmt.Fprintf(tw, "\t%.1f", r.AggregateTokensPerSec)
+			fmt.Fprintf(tw, "\t%.1f\t%s", r.AggregateTokensPerSec, vs(r.VsPeerAggregate, r.VsPeerType))
 		}
 		fmt.Fprintf(tw, "\t%d/%d\n", r.GreedyMatch, r.GreedyTokens)
+	}
+	if len(rep.Peers) > 0 {
+		fmt.Fprintln(tw, "(vs llama.cpp: the median of each round's ratio to llama.cpp at about the same bytes a weight: f32, bf16, q8_0 for int8 and w8a8)")
 	}
 	_ = tw.Flush()
 }
 
-// decodeFigures measures batch-1 decode repeats times, alternating with llama2.c's run when a
-// binary is given, so both see the same machine conditions, and each run after a read-bandwidth
-// probe of bwBytes, its ratio's baseline; it reports medians.
-func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, w *model.Weights, prec kernels.Precision, tokens, prefill, bwBytes, repeats int, llama2cBin string, threads int) (bench.DecodeResult, error) {
+// decodeFigures measures batch-1 decode at each of precs in repeats rounds, each of which runs
+// every precision once (and llama2.c's run after the f32 one when a binary is given), each run
+// after a read-bandwidth probe of bwBytes, its ratio's baseline: a shared host's drift then moves
+// all of a round's figures alike. It reports medians, and each precision's VsF32 as the median
+// of each round's ratio to its f32 run.
+func decodeFigures(ctx context.Context, pr *progress, pool *kernels.Pool, preset string, w *model.Weights, precs []kernels.Precision, tokens, prefill, bwBytes, repeats int, llama2cBin string, threads int) ([]bench.DecodeResult, error) {
 	var l2c *bench.Llama2C
-	if llama2cBin != "" && prec == kernels.F32 { // llama2.c reads float32 weights only
+	if llama2cBin != "" && slices.Contains(precs, kernels.F32) { // llama2.c reads float32 weights only
 		var err error
 		if l2c, err = bench.NewLlama2C(llama2cBin, preset); err != nil {
-			return bench.DecodeResult{}, err
+			return nil, err
 		}
 		defer l2c.Close()
 	}
-	var r bench.DecodeResult
-	var runs, base, pre, bws, ratios []float64
-	for i := range max(repeats, 1) {
-		with := ""
-		if l2c != nil {
-			with = ", then llama2.c's"
-		}
-		pr.step("batch-1 decode, %s at %s, %d tokens, run %d of %d%s", preset, prec, tokens, i+1, max(repeats, 1), with)
-		// Each run beside a probe of its own: on a shared host the bandwidth moves by a
-		// quarter between probes a minute apart, and the ratio is the gate's figure.
-		bw := kernels.StreamReadBandwidth(pool, bwBytes)
-		d, err := bench.DecodeWeights(ctx, pool, w, preset, prec, tokens, prefill, bw)
-		if err != nil {
-			return bench.DecodeResult{}, err
-		}
-		runs, pre = append(runs, d.DecodeTokensPerSec), append(pre, d.PrefillTokensPerSec)
-		bws, ratios = append(bws, bw), append(ratios, d.BandwidthRatio)
-		if i == 0 {
-			r = d
-		}
-		if l2c != nil {
-			v, err := l2c.Run(ctx, tokens, threads)
-			if err != nil {
-				return bench.DecodeResult{}, err
+	type runs struct{ decode, prefill, bw, ratio []float64 }
+	rs, out := make([]runs, len(precs)), make([]bench.DecodeResult, len(precs))
+	var base []float64
+	rounds := max(repeats, 1)
+	for i := range rounds {
+		for pi, prec := range precs {
+			with := ""
+			if l2c != nil && prec == kernels.F32 {
+				with = ", then llama2.c's"
 			}
-			base = append(base, v)
+			pr.step("batch-1 decode, %s at %s, %d tokens, round %d of %d%s", preset, prec, tokens, i+1, rounds, with)
+			// Each run beside a probe of its own: on a shared host the bandwidth moves by a
+			// quarter to a half between probes a minute apart, and the ratio is the gate's figure.
+			bw := kernels.StreamReadBandwidth(pool, bwBytes)
+			d, err := bench.DecodeWeights(ctx, pool, w, preset, prec, tokens, prefill, bw)
+			if err != nil {
+				return nil, err
+			}
+			r := &rs[pi]
+			r.decode, r.prefill = append(r.decode, d.DecodeTokensPerSec), append(r.prefill, d.PrefillTokensPerSec)
+			r.bw, r.ratio = append(r.bw, bw), append(r.ratio, d.BandwidthRatio)
+			if i == 0 {
+				out[pi] = d
+			}
+			if with != "" {
+				v, err := l2c.Run(ctx, tokens, threads)
+				if err != nil {
+					return nil, err
+				}
+				base = append(base, v)
+			}
 		}
 	}
-	r.Runs, r.Llama2CRuns, r.BandwidthRuns = runs, base, bws
-	r.DecodeTokensPerSec, r.Llama2CMeasured, r.PrefillTokensPerSec = bench.Median(runs), bench.Median(base), bench.Median(pre)
-	r.WeightGBPerSec = r.DecodeTokensPerSec * float64(r.WeightBytes) / 1e9
-	r.BandwidthRatio = bench.Median(ratios)
-	return r, nil
+	f32 := slices.Index(precs, kernels.F32)
+	for pi, prec := range precs {
+		d, r := &out[pi], rs[pi]
+		d.Runs, d.BandwidthRuns = r.decode, r.bw
+		d.DecodeTokensPerSec, d.PrefillTokensPerSec = bench.Median(r.decode), bench.Median(r.prefill)
+		d.WeightGBPerSec = d.DecodeTokensPerSec * float64(d.WeightBytes) / 1e9
+		d.BandwidthRatio = bench.Median(r.ratio)
+		if prec == kernels.F32 {
+			d.Llama2CRuns, d.Llama2CMeasured = base, bench.Median(base)
+		}
+		if f32 >= 0 {
+			d.VsF32 = bench.MedianRatio(r.decode, rs[f32].decode)
+		}
+	}
+	return out, nil
 }
 
 // peakPass is the length of one pass of the FMA probe and of the batched matmul figure.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	parser "github.com/gpustack/gguf-parser-go"
@@ -67,23 +68,39 @@ func TestBenchPeerRefusals(t *testing.T) {
 	}
 }
 
-// TestBenchDecodePairsBandwidth: each batch-1 repeat is measured beside a bandwidth probe of its
-// own, and the row's ratio is the median of the runs' ratios, not the median rate over the
-// report's one probe.
+// TestBenchDecodePairsBandwidth: batch-1 decode runs in rounds of every precision, each run
+// beside a bandwidth probe of its own; a row's ratio is the median of its runs' ratios (not the
+// median rate over the report's one probe), and "vs f32" the median of each round's ratio to
+// that round's f32 run.
 func TestBenchDecodePairsBandwidth(t *testing.T) {
-	args := []string{"bench", "engine", "--quick", "--presets", "tiny", "--tokens", "4", "--repeats", "3", "--bandwidth-bytes", "1048576", "--json"}
+	args := []string{"bench", "engine", "--quick", "--presets", "tiny", "--precision", "f32,bf16", "--tokens", "4", "--repeats", "3",
+		"--bandwidth-bytes", "1048576", "--json"}
 	var o, e bytes.Buffer
 	require.Equal(t, 0, run(t.Context(), args, &o, &e), "%s", e.String())
 	var rep bench.EngineReport
 	require.NoError(t, json.Unmarshal(o.Bytes(), &rep))
-	require.Len(t, rep.Decode, 1)
-	d := rep.Decode[0]
-	require.Len(t, d.Runs, 3)
-	require.Len(t, d.BandwidthRuns, 3)
-	ratios := make([]float64, 3)
-	for i, bw := range d.BandwidthRuns {
-		require.Positive(t, bw)
-		ratios[i] = d.Runs[i] * float64(d.WeightBytes) / 1e9 / bw
+	require.Len(t, rep.Decode, 2)
+	for _, d := range rep.Decode {
+		require.Len(t, d.Runs, 3)
+		require.Len(t, d.BandwidthRuns, 3)
+		ratios := make([]float64, 3)
+		for i, bw := range d.BandwidthRuns {
+			require.Positive(t, bw)
+			ratios[i] = d.Runs[i] * float64(d.WeightBytes) / 1e9 / bw
+		}
+		require.InDelta(t, bench.Median(ratios), d.BandwidthRatio, 1e-12*bench.Median(ratios))
 	}
-	require.InDelta(t, bench.Median(ratios), d.BandwidthRatio, 1e-12*bench.Median(ratios))
+	f32, bf16 := rep.Decode[0], rep.Decode[1]
+	require.Equal(t, "f32", f32.Precision)
+	require.InDelta(t, 1, f32.VsF32, 1e-12)
+	want := bench.Median([]float64{bf16.Runs[0] / f32.Runs[0], bf16.Runs[1] / f32.Runs[1], bf16.Runs[2] / f32.Runs[2]})
+	require.InDelta(t, want, bf16.VsF32, 1e-12*want)
+	// The progress lines: f32 and bf16 alternate, round by round.
+	var order []string
+	for _, l := range strings.Split(e.String(), "\n") {
+		if i := strings.Index(l, "batch-1 decode, tiny at "); i >= 0 {
+			order = append(order, strings.Fields(l[i+len("batch-1 decode, tiny at "):])[0])
+		}
+	}
+	require.Equal(t, []string{"f32,", "bf16,", "f32,", "bf16,", "f32,", "bf16,"}, order, "%s", e.String())
 }

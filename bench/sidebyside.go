@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/rolloutkit/rollout/engine/gguf"
+	"github.com/rolloutkit/rollout/engine/kernels"
+	"github.com/rolloutkit/rollout/engine/model"
+	"github.com/rolloutkit/rollout/engine/tokenizer"
+)
+
+// SideBySideConfig is what SideBySide measures on one preset's weights.
+type SideBySideConfig struct {
+	Preset string
+	// Precs are rollout's precisions; the first one's greedy tokens from BOS are the
+	// reference every row's GreedyMatch counts against.
+	Precs []kernels.Precision
+	// Types are the GGUF precisions llama.cpp runs.
+	Types []gguf.Type
+	// Tokens are the greedy tokens of each sequence; Seqs the sequences of the aggregate
+	// figure (0: batch 1 only).
+	Tokens, Seqs int
+	// Threads are llama.cpp's threads, Workers rollout's engine workers (Concurrent).
+	Threads, Workers int
+	// Rounds is how many times each row is measured (at least once).
+	Rounds int
+	// Step, when set, is told of each measurement before it starts (progress).
+	Step func(format string, args ...any)
+}
+
+// SameBytes is the GGUF type that stores a weight in about as many bytes as rollout's prec, the
+// peer row a rollout row is held against: f32 and bf16 themselves, int8 and w8a8 q8_0.
+func SameBytes(prec kernels.Precision) gguf.Type {
+	switch prec {
+	case kernels.BF16:
+		return gguf.BF16
+	case kernels.Int8, kernels.W8A8:
+		return gguf.Q8_0
+	}
+	return gguf.F32
+}
+
+// SideBySide measures rollout at each of cfg.Precs and llama.cpp (peer) at each of cfg.Types on
+// w, whose vocabulary is tok: batch-1 greedy decode from BOS and, with cfg.Seqs, the aggregate of
+// that many sequences after 8-token prompts. It runs in rounds, each of which measures every
+// row once, so that a shared host's drift (its memory bandwidth moves by half from one minute
+// to the next on some VMs) moves all of a round's figures alike: a row's figures are medians
+// over the rounds, and a rollout row's VsPeer is the median of each round's ratio to the
+// llama.cpp run of SameBytes in that round. The GGUF files are written once, before the first
+// round, into a temporary directory (a 1B model in f32 is 5 GB).
+func SideBySide(ctx context.Context, pool *kernels.Pool, peer *LlamaCpp, w *model.Weights, tok tokenizer.Tokenizer, cfg SideBySideConfig) ([]PeerResult, error) {
+	if len(cfg.Precs) == 0 || cfg.Tokens <= 0 || cfg.Seqs < 0 || cfg.Threads <= 0 {
+		return nil, fmt.Errorf("bench: side by side: %d precisions, %d tokens, %d sequences, %d threads", len(cfg.Precs), cfg.Tokens, cfg.Seqs, cfg.Threads)
+	}
+	step := cfg.Step
+	if step == nil {
+		step = func(string, ...any) {}
+	}
+	dir, err := os.MkdirTemp("", "rollout-peer-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	paths := make([]string, len(cfg.Types))
+	for i, typ := range cfg.Types {
+		paths[i] = filepath.Join(dir, cfg.Preset+"-"+typ.String()+".gguf")
+		if err := gguf.WriteFile(paths[i], w, tok, typ, cfg.Preset); err != nil {
+			return nil, err
+		}
+	}
+	c := w.Config
+	prompts := make([][]int, cfg.Seqs)
+	for i := range prompts {
+		prompts[i] = benchPrompt(8, i, c.VocabSize)
+	}
+	mine := make([]PeerResult, len(cfg.Precs))
+	for i, prec := range cfg.Precs {
+		mine[i] = PeerResult{Preset: cfg.Preset, Engine: "rollout", Precision: prec.String(), Sequences: cfg.Seqs}
+	}
+	theirs := make([]PeerResult, len(cfg.Types))
+	for i, typ := range cfg.Types {
+		theirs[i] = PeerResult{Preset: cfg.Preset, Engine: "llama.cpp", Precision: typ.String(), Sequences: cfg.Seqs}
+	}
+	rounds := max(cfg.Rounds, 1)
+	greedies := make([][]int, len(cfg.Precs)+len(cfg.Types))
+	for round := range rounds {
+		for i, prec := range cfg.Precs {
+			step("side by side, %s: rollout %s, round %d of %d", cfg.Preset, prec, round+1, rounds)
+			d, err := DecodeWeights(ctx, pool, w, cfg.Preset, prec, cfg.Tokens, 8, 0)
+			if err != nil {
+				return nil, err
+			}
+			r := &mine[i]
+			r.Batch1Runs = append(r.Batch1Runs, d.DecodeTokensPerSec)
+			if round == 0 {
+				greedies[i] = d.Greedy
+			}
+			if cfg.Seqs > 0 {
+				m, err := Concurrent(ctx, w, cfg.Preset, prec, cfg.Seqs, cfg.Tokens, cfg.Workers)
+				if err != nil {
+					return nil, err
+				}
+				r.AggregateRuns = append(r.AggregateRuns, m.TokensPerSec)
+			}
+		}
+		for i, typ := range cfg.Types {
+			step("side by side, %s: llama.cpp %s, round %d of %d", cfg.Preset, typ, round+1, rounds)
+			one, err := peer.Run(ctx, paths[i], [][]int{{c.BOSTokenID}}, cfg.Tokens, cfg.Threads)
+			if err != nil {
+				return nil, err
+			}
+			r := &theirs[i]
+			r.Batch1Runs = append(r.Batch1Runs, one.DecodeTokensPerSec)
+			if round == 0 {
+				greedies[len(cfg.Precs)+i] = one.Tokens[0]
+			}
+			if cfg.Seqs > 0 {
+				many, err := peer.Run(ctx, paths[i], prompts, cfg.Tokens, cfg.Threads)
+				if err != nil {
+					return nil, err
+				}
+				r.AggregateRuns = append(r.AggregateRuns, many.AggregateTokensPerSec)
+			}
+		}
+	}
+	out := append(mine, theirs...)
+	for i := range out {
+		r := &out[i]
+		r.Batch1TokensPerSec, r.AggregateTokensPerSec = Median(r.Batch1Runs), Median(r.AggregateRuns)
+		r.GreedyTokens = len(greedies[0])
+		for r.GreedyMatch < min(len(greedies[0]), len(greedies[i])) && greedies[i][r.GreedyMatch] == greedies[0][r.GreedyMatch] {
+			r.GreedyMatch++
+		}
+	}
+	for i, prec := range cfg.Precs {
+		j := slices.Index(cfg.Types, SameBytes(prec))
+		if j < 0 {
+			continue
+		}
+		r, p := &out[i], out[len(cfg.Precs)+j]
+		r.VsPeerType = p.Precision
+		r.VsPeer = MedianRatio(r.Batch1Runs, p.Batch1Runs)
+		r.VsPeerAggregate = MedianRatio(r.AggregateRuns, p.AggregateRuns)
+	}
+	return out, nil
+}
