@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -161,9 +162,20 @@ func TestSideBySide(t *testing.T) {
 		Step: func(format string, args ...any) { steps = append(steps, fmt.Sprintf(format, args...)) },
 	})
 	require.NoError(t, err)
-	require.Len(t, steps, 10, "each of the 5 rows once per round")
-	require.Contains(t, steps[0], "rollout f32, round 1 of 2")
-	require.Contains(t, steps[5], "rollout f32, round 2 of 2", "rounds alternate the rows")
+	require.Len(t, steps, 20, "each of the 5 rows' batch 1 and aggregate once per round")
+	rows := func(from int) []string {
+		var r []string
+		for _, s := range steps[from : from+5] {
+			r = append(r, strings.Split(s, ", ")[1])
+		}
+		return r
+	}
+	want := []string{"tiny: rollout f32", "tiny: llama.cpp f32", "tiny: rollout w8a8", "tiny: llama.cpp q8_0", "tiny: rollout bf16"}
+	require.Equal(t, want, rows(0), "each peer run right after its rollout row")
+	require.Equal(t, want, rows(5))
+	require.Contains(t, steps[0], "batch 1, round 1 of 2")
+	require.Contains(t, steps[5], "2 sequences, round 1 of 2")
+	require.Contains(t, steps[10], "batch 1, round 2 of 2", "rounds alternate the rows")
 	require.Len(t, rs, 5)
 	byName := map[string]PeerResult{}
 	for _, r := range rs {
@@ -192,6 +204,22 @@ func TestSideBySideRejectsBadConfig(t *testing.T) {
 	require.NoError(t, err)
 	_, err = SideBySide(t.Context(), nil, &LlamaCpp{}, w, tokenizer.NewByte(), SideBySideConfig{Preset: "tiny", Tokens: 8, Threads: 1})
 	require.ErrorContains(t, err, "0 precisions")
+}
+
+func TestSideBySideOrderPairsRuns(t *testing.T) {
+	f32, bf16, i8, w8 := kernels.F32, kernels.BF16, kernels.Int8, kernels.W8A8
+	for _, c := range []struct {
+		precs []kernels.Precision
+		types []gguf.Type
+		want  []int
+	}{
+		{[]kernels.Precision{f32, bf16, i8, w8}, []gguf.Type{gguf.F32, gguf.BF16, gguf.F16, gguf.Q8_0}, []int{0, 4, 1, 5, 2, 7, 3, 6}},
+		{[]kernels.Precision{w8, i8}, []gguf.Type{gguf.Q8_0}, []int{0, 2, 1}},
+		{[]kernels.Precision{bf16}, []gguf.Type{gguf.F16, gguf.Q8_0}, []int{0, 1, 2}},
+		{[]kernels.Precision{f32}, nil, []int{0}},
+	} {
+		require.Equal(t, c.want, sideBySideOrder(c.precs, c.types), "%v %v", c.precs, c.types)
+	}
 }
 
 func TestMedianRatioPairsRounds(t *testing.T) {

@@ -47,11 +47,12 @@ func SameBytes(prec kernels.Precision) gguf.Type {
 // SideBySide measures rollout at each of cfg.Precs and llama.cpp (peer) at each of cfg.Types on
 // w, whose vocabulary is tok: batch-1 greedy decode from BOS and, with cfg.Seqs, the aggregate of
 // that many sequences after 8-token prompts. It runs in rounds, each of which measures every
-// row once, so that a shared host's drift (its memory bandwidth moves by half from one minute
-// to the next on some VMs) moves all of a round's figures alike: a row's figures are medians
-// over the rounds, and a rollout row's VsPeer is the median of each round's ratio to the
-// llama.cpp run of SameBytes in that round. The GGUF files are written once, before the first
-// round, into a temporary directory (a 1B model in f32 is 5 GB).
+// row's batch 1 and then every row's aggregate, in sideBySideOrder, so that a shared host's
+// drift (its memory bandwidth moves by half from one minute to the next on some VMs) moves the
+// two runs of a ratio alike: a row's figures are medians over the rounds, and a rollout row's
+// VsPeer is the median of each round's ratio to the llama.cpp run of SameBytes in that round.
+// The GGUF files are written once, before the first round, into a temporary directory (a 1B
+// model in f32 is 5 GB).
 func SideBySide(ctx context.Context, pool *kernels.Pool, peer *LlamaCpp, w *model.Weights, tok tokenizer.Tokenizer, cfg SideBySideConfig) ([]PeerResult, error) {
 	if len(cfg.Precs) == 0 || cfg.Tokens <= 0 || cfg.Seqs < 0 || cfg.Threads <= 0 {
 		return nil, fmt.Errorf("bench: side by side: %d precisions, %d tokens, %d sequences, %d threads", len(cfg.Precs), cfg.Tokens, cfg.Seqs, cfg.Threads)
@@ -77,57 +78,68 @@ func SideBySide(ctx context.Context, pool *kernels.Pool, peer *LlamaCpp, w *mode
 	for i := range prompts {
 		prompts[i] = benchPrompt(8, i, c.VocabSize)
 	}
-	mine := make([]PeerResult, len(cfg.Precs))
-	for i, prec := range cfg.Precs {
-		mine[i] = PeerResult{Preset: cfg.Preset, Engine: "rollout", Precision: prec.String(), Sequences: cfg.Seqs}
+	out := make([]PeerResult, 0, len(cfg.Precs)+len(cfg.Types))
+	for _, prec := range cfg.Precs {
+		out = append(out, PeerResult{Preset: cfg.Preset, Engine: "rollout", Precision: prec.String(), Sequences: cfg.Seqs})
 	}
-	theirs := make([]PeerResult, len(cfg.Types))
-	for i, typ := range cfg.Types {
-		theirs[i] = PeerResult{Preset: cfg.Preset, Engine: "llama.cpp", Precision: typ.String(), Sequences: cfg.Seqs}
+	for _, typ := range cfg.Types {
+		out = append(out, PeerResult{Preset: cfg.Preset, Engine: "llama.cpp", Precision: typ.String(), Sequences: cfg.Seqs})
+	}
+	order := sideBySideOrder(cfg.Precs, cfg.Types)
+	phases := []bool{false} // batch 1, then (with Seqs) the aggregate
+	if cfg.Seqs > 0 {
+		phases = append(phases, true)
 	}
 	rounds := max(cfg.Rounds, 1)
-	greedies := make([][]int, len(cfg.Precs)+len(cfg.Types))
+	greedies := make([][]int, len(out))
 	for round := range rounds {
-		for i, prec := range cfg.Precs {
-			step("side by side, %s: rollout %s, round %d of %d", cfg.Preset, prec, round+1, rounds)
-			d, err := DecodeWeights(ctx, pool, w, cfg.Preset, prec, cfg.Tokens, 8, 0)
-			if err != nil {
-				return nil, err
+		for _, many := range phases {
+			what := "batch 1"
+			if many {
+				what = fmt.Sprintf("%d sequences", cfg.Seqs)
 			}
-			r := &mine[i]
-			r.Batch1Runs = append(r.Batch1Runs, d.DecodeTokensPerSec)
-			if round == 0 {
-				greedies[i] = d.Greedy
-			}
-			if cfg.Seqs > 0 {
-				m, err := Concurrent(ctx, w, cfg.Preset, prec, cfg.Seqs, cfg.Tokens, cfg.Workers)
-				if err != nil {
-					return nil, err
+			for _, i := range order {
+				r := &out[i]
+				step("side by side, %s: %s %s, %s, round %d of %d", cfg.Preset, r.Engine, r.Precision, what, round+1, rounds)
+				var v float64
+				var greedy []int
+				switch {
+				case i < len(cfg.Precs) && !many:
+					d, err := DecodeWeights(ctx, pool, w, cfg.Preset, cfg.Precs[i], cfg.Tokens, 8, 0)
+					if err != nil {
+						return nil, err
+					}
+					v, greedy = d.DecodeTokensPerSec, d.Greedy
+				case i < len(cfg.Precs):
+					m, err := Concurrent(ctx, w, cfg.Preset, cfg.Precs[i], cfg.Seqs, cfg.Tokens, cfg.Workers)
+					if err != nil {
+						return nil, err
+					}
+					v = m.TokensPerSec
+				case !many:
+					one, err := peer.Run(ctx, paths[i-len(cfg.Precs)], [][]int{{c.BOSTokenID}}, cfg.Tokens, cfg.Threads)
+					if err != nil {
+						return nil, err
+					}
+					v, greedy = one.DecodeTokensPerSec, one.Tokens[0]
+				default:
+					m, err := peer.Run(ctx, paths[i-len(cfg.Precs)], prompts, cfg.Tokens, cfg.Threads)
+					if err != nil {
+						return nil, err
+					}
+					v = m.AggregateTokensPerSec
 				}
-				r.AggregateRuns = append(r.AggregateRuns, m.TokensPerSec)
-			}
-		}
-		for i, typ := range cfg.Types {
-			step("side by side, %s: llama.cpp %s, round %d of %d", cfg.Preset, typ, round+1, rounds)
-			one, err := peer.Run(ctx, paths[i], [][]int{{c.BOSTokenID}}, cfg.Tokens, cfg.Threads)
-			if err != nil {
-				return nil, err
-			}
-			r := &theirs[i]
-			r.Batch1Runs = append(r.Batch1Runs, one.DecodeTokensPerSec)
-			if round == 0 {
-				greedies[len(cfg.Precs)+i] = one.Tokens[0]
-			}
-			if cfg.Seqs > 0 {
-				many, err := peer.Run(ctx, paths[i], prompts, cfg.Tokens, cfg.Threads)
-				if err != nil {
-					return nil, err
+				if many {
+					r.AggregateRuns = append(r.AggregateRuns, v)
+				} else {
+					r.Batch1Runs = append(r.Batch1Runs, v)
 				}
-				r.AggregateRuns = append(r.AggregateRuns, many.AggregateTokensPerSec)
+				if round == 0 && !many {
+					greedies[i] = greedy
+				}
 			}
 		}
 	}
-	out := append(mine, theirs...)
 	for i := range out {
 		r := &out[i]
 		r.Batch1TokensPerSec, r.AggregateTokensPerSec = Median(r.Batch1Runs), Median(r.AggregateRuns)
@@ -147,4 +159,25 @@ func SideBySide(ctx context.Context, pool *kernels.Pool, peer *LlamaCpp, w *mode
 		r.VsPeerAggregate = MedianRatio(r.AggregateRuns, p.AggregateRuns)
 	}
 	return out, nil
+}
+
+// sideBySideOrder is the order of a round's runs over the rows (rollout's precs, then the peer's
+// types, as indexes of both lists concatenated): each peer type runs right after the first
+// rollout precision of about its bytes a weight (SameBytes), so that the two runs of a ratio
+// are seconds apart, not minutes; types no precision maps to run last.
+func sideBySideOrder(precs []kernels.Precision, types []gguf.Type) []int {
+	var order []int
+	ran := make([]bool, len(types))
+	for i, prec := range precs {
+		order = append(order, i)
+		if j := slices.Index(types, SameBytes(prec)); j >= 0 && !ran[j] {
+			order, ran[j] = append(order, len(precs)+j), true
+		}
+	}
+	for j := range types {
+		if !ran[j] {
+			order = append(order, len(precs)+j)
+		}
+	}
+	return order
 }

@@ -69,7 +69,11 @@ func newBenchEngineCmd() *cobra.Command {
 			defer pool.Close()
 			steps := engineSteps(len(presets), len(precs), repeats, quick, idleFor > 0)
 			if lc != nil {
-				steps += len(presets) * (len(precs) + len(peerTypes)) * max(repeats, 1) // each row once a round
+				phases := 1 // batch 1, and the aggregate with --peer-sequences
+				if peer.seqs > 0 {
+					phases = 2
+				}
+				steps += len(presets) * (len(precs) + len(peerTypes)) * max(repeats, 1) * phases
 			}
 			pr := newProgress(cmd.ErrOrStderr(), "bench engine", steps)
 			defer pr.done()
