@@ -156,13 +156,15 @@ func TestSideBySide(t *testing.T) {
 	w, err := model.Preset("tiny", 1)
 	require.NoError(t, err)
 	var steps []string
-	rs, err := SideBySide(t.Context(), nil, peer, w, tokenizer.NewByte(), SideBySideConfig{
+	cfg := SideBySideConfig{
 		Preset: "tiny", Precs: []kernels.Precision{kernels.F32, kernels.W8A8, kernels.BF16}, Types: []gguf.Type{gguf.F32, gguf.Q8_0},
 		Tokens: 8, Seqs: 2, Threads: 1, Workers: 1, Rounds: 2,
 		Step: func(format string, args ...any) { steps = append(steps, fmt.Sprintf(format, args...)) },
-	})
+	}
+	rs, err := SideBySide(t.Context(), nil, peer, w, tokenizer.NewByte(), cfg)
 	require.NoError(t, err)
 	require.Len(t, steps, 20, "each of the 5 rows' batch 1 and aggregate once per round")
+	require.Equal(t, len(steps), cfg.Runs(), "Runs counts the steps")
 	rows := func(from int) []string {
 		var r []string
 		for _, s := range steps[from : from+5] {
@@ -230,6 +232,12 @@ func TestMedianRatioPairsRounds(t *testing.T) {
 	require.Equal(t, gguf.Q8_0, SameBytes(kernels.Int8))
 	require.Equal(t, gguf.BF16, SameBytes(kernels.BF16))
 	require.Equal(t, gguf.F32, SameBytes(kernels.F32))
+	two := SideBySideConfig{Precs: []kernels.Precision{kernels.F32, kernels.W8A8}, Types: []gguf.Type{gguf.Q8_0}, Rounds: 3}
+	require.Equal(t, 9, two.Runs(), "3 rows, 3 rounds, batch 1 only")
+	two.Seqs = 4
+	require.Equal(t, 18, two.Runs(), "and the aggregate")
+	two.Rounds = 0
+	require.Equal(t, 6, two.Runs(), "at least one round")
 }
 
 func TestFindLlamaCppMissing(t *testing.T) {

@@ -32,6 +32,19 @@ type SideBySideConfig struct {
 	Step func(format string, args ...any)
 }
 
+// phases are a round's passes over the rows: batch 1, then with Seqs the aggregate.
+func (c SideBySideConfig) phases() []bool {
+	if c.Seqs > 0 {
+		return []bool{false, true}
+	}
+	return []bool{false}
+}
+
+// Runs is the number of measurements SideBySide makes, one Step each.
+func (c SideBySideConfig) Runs() int {
+	return (len(c.Precs) + len(c.Types)) * max(c.Rounds, 1) * len(c.phases())
+}
+
 // SameBytes is the GGUF type that stores a weight in about as many bytes as rollout's prec, the
 // peer row a rollout row is held against: f32 and bf16 themselves, int8 and w8a8 q8_0.
 func SameBytes(prec kernels.Precision) gguf.Type {
@@ -86,14 +99,10 @@ func SideBySide(ctx context.Context, pool *kernels.Pool, peer *LlamaCpp, w *mode
 		out = append(out, PeerResult{Preset: cfg.Preset, Engine: "llama.cpp", Precision: typ.String(), Sequences: cfg.Seqs})
 	}
 	order := sideBySideOrder(cfg.Precs, cfg.Types)
-	phases := []bool{false} // batch 1, then (with Seqs) the aggregate
-	if cfg.Seqs > 0 {
-		phases = append(phases, true)
-	}
 	rounds := max(cfg.Rounds, 1)
 	greedies := make([][]int, len(out))
 	for round := range rounds {
-		for _, many := range phases {
+		for _, many := range cfg.phases() {
 			what := "batch 1"
 			if many {
 				what = fmt.Sprintf("%d sequences", cfg.Seqs)

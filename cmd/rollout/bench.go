@@ -68,14 +68,13 @@ func newBenchEngineCmd() *cobra.Command {
 			pool := kernels.NewPool(workers)
 			defer pool.Close()
 			steps := engineSteps(len(presets), len(precs), repeats, quick, idleFor > 0)
+			sbs := bench.SideBySideConfig{Precs: precs, Types: peerTypes, Tokens: peer.tokens, Seqs: peer.seqs,
+				Threads: cmp.Or(peer.threads, workers), Workers: workers, Rounds: repeats}
 			if lc != nil {
-				phases := 1 // batch 1, and the aggregate with --peer-sequences
-				if peer.seqs > 0 {
-					phases = 2
-				}
-				steps += len(presets) * (len(precs) + len(peerTypes)) * max(repeats, 1) * phases
+				steps += len(presets) * sbs.Runs()
 			}
 			pr := newProgress(cmd.ErrOrStderr(), "bench engine", steps)
+			sbs.Step = pr.step
 			defer pr.done()
 			rep := bench.EngineReport{CPU: bench.DescribeCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Kernel: kernels.KernelName(), KernelBuild: kernels.KernelBuild(), W8A8Kernel: kernels.W8A8KernelName()}
 			pr.step("streaming read bandwidth (%d MiB)", bwBytes>>20)
@@ -109,7 +108,7 @@ func newBenchEngineCmd() *cobra.Command {
 				}
 			}
 			if lc != nil {
-				if err := peerFigures(cmd.Context(), pr, pool, &rep, presets, precs, lc, peerTypes, peer, workers, repeats); err != nil {
+				if err := peerFigures(cmd.Context(), pool, &rep, presets, lc, sbs); err != nil {
 					return err
 				}
 			}
@@ -228,11 +227,9 @@ func (peer peerFlags) resolve() (*bench.LlamaCpp, []gguf.Type, error) {
 	return lc, types, nil
 }
 
-// peerFigures measures, per preset, rollout at each of precs and the peer at each of its
-// types on the same weights, in repeats rounds (bench.SideBySide): batch 1 from BOS and
-// peer.seqs sequences, peer.tokens tokens each, greedy tokens compared with rollout's at precs[0].
-func peerFigures(ctx context.Context, pr *progress, pool *kernels.Pool, rep *bench.EngineReport, presets []string, precs []kernels.Precision,
-	lc *bench.LlamaCpp, types []gguf.Type, peer peerFlags, workers, repeats int) error {
+// peerFigures measures, per preset, rollout and the peer side by side on the same weights
+// (bench.SideBySide with cfg, its Preset set to each preset in turn).
+func peerFigures(ctx context.Context, pool *kernels.Pool, rep *bench.EngineReport, presets []string, lc *bench.LlamaCpp, cfg bench.SideBySideConfig) error {
 	for _, p := range presets {
 		w, err := model.Preset(p, 1)
 		if err != nil {
@@ -242,8 +239,8 @@ func peerFigures(ctx context.Context, pr *progress, pool *kernels.Pool, rep *ben
 		if err != nil {
 			return err
 		}
-		rs, err := bench.SideBySide(ctx, pool, lc, w, tok, bench.SideBySideConfig{Preset: p, Precs: precs, Types: types,
-			Tokens: peer.tokens, Seqs: peer.seqs, Threads: cmp.Or(peer.threads, workers), Workers: workers, Rounds: repeats, Step: pr.step})
+		cfg.Preset = p
+		rs, err := bench.SideBySide(ctx, pool, lc, w, tok, cfg)
 		if err != nil {
 			return err
 		}
