@@ -243,10 +243,12 @@ func tileP2() {
 	emit("RET")
 }
 
-// vnniPrefetch is how far ahead the VNNI batch-1 tile prefetches (PREFETCHT0 of each line of
-// the block that far on): two blocks. On a 2-vCPU AVX-512 Xeon (BenchmarkW8A8Kernels, four
-// interleaved rounds) two panels with it streamed 30.1-31.1 GB/s of weights, without it
-// 26.4-28.8, four panels 27.7-28.2 without and 29.4-29.7 with.
+// vnniPrefetch is how far ahead the prefetching VNNI batch-1 tile (w8a8VP2T1PF) prefetches
+// (PREFETCHT0 of each line of the block that far on): two blocks. On a 2-vCPU AVX-512 Xeon
+// (BenchmarkW8A8Kernels, four interleaved rounds) two panels with it streamed 30.1-31.1 GB/s
+// of weights, without it 26.4-28.8, four panels 27.7-28.2 without and 29.4-29.7 with; on a
+// Zen 5 EPYC 4, 8 and 16 blocks were slower than 2. On a Zen 4 EPYC it costs a fifth to a
+// third of the stream, so the plain w8a8VP2T1 is written too (w8a8_amd64.go chooses).
 const vnniPrefetch = 2 * blockBytes
 
 // vnniTile writes the AVX-512 VNNI tile w8a8VP<P>T<T>: P whole panels (each nb blocks after
@@ -257,9 +259,13 @@ const vnniPrefetch = 2 * blockBytes
 // with 0x80 bytes), and the panel's Σ 128·w (VPDPBUSD of the weights by 0x80 bytes, shared
 // by the tokens) comes off at the block's end. Both sums are exact int32s (|Σ| ≤
 // 32·255·127), so the block's integer sums, and from them everything, are W8A8's definition
-// bit for bit, as in the AVX2 tiles. pf > 0 prefetches that many bytes ahead.
+// bit for bit, as in the AVX2 tiles. pf > 0 prefetches that many bytes ahead, and the
+// tile's name ends in PF.
 func vnniTile(P, T, pf int) {
 	name := fmt.Sprintf("w8a8VP%dT%d", P, T)
+	if pf > 0 {
+		name += "PF"
+	}
 	facc := func(p, t int) string { return fmt.Sprintf("Z%d", p*T+t) }
 	iacc := func(p, t int) string { return fmt.Sprintf("Z%d", P*T+p*T+t) }
 	corr := func(p int) string { return fmt.Sprintf("Z%d", 2*P*T+p) }
@@ -361,6 +367,7 @@ func main() {
 	for T := 1; T <= maxT; T++ {
 		vnniTile(1, T, 0)
 	}
+	vnniTile(2, 1, 0)
 	vnniTile(2, 1, vnniPrefetch)
 	for T := 2; T <= maxT; T++ {
 		vnniTile(2, T, 0)

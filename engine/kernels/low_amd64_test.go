@@ -32,7 +32,8 @@ func w8a8SIMDImpls() []w8a8Impl {
 		impls = append(impls, w8a8Impl{"avx2", w8a8AVX2.run})
 	}
 	if w8a8UseVNNI {
-		impls = append(impls, w8a8Impl{"vnni", w8a8VNNI.run},
+		impls = append(impls, w8a8Impl{"vnni-plain", w8a8VNNIPlain.run},
+			w8a8Impl{"vnni-prefetch", w8a8VNNIPrefetch.run},
 			w8a8Impl{"vnni-1panel", w8a8VNNIOnePanel.run})
 	}
 	return impls
@@ -41,3 +42,7 @@ func w8a8SIMDImpls() []w8a8Impl {
 // w8a8VNNIOnePanel is the VNNI tiles one panel at a time: the baseline of the two-panel
 // tiles in BenchmarkW8A8Kernels.
 var w8a8VNNIOnePanel = w8a8Tiles{one: w8a8VNNI.one}
+
+// w8a8VNNIPlain and w8a8VNNIPrefetch are the VNNI tiles with each batch-1 tile, whichever
+// this CPU runs (vnniPrefetches), so that both are tested and timed on every machine.
+var w8a8VNNIPlain, w8a8VNNIPrefetch = vnniTiles(false), vnniTiles(true)
