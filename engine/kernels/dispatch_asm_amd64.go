@@ -7,7 +7,7 @@ package kernels
 // `go install` on amd64.
 
 var (
-	avx512Kernel = simdKernel{name: "avx512", tiles: &a512Tiles, t1: 7, shape: avx512AsmShape, pf: a512P4T6PF, pfP: 4, pfT: 6,
+	avx512Kernel = simdKernel{name: "avx512", tiles: batch1Table(&a512Tiles, a512P4T1Plain, prefetchBatch1), t1: 7, shape: avx512AsmShape, pf: a512P4T6PF, pfP: 4, pfT: 6,
 		kc: avx512KC, acc: &a512TilesAcc, pfAcc: a512P4T6PFAcc}
 	avx2Kernel = simdKernel{name: "avx2", tiles: &a256Tiles, t1: 6, shape: avx2Shape, pf: a256P1T6PF, pfP: 1, pfT: 6}
 )

@@ -297,6 +297,9 @@ func writeAsmTiles(is asmISA, file string) {
 			fmt.Fprintf(&table, "},\n")
 		}
 		fmt.Fprintf(&table, "}\n")
+		if !accum && f32SelfPrefetch(is, 4, 1, false) > 0 {
+			genPlainBatch1(&s, &d, is.name, func(fn string) { genAsmTile(&s, is, fn, 4, 1, false, false) })
+		}
 		mp, mt := pfShape[is.name][0], pfShape[is.name][1]
 		fn := fmt.Sprintf("%sP%dT%dPF%s", is.name, mp, mt, suffix)
 		genAsmTile(&s, is, fn, mp, mt, true, accum)
@@ -481,6 +484,9 @@ func writeLowTiles(is asmISA, file string) {
 			fmt.Fprintf(&table, "},\n")
 		}
 		fmt.Fprintf(&table, "}\n")
+		if is.name == "a512" && selfPrefetch(is, prec, 4, 1) > 0 {
+			genPlainBatch1(&s, &d, name, func(fn string) { genLowTile(&s, is, prec, fn, 4, 1) })
+		}
 		if is.name == "a512" {
 			// The main tile of a large batch, with a prefetch of the next panel group as the
 			// float32 one has (pfShape).
@@ -518,10 +524,25 @@ func selfPrefetch(is asmISA, prec string, p, t int) int {
 	return batch1Prefetch(is, p, t, "LOW_PF")
 }
 
+// noSelfPrefetch turns batch1Prefetch off while genPlainBatch1 writes a tile.
+var noSelfPrefetch bool
+
+// genPlainBatch1 writes <name>P4T1Plain with gen: the AVX-512 batch-1 tile without its
+// prefetch, for the CPUs where software prefetch costs (batch1Prefetches in the package).
+func genPlainBatch1(s, d *bytes.Buffer, name string, gen func(fn string)) {
+	fn := name + "P4T1Plain"
+	noSelfPrefetch = true
+	gen(fn)
+	noSelfPrefetch = false
+	fmt.Fprintf(d, "\n// %s is %sP4T1 without its prefetch ahead; see batch1Prefetches.\n//\n//go:noescape\n", fn, name)
+	fmt.Fprintf(d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n", fn)
+}
+
 // batch1Prefetch is how far ahead of its own panels the AVX-512 4×1 (batch-1) tile prefetches:
-// 2 KB, or the bytes in the environment variable env; 0 for every other tile.
+// 2 KB, or the bytes in the environment variable env; 0 for every other tile, and while
+// genPlainBatch1 writes the tile's plain form.
 func batch1Prefetch(is asmISA, p, t int, env string) int {
-	if is.name != "a512" || p != 4 || t != 1 {
+	if is.name != "a512" || p != 4 || t != 1 || noSelfPrefetch {
 		return 0
 	}
 	if v := os.Getenv(env); v != "" {

@@ -2,12 +2,20 @@
 
 package kernels
 
+import "fmt"
+
 // simdImpls lists the assembly kernels this CPU can run, so tests cover AVX2 on AVX-512
 // machines too.
 func simdImpls() []impl {
 	var out []impl
 	if hasAVX512 {
 		out = append(out, impl{"avx512", func(m *Matrix, y, x []float32, n, lo, hi int) { matmulSIMD(&avx512Kernel, m, y, x, n, lo, hi) }})
+		// Both forms of the batch-1 tile, whichever this CPU runs (batch1Prefetches).
+		for _, pf := range []bool{false, true} {
+			k := avx512Kernel
+			k.tiles = batch1Table(&a512Tiles, a512P4T1Plain, pf)
+			out = append(out, impl{fmt.Sprintf("avx512-batch1-prefetch=%v", pf), func(m *Matrix, y, x []float32, n, lo, hi int) { matmulSIMD(&k, m, y, x, n, lo, hi) }})
+		}
 	}
 	if hasAVX2FMA {
 		out = append(out, impl{"avx2", func(m *Matrix, y, x []float32, n, lo, hi int) { matmulSIMD(&avx2Kernel, m, y, x, n, lo, hi) }})

@@ -101,6 +101,11 @@ func a512P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y un
 //go:noescape
 func a512P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
+// a512P4T1Plain is a512P4T1 without its prefetch ahead; see batch1Prefetches.
+//
+//go:noescape
+func a512P4T1Plain(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
 // a512P4T6PF is a512P4T6 that also prefetches the cols·64 bytes at pf (PREFETCHT0), one line
 // per step; see pfTileFunc.
 //

@@ -993,6 +993,48 @@ a512P4T6_store:
 	VZEROUPPER
 	RET
 
+// func a512P4T1Plain(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+TEXT ·a512P4T1Plain(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), SI
+	MOVQ ws+8(FP), AX
+	LEAQ (AX)(AX*2), BX
+	MOVQ x+16(FP), DI
+	MOVQ xs+24(FP), R8
+	MOVQ cols+32(FP), CX
+	MOVQ y+40(FP), DX
+	MOVQ ys+48(FP), R11
+	LEAQ (R8)(R8*2), R9
+	LEAQ (R8)(R8*4), R10
+	LEAQ (R11)(R11*2), R12
+	LEAQ (R11)(R11*4), R13
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	TESTQ CX, CX
+	JLE a512P4T1Plain_store
+a512P4T1Plain_loop:
+	VMOVUPS (SI), Z0
+	VMOVUPS (SI)(AX*1), Z1
+	VMOVUPS (SI)(AX*2), Z2
+	VMOVUPS (SI)(BX*1), Z3
+	VBROADCASTSS (DI), Z4
+	VFMADD231PS Z4, Z0, Z6
+	VFMADD231PS Z4, Z1, Z7
+	VFMADD231PS Z4, Z2, Z8
+	VFMADD231PS Z4, Z3, Z9
+	ADDQ $64, SI
+	ADDQ $4, DI
+	DECQ CX
+	JNZ a512P4T1Plain_loop
+a512P4T1Plain_store:
+	VMOVUPS Z6, (DX)
+	VMOVUPS Z7, 64(DX)
+	VMOVUPS Z8, 128(DX)
+	VMOVUPS Z9, 192(DX)
+	VZEROUPPER
+	RET
+
 // func a512P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
 TEXT ·a512P4T6PF(SB), NOSPLIT, $0-64
 	MOVQ pf+56(FP), R14

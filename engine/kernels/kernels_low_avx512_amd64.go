@@ -101,6 +101,11 @@ func a512bf16P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, 
 //go:noescape
 func a512bf16P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
+// a512bf16P4T1Plain is a512bf16P4T1 without its prefetch ahead; see batch1Prefetches.
+//
+//go:noescape
+func a512bf16P4T1Plain(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
 // a512bf16P4T6PF is a512bf16P4T6 that also prefetches the panel at pf (PREFETCHT0), one line
 // per 64 bytes of its own panel read; see pfTileFunc.
 //

@@ -1279,6 +1279,59 @@ a512bf16P4T6_store:
 	VZEROUPPER
 	RET
 
+// func a512bf16P4T1Plain(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+TEXT ·a512bf16P4T1Plain(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), SI
+	MOVQ ws+8(FP), AX
+	LEAQ (AX)(AX*2), BX
+	MOVQ x+16(FP), DI
+	MOVQ xs+24(FP), R8
+	MOVQ cols+32(FP), CX
+	LEAQ (R8)(R8*2), R9
+	LEAQ (R8)(R8*4), R10
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPTERNLOGD $0xff, Z31, Z31, Z31
+	VPSLLD $16, Z31, Z31
+	SHRQ $1, CX
+	JEQ a512bf16P4T1Plain_store
+a512bf16P4T1Plain_loop:
+	VPSLLD $16, (SI), Z0
+	VPSLLD $16, (SI)(AX*1), Z1
+	VPSLLD $16, (SI)(AX*2), Z2
+	VPSLLD $16, (SI)(BX*1), Z3
+	VBROADCASTSS (DI), Z4
+	VFMADD231PS Z4, Z0, Z6
+	VFMADD231PS Z4, Z1, Z7
+	VFMADD231PS Z4, Z2, Z8
+	VFMADD231PS Z4, Z3, Z9
+	VPANDD (SI), Z31, Z0
+	VPANDD (SI)(AX*1), Z31, Z1
+	VPANDD (SI)(AX*2), Z31, Z2
+	VPANDD (SI)(BX*1), Z31, Z3
+	VBROADCASTSS 4(DI), Z4
+	VFMADD231PS Z4, Z0, Z6
+	VFMADD231PS Z4, Z1, Z7
+	VFMADD231PS Z4, Z2, Z8
+	VFMADD231PS Z4, Z3, Z9
+	ADDQ $64, SI
+	ADDQ $8, DI
+	DECQ CX
+	JNZ a512bf16P4T1Plain_loop
+a512bf16P4T1Plain_store:
+	MOVQ y+40(FP), DX
+	MOVQ ys+48(FP), R11
+	LEAQ (R11)(R11*2), R12
+	LEAQ (R11)(R11*4), R13
+	VMOVUPS Z6, (DX)
+	VMOVUPS Z7, 64(DX)
+	VMOVUPS Z8, 128(DX)
+	VMOVUPS Z9, 192(DX)
+	VZEROUPPER
+	RET
+
 // func a512bf16P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
 TEXT ·a512bf16P4T6PF(SB), NOSPLIT, $0-64
 	MOVQ pf+56(FP), R14

@@ -6,7 +6,7 @@ package kernels
 // registers; the AVX-512 main tiles have a prefetching variant, as the float32 one has. They
 // are Go assembly in both amd64 builds: the archsimd build has no vector widening of its own.
 var (
-	avx512BF16Kernel = simdKernel{name: "avx512", tiles: &a512bf16Tiles, t1: 7, shape: avx512LowShape, pf: a512bf16P4T6PF, pfP: 4, pfT: 6}
+	avx512BF16Kernel = simdKernel{name: "avx512", tiles: batch1Table(&a512bf16Tiles, a512bf16P4T1Plain, prefetchBatch1), t1: 7, shape: avx512LowShape, pf: a512bf16P4T6PF, pfP: 4, pfT: 6}
 	avx512Int8Kernel = simdKernel{name: "avx512", tiles: &a512i8Tiles, t1: 7, shape: avx512LowShape, pf: a512i8P4T6PF, pfP: 4, pfT: 6}
 	avx2BF16Kernel   = simdKernel{name: "avx2", tiles: &a256bf16Tiles, t1: 5, shape: avx2BF16Shape}
 	avx2Int8Kernel   = simdKernel{name: "avx2", tiles: &a256i8Tiles, t1: 6, shape: avx2Shape}

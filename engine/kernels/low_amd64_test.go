@@ -2,6 +2,8 @@
 
 package kernels
 
+import "fmt"
+
 // lowSIMDImpls lists the kernels reading bf16 or int8 directly that this CPU can run.
 func lowSIMDImpls() []impl {
 	var out []impl
@@ -17,6 +19,12 @@ func lowSIMDImpls() []impl {
 	}
 	if avx512 {
 		add("avx512", &avx512BF16Kernel, &avx512Int8Kernel)
+		// Both forms of the bf16 batch-1 tile, whichever this CPU runs (batch1Prefetches).
+		for _, pf := range []bool{false, true} {
+			k := avx512BF16Kernel
+			k.tiles = batch1Table(&a512bf16Tiles, a512bf16P4T1Plain, pf)
+			add(fmt.Sprintf("avx512-batch1-prefetch=%v", pf), &k, &avx512Int8Kernel)
+		}
 	}
 	if avx2 {
 		add("avx2", &avx2BF16Kernel, &avx2Int8Kernel)
@@ -44,5 +52,5 @@ func w8a8SIMDImpls() []w8a8Impl {
 var w8a8VNNIOnePanel = w8a8Tiles{one: w8a8VNNI.one}
 
 // w8a8VNNIPlain and w8a8VNNIPrefetch are the VNNI tiles with each batch-1 tile, whichever
-// this CPU runs (vnniPrefetches), so that both are tested and timed on every machine.
+// this CPU runs (batch1Prefetches), so that both are tested and timed on every machine.
 var w8a8VNNIPlain, w8a8VNNIPrefetch = vnniTiles(false), vnniTiles(true)

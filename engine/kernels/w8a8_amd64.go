@@ -36,8 +36,8 @@ var w8a8AVX2 = w8a8Tiles{one: [w8a8MaxT + 1]w8a8Tile{1: w8a8T1, 2: w8a8T2, 3: w8
 // group of 4 columns of a whole panel for one token in one instruction, where the AVX2 tiles
 // take eight. Two panels at a time share each token's broadcast input. The one-token tile
 // prefetches two blocks ahead (gen_w8a8.go's vnniPrefetch) where that helps
-// (vnniPrefetches).
-var w8a8VNNI = vnniTiles(vnniPrefetches(cpuVendorFamily()))
+// (batch1Prefetches).
+var w8a8VNNI = vnniTiles(prefetchBatch1)
 
 // vnniTiles is the VNNI tile set, with the prefetching batch-1 tile or the plain one.
 func vnniTiles(prefetch bool) w8a8Tiles {
@@ -50,33 +50,6 @@ func vnniTiles(prefetch bool) w8a8Tiles {
 	}
 	return k
 }
-
-// vnniPrefetches reports whether the batch-1 VNNI tile should prefetch on a CPU of this
-// vendor and family. Software prefetch two blocks ahead made it stream 5-15% more weights
-// on AVX-512 Xeons, and on a Zen 5 EPYC (family 0x1a) no other distance did better; on a
-// Zen 4 EPYC (family 0x19) it cost a fifth to a third (BenchmarkW8A8Kernels' vnni-prefetch
-// and vnni-plain, interleaved on the 1B shape's four matrices) and 10-25% of w8a8's decode.
-func vnniPrefetches(amd bool, family uint32) bool {
-	return !amd || family != 0x19
-}
-
-// cpuVendorFamily reads the CPU's vendor (AMD or not) and its display family (CPUID leaf 1:
-// the base family, plus the extended family when the base is 0xf).
-func cpuVendorFamily() (amd bool, family uint32) {
-	_, b, c, d := cpuid(0, 0)
-	amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163 // "AuthenticAMD"
-	a, _, _, _ := cpuid(1, 0)
-	family = a >> 8 & 0xf
-	if family == 0xf {
-		family += a >> 20 & 0xff
-	}
-	return amd, family
-}
-
-// cpuid executes CPUID for leaf and subleaf sub (cpuid_amd64.s).
-//
-//go:noescape
-func cpuid(leaf, sub uint32) (eax, ebx, ecx, edx uint32)
 
 // w8a8UseVNNI selects the VNNI tiles: AVX-512 with VNNI (Ice Lake and later Xeons, Zen 4),
 // in both amd64 builds.
@@ -146,7 +119,7 @@ func w8a8VP1T4(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Poin
 //go:noescape
 func w8a8VP2T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
 
-// w8a8VP2T1PF is w8a8VP2T1 prefetching two blocks ahead (see vnniPrefetches).
+// w8a8VP2T1PF is w8a8VP2T1 prefetching two blocks ahead (see batch1Prefetches).
 //
 //go:noescape
 func w8a8VP2T1PF(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)

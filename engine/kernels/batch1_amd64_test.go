@@ -40,13 +40,13 @@ func TestCPUVendorFamilyMatchesProc(t *testing.T) {
 	amd, got := cpuVendorFamily()
 	assert.Equal(t, vendor == "AuthenticAMD", amd, "vendor %q", vendor)
 	assert.Equal(t, uint32(want), got)
-	t.Logf("vendor %s, family %#x: batch-1 VNNI tile prefetches: %v", vendor, got, vnniPrefetches(amd, got))
+	t.Logf("vendor %s, family %#x: batch-1 tiles prefetch: %v", vendor, got, batch1Prefetches(amd, got))
 }
 
-// TestVNNIPrefetchesWhereMeasured: the batch-1 VNNI tile prefetches on Intel and on Zen 5,
+// TestBatch1PrefetchesWhereMeasured: the batch-1 tiles prefetch on Intel and on Zen 5,
 // not on Zen 4, where it was measured to cost.
-func TestVNNIPrefetchesWhereMeasured(t *testing.T) {
-	assert.True(t, vnniPrefetches(false, 6), "Intel Xeon")
-	assert.False(t, vnniPrefetches(true, 0x19), "Zen 4")
-	assert.True(t, vnniPrefetches(true, 0x1a), "Zen 5")
+func TestBatch1PrefetchesWhereMeasured(t *testing.T) {
+	assert.True(t, batch1Prefetches(false, 6), "Intel Xeon")
+	assert.False(t, batch1Prefetches(true, 0x19), "Zen 4")
+	assert.True(t, batch1Prefetches(true, 0x1a), "Zen 5")
 }
