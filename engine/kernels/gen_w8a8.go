@@ -248,7 +248,7 @@ func tileP2() {
 // (BenchmarkW8A8Kernels, four interleaved rounds) two panels with it streamed 30.1-31.1 GB/s
 // of weights, without it 26.4-28.8, four panels 27.7-28.2 without and 29.4-29.7 with; on a
 // Zen 5 EPYC 4, 8 and 16 blocks were slower than 2. On a Zen 4 EPYC it costs a fifth to a
-// third of the stream, so the plain w8a8VP2T1 is written too (w8a8_amd64.go chooses).
+// third of the stream, so the plain w8a8VP2T1 is written too (batch1Prefetches chooses).
 const vnniPrefetch = 2 * blockBytes
 
 // vnniTile writes the AVX-512 VNNI tile w8a8VP<P>T<T>: P whole panels (each nb blocks after
