@@ -185,17 +185,23 @@ func (a *API) prepare(s *genSpec) error {
 func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 	total := s.n * len(s.prompts)
 	run := &genRun{a: a, ctx: ctx, prompts: s.prompts}
-	ids := make([]string, 0, total)
 	// Engine ids are the server's own: a client's request_id is echoed, and names the request
 	// for /abort_requests, but two clients choosing the same one never collide.
 	base := a.newID("r")
+	ids := make([]string, total)
+	for k := range ids {
+		ids[k] = base
+		if total > 1 {
+			ids[k] = base + "-" + strconv.Itoa(k)
+		}
+	}
+	// Tracked before the first Add, so that an /abort_requests arriving while later choices
+	// are still being added finds every choice the engine has already taken.
+	run.untrack = a.track(s.clientID, ids)
 	for pi, p := range s.prompts {
 		for i := range s.n {
 			k := pi*s.n + i
-			eid := base
-			if total > 1 {
-				eid = base + "-" + strconv.Itoa(k)
-			}
+			eid := ids[k]
 			params := s.params
 			if params.Seed != nil && i > 0 {
 				// n samples of one prompt must differ; derive their seeds from the request's.
@@ -205,6 +211,7 @@ func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 			st, err := a.eng.Add(ctx, engine.Request{ID: eid, PromptTokenIDs: p, Sampling: params, CacheSalt: s.cacheSalt})
 			if err != nil {
 				run.abort()
+				run.untrack()
 				return nil, err
 			}
 			ch := &choice{index: k, prompt: p, engineID: eid, stream: st}
@@ -212,10 +219,8 @@ func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 				ch.text = newTextProc(a.tok, s.stops)
 			}
 			run.choices = append(run.choices, ch)
-			ids = append(ids, eid)
 		}
 	}
-	run.untrack = a.track(s.clientID, ids)
 	return run, nil
 }
 
