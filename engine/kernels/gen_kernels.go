@@ -297,7 +297,7 @@ func writeAsmTiles(is asmISA, file string) {
 			fmt.Fprintf(&table, "},\n")
 		}
 		fmt.Fprintf(&table, "}\n")
-		if !accum && f32SelfPrefetch(is, 4, 1, false) > 0 {
+		if !accum && is.name == "a512" {
 			genPlainBatch1(&s, &d, is.name, func(fn string) { genAsmTile(&s, is, fn, 4, 1, false, false) })
 		}
 		mp, mt := pfShape[is.name][0], pfShape[is.name][1]
@@ -484,7 +484,7 @@ func writeLowTiles(is asmISA, file string) {
 			fmt.Fprintf(&table, "},\n")
 		}
 		fmt.Fprintf(&table, "}\n")
-		if is.name == "a512" && selfPrefetch(is, prec, 4, 1) > 0 {
+		if is.name == "a512" && prec == "bf16" {
 			genPlainBatch1(&s, &d, name, func(fn string) { genLowTile(&s, is, prec, fn, 4, 1) })
 		}
 		if is.name == "a512" {
@@ -529,6 +529,7 @@ var noSelfPrefetch bool
 
 // genPlainBatch1 writes <name>P4T1Plain with gen: the AVX-512 batch-1 tile without its
 // prefetch, for the CPUs where software prefetch costs (batch1Prefetches in the package).
+// It is written whatever F32_PF and LOW_PF say, since the package refers to it.
 func genPlainBatch1(s, d *bytes.Buffer, name string, gen func(fn string)) {
 	fn := name + "P4T1Plain"
 	noSelfPrefetch = true
