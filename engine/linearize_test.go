@@ -38,6 +38,11 @@ type linState struct {
 	Staged  int64
 }
 
+// toLinState is the part of the engine's state the model covers.
+func toLinState(s propState) linState {
+	return linState{Ctl: s.Ctl, NoModel: s.NoModel, Version: s.Version, Staged: s.Staged}
+}
+
 // linKind is a kind of operation in a history.
 type linKind uint8
 
@@ -351,13 +356,12 @@ func TestControlLinearizable(t *testing.T) {
 	// the goroutines happen to run (a CI machine once ran 2000 with no call of the second
 	// kind): the scripted run makes both every time, on the fresh engine.
 	count(linScriptedRun(t, ctx, e, &hook, &clock, w1, w2))
-	nextReq++
 	start := time.Now()
 	for run := range runs {
 		rng := rand.New(rand.NewPCG(uint64(run), 0x5eed))
 		before, _, err := e.testState(ctx)
 		require.NoError(t, err)
-		init := linState{Ctl: before.Ctl, NoModel: before.NoModel, Version: before.Version, Staged: before.Staged}
+		init := toLinState(before)
 		// Requests in flight, so that a pause with wait and a sleep have something to drain.
 		var ids []string
 		for range rng.IntN(3) {
@@ -437,7 +441,7 @@ func linScriptedRun(t *testing.T, ctx context.Context, e *Engine, hook *atomic.P
 	t.Helper()
 	before, _, err := e.testState(ctx)
 	require.NoError(t, err)
-	init := linState{Ctl: before.Ctl, NoModel: before.NoModel, Version: before.Version, Staged: before.Staged}
+	init := toLinState(before)
 	pause := &linOp{kind: linPause, mode: PauseWait}
 	sleep := &linOp{kind: linSleep, level: 1, mode: PauseAbort}
 	resume := &linOp{kind: linResume}
@@ -555,7 +559,7 @@ func (o *linOp) exec(ctx context.Context, e *Engine, clock *atomic.Int64, w1, w2
 	case linRead:
 		var s propState
 		s, _, err = e.testState(ctx)
-		o.gotState = linState{Ctl: s.Ctl, NoModel: s.NoModel, Version: s.Version, Staged: s.Staged}
+		o.gotState = toLinState(s)
 		if err == nil && s.NoKV != s.Ctl.KVReleased {
 			err = fmt.Errorf("engine holds KV %v with the control state %+v", !s.NoKV, s.Ctl)
 		}
