@@ -393,7 +393,7 @@ func ErrorCode(err error) string {
 // Abort aborts the requests with the given client-visible (or engine) ids, or every
 // request the API started when ids is empty, and returns how many engine requests it aborted.
 func (a *API) Abort(ids []string) int {
-	e := a.engineIDs(ids)
+	e := a.abortIDs(ids)
 	a.eng.Abort(e...)
 	return len(e)
 }
@@ -414,7 +414,7 @@ func (a *API) handleAbortRequests(c *gin.Context) {
 			}
 		}
 	}
-	ids := a.engineIDs(req.RequestIDs)
+	ids := a.abortIDs(req.RequestIDs)
 	a.eng.Abort(ids...)
 	c.PureJSON(http.StatusOK, gin.H{"status": "aborted", "aborted": len(ids)})
 }

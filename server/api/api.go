@@ -184,8 +184,11 @@ type API struct {
 
 	closing atomic.Bool
 
+	// afterAdd, when set (tests only), runs after the engine took choice k of a request.
+	afterAdd func(k int)
+
 	mu   sync.Mutex
-	live map[string][]string // request id (as the client sees it) → engine request ids
+	live map[string][]*liveRun // request id (as the client sees it) → its runs' engine ids
 }
 
 // ErrInvalidConfig wraps every error of Config.Validate.
@@ -255,7 +258,7 @@ func New(cfg Config) (*API, error) {
 	}
 	a := &API{cfg: cfg, chat: chat, eng: cfg.Engine, tok: cfg.Tokenizer, log: cfg.Logger, metrics: cfg.Metrics,
 		limit: newLimiter(cfg.MaxConcurrent, cfg.MaxQueue), created: time.Now().Unix(),
-		idPrefix: fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff), live: map[string][]string{},
+		idPrefix: fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffffff), live: map[string][]*liveRun{},
 		maxPromptBytes: promptByteLimit(cfg.Tokenizer, cfg.ModelConfig.MaxPositionEmbeddings),
 		updateMu:       make(updateLock, 1), csrf: http.NewCrossOriginProtection(),
 		budget: &bodyBudget{max: cfg.MaxBodyBytesInFlight}}
@@ -336,7 +339,7 @@ func (a *API) BeginShutdown() { a.closing.Store(true) }
 
 // AbortAll aborts every engine request the API started and returns how many.
 func (a *API) AbortAll() int {
-	ids := a.engineIDs(nil)
+	ids := a.abortIDs(nil)
 	a.eng.Abort(ids...)
 	return len(ids)
 }
@@ -493,44 +496,63 @@ func (a *API) newID(prefix string) string {
 	return fmt.Sprintf("%s-%s-%d", prefix, a.idPrefix, a.nextID.Add(1))
 }
 
-// track records that the client-visible id runs as the engine ids; the returned func forgets it.
-func (a *API) track(id string, engineIDs []string) func() {
+// liveRun is one submitted request's engine ids, and whether an abort named it.
+type liveRun struct {
+	ids     []string
+	aborted bool
+}
+
+// track records that the client-visible id runs as the engine ids; untrack forgets them.
+func (a *API) track(id string, engineIDs []string) *liveRun {
+	r := &liveRun{ids: engineIDs}
 	a.mu.Lock()
-	a.live[id] = append(a.live[id], engineIDs...)
+	a.live[id] = append(a.live[id], r)
 	a.mu.Unlock()
-	return func() {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		// Another request may share the client id: forget only this one's engine ids.
-		left := a.live[id][:0]
-		for _, e := range a.live[id] {
-			if !slices.Contains(engineIDs, e) {
-				left = append(left, e)
-			}
-		}
-		if len(left) == 0 {
-			delete(a.live, id)
-		} else {
-			a.live[id] = left
-		}
+	return r
+}
+
+// untrack forgets r; another request may share its client id.
+func (a *API) untrack(id string, r *liveRun) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	left := slices.DeleteFunc(a.live[id], func(x *liveRun) bool { return x == r })
+	if len(left) == 0 {
+		delete(a.live, id)
+	} else {
+		a.live[id] = left
 	}
 }
 
-// engineIDs maps client ids to engine ids (nil: all live requests). An id that is not a
-// tracked client id is passed through, so engine ids work too.
-func (a *API) engineIDs(ids []string) []string {
+// abortedDuring reports whether an abort named r since it was tracked.
+func (a *API) abortedDuring(r *liveRun) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return r.aborted
+}
+
+// abortIDs maps client ids to engine ids (nil: all live requests) and marks their runs
+// aborted, so that a run still adding choices aborts the ones the engine did not yet have when
+// the abort reached it. An id that is not a tracked client id is passed through, so engine ids
+// work too.
+func (a *API) abortIDs(ids []string) []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []string
+	mark := func(runs []*liveRun) {
+		for _, r := range runs {
+			r.aborted = true
+			out = append(out, r.ids...)
+		}
+	}
 	if len(ids) == 0 {
-		for _, e := range a.live {
-			out = append(out, e...)
+		for _, runs := range a.live {
+			mark(runs)
 		}
 		return out
 	}
 	for _, id := range ids {
-		if e, ok := a.live[id]; ok {
-			out = append(out, e...)
+		if runs, ok := a.live[id]; ok {
+			mark(runs)
 		} else {
 			out = append(out, id)
 		}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/stretchr/testify/assert"
@@ -209,4 +211,76 @@ func TestWireNamesMatchTheEngine(t *testing.T) {
 	assert.EqualValues(t, protocol.FinishStop, engine.FinishStop)
 	assert.EqualValues(t, protocol.FinishLength, engine.FinishLength)
 	assert.EqualValues(t, protocol.FinishAbort, engine.FinishAbort)
+}
+
+// TestAbortReachesChoicesAddedAfterIt: an /abort_requests that arrives while a request's
+// choices are still being added aborts every choice, those the engine takes after the abort
+// included. The engine is paused, so nothing runs and nothing can finish before the abort.
+func TestAbortReachesChoicesAddedAfterIt(t *testing.T) {
+	a := testAPI(t, Config{AdminToken: "s3cret"})
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	post := func(path string, body, out any) error {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		req, err := http.NewRequest(http.MethodPost, srv.URL+path, bytes.NewReader(b))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer s3cret")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: status %d", path, resp.StatusCode)
+		}
+		if out == nil {
+			return nil
+		}
+		return json.NewDecoder(resp.Body).Decode(out)
+	}
+	require.NoError(t, post("/pause?mode=keep", nil, nil))
+	var aborted struct {
+		Aborted int `json:"aborted"`
+	}
+	abortErr := make(chan error, 1)
+	a.afterAdd = func(k int) {
+		if k == 0 {
+			abortErr <- post("/abort_requests", map[string]any{"request_ids": []string{"X"}}, &aborted)
+		}
+	}
+	type result struct {
+		g   protocol.GenerateResponse
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = post("/generate", map[string]any{"prompt_token_ids": []int{1, 2, 3}, "n": 3, "request_id": "X",
+			"sampling": map[string]any{"max_tokens": 8, "temperature": 0, "ignore_eos": true}}, &r.g)
+		done <- r
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		// Paused, a choice the abort missed never finishes: resume to let it end, and fail.
+		t.Error("choices added after the abort are still waiting")
+		require.NoError(t, post("/resume", nil, nil))
+		r = <-done
+	}
+	require.NoError(t, r.err)
+	require.NoError(t, <-abortErr)
+	assert.Equal(t, 3, aborted.Aborted, "the abort names all three choices")
+	require.Len(t, r.g.Outputs, 3)
+	for i, o := range r.g.Outputs {
+		assert.Equal(t, protocol.FinishReason("abort"), o.FinishReason, "choice %d", i)
+		assert.Empty(t, o.TokenIDs, "choice %d ran while paused", i)
+	}
+	require.NoError(t, post("/resume", nil, nil))
 }

@@ -116,7 +116,8 @@ type genRun struct {
 	ctx     context.Context //nolint:containedctx // the request's, for the spans end records
 	prompts [][]int
 	choices []*choice
-	untrack func()
+	client  string   // the client-visible id the run is tracked under
+	live    *liveRun // its engine ids while tracked
 }
 
 // validatePrompt checks one prompt against the model before the engine sees it.
@@ -196,8 +197,9 @@ func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 		}
 	}
 	// Tracked before the first Add, so that an /abort_requests arriving while later choices
-	// are still being added finds every choice the engine has already taken.
-	run.untrack = a.track(s.clientID, ids)
+	// are still being added finds every choice the engine has already taken, and marks the
+	// run so that the choices it had not yet taken are aborted below.
+	run.client, run.live = s.clientID, a.track(s.clientID, ids)
 	for pi, p := range s.prompts {
 		for i := range s.n {
 			k := pi*s.n + i
@@ -211,7 +213,7 @@ func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 			st, err := a.eng.Add(ctx, engine.Request{ID: eid, PromptTokenIDs: p, Sampling: params, CacheSalt: s.cacheSalt})
 			if err != nil {
 				run.abort()
-				run.untrack()
+				a.untrack(run.client, run.live)
 				return nil, err
 			}
 			ch := &choice{index: k, prompt: p, engineID: eid, stream: st}
@@ -219,7 +221,15 @@ func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 				ch.text = newTextProc(a.tok, s.stops)
 			}
 			run.choices = append(run.choices, ch)
+			if a.afterAdd != nil {
+				a.afterAdd(k)
+			}
 		}
+	}
+	// An abort that reached the engine before a choice's Add missed that choice. Every choice
+	// is in the engine now, and an abort marking the run after this check finds them all.
+	if a.abortedDuring(run.live) {
+		run.abort()
 	}
 	return run, nil
 }
@@ -238,8 +248,8 @@ func (r *genRun) abort() {
 // end aborts what is left (a client that went away) and forgets the request.
 func (r *genRun) end() {
 	r.abort()
-	if r.untrack != nil {
-		r.untrack()
+	if r.live != nil {
+		r.a.untrack(r.client, r.live)
 	}
 	r.traceChoices()
 }
