@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/rolloutkit/rollout/engine/hugepage"
 )
@@ -161,13 +162,34 @@ func (m *Matrix) MatMul(pool *Pool, y, x []float32, n int) {
 		matmulW8A8(pool, m, y, x, n, matmulW8A8Panels)
 		return
 	}
-	panels := m.Panels()
-	run := matmulPanels
+	c := matmulCalls.Get().(*matmulCall)
+	c.m, c.y, c.x, c.n, c.panels = m, y, x, n, matmulPanels
 	if m.Prec != F32 {
-		run = matmulLow
+		c.panels = matmulLow
 	}
-	pool.ParallelChunks(panels, matmulChunk(panels, pool.Workers()), func(lo, hi int) { run(m, y, x, n, lo, hi) })
+	np := m.Panels()
+	pool.ParallelChunks(np, matmulChunk(np, pool.Workers()), c.run)
+	c.m, c.y, c.x, c.panels = nil, nil, nil, nil
+	matmulCalls.Put(c)
 }
+
+// matmulCall is one MatMul's arguments for the pool's workers, reused through matmulCalls with
+// its run func, so that a MatMul allocates nothing in steady state (a closure over the
+// arguments would escape to the pool, one allocation a call).
+type matmulCall struct {
+	m      *Matrix
+	y, x   []float32
+	n      int
+	panels func(m *Matrix, y, x []float32, n, lo, hi int)
+	run    func(lo, hi int) // runs panels [lo,hi)
+}
+
+// matmulCalls holds idle matmulCalls; MatMuls may run concurrently (on different pools).
+var matmulCalls = sync.Pool{New: func() any {
+	c := &matmulCall{}
+	c.run = func(lo, hi int) { c.panels(c.m, c.y, c.x, c.n, lo, hi) }
+	return c
+}}
 
 // matmulChunk is the panels per load-balancing chunk: about four per worker, in multiples of
 // four panels (the widest tile), so chunks cost no tile efficiency.

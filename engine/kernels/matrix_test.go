@@ -406,3 +406,25 @@ func TestPackStackedReusesSameShapeOnly(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotSame(t, a, other, "another shape gets new memory")
 }
+
+// TestMatMulAllocatesNothing: a MatMul allocates nothing in steady state at any precision, at
+// batch 1 and batched.
+func TestMatMulAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop buffers")
+	}
+	r := rand.New(rand.NewPCG(16, 16))
+	pool := NewPool(2)
+	defer pool.Close()
+	rows, cols := 64, 256
+	for _, prec := range []Precision{F32, BF16, Int8, W8A8} {
+		m, err := PackStackedAs(prec, nil, rows, cols, randSlice(r, rows*cols))
+		require.NoError(t, err)
+		for _, n := range []int{1, 7} {
+			x, y := randSlice(r, n*cols), make([]float32, n*rows)
+			m.MatMul(pool, y, x, n)
+			allocs := testing.AllocsPerRun(100, func() { m.MatMul(pool, y, x, n) })
+			assert.Zero(t, allocs, "%v n=%d", prec, n)
+		}
+	}
+}

@@ -303,24 +303,6 @@ func TestW8A8WeightsAreInt8s(t *testing.T) {
 	}
 }
 
-func TestW8A8MatMulAllocatesNothing(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector makes sync.Pool drop buffers")
-	}
-	r := rand.New(rand.NewPCG(16, 16))
-	pool := NewPool(2)
-	defer pool.Close()
-	rows, cols := 64, 256
-	m, err := PackStackedAs(W8A8, nil, rows, cols, randSlice(r, rows*cols))
-	require.NoError(t, err)
-	for _, n := range []int{1, 7} {
-		x, y := randSlice(r, n*cols), make([]float32, n*rows)
-		m.MatMul(pool, y, x, n)
-		allocs := testing.AllocsPerRun(100, func() { m.MatMul(pool, y, x, n) })
-		assert.Zero(t, allocs, "n=%d", n)
-	}
-}
-
 // quantizeActRef is W8A8's input quantization as its definition states it: QuantizeInt8 with
 // the scale max|x|/127 kept in float32 (only stored weight scales are float16 values).
 func quantizeActRef(q []int8, x []float32) (float32, error) {
