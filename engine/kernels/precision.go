@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/rolloutkit/rollout/engine/hugepage"
 	"github.com/x448/float16"
@@ -341,6 +342,16 @@ func (m *Matrix) widenPanel(dst []float32, p int) {
 	}
 }
 
+// widenScratch is matmulWidened's float32 panel and outputs, reused through widenScratches so
+// that the fallback allocates nothing in steady state either; workers run chunks at once, so
+// each takes its own.
+type widenScratch struct {
+	tmp       Matrix
+	panel, yt []float32
+}
+
+var widenScratches = sync.Pool{New: func() any { return &widenScratch{} }}
+
 // matmulWidened runs panels [lo,hi) of a low-precision MatMul with the float32 kernel f32: each
 // panel is widened into a float32 scratch panel, which f32 multiplies. The bits are those of
 // the float32 kernel on the effective weights; the cost is a pass over every weight in Go, so
@@ -350,8 +361,17 @@ func matmulWidened(f32 func(m *Matrix, y, x []float32, n, lo, hi int), m *Matrix
 		return
 	}
 	cols, rows := m.Cols, m.Rows
-	tmp := &Matrix{Cols: cols, data: make([]float32, PanelRows*cols)}
-	yt := make([]float32, n*PanelRows)
+	sc := widenScratches.Get().(*widenScratch)
+	defer widenScratches.Put(sc)
+	if cap(sc.panel) < PanelRows*cols {
+		sc.panel = make([]float32, PanelRows*cols)
+	}
+	if cap(sc.yt) < n*PanelRows {
+		sc.yt = make([]float32, n*PanelRows)
+	}
+	tmp := &sc.tmp
+	*tmp = Matrix{Cols: cols, data: sc.panel[:PanelRows*cols]}
+	yt := sc.yt[:n*PanelRows]
 	for p := lo; p < hi; p++ {
 		r0 := p * PanelRows
 		tmp.Rows = min(PanelRows, rows-r0)
