@@ -496,15 +496,17 @@ func (a *API) newID(prefix string) string {
 	return fmt.Sprintf("%s-%s-%d", prefix, a.idPrefix, a.nextID.Add(1))
 }
 
-// liveRun is one submitted request's engine ids, and whether an abort named it.
+// liveRun is one submitted request: the client-visible id it is tracked under, its engine
+// ids, and whether an abort named it.
 type liveRun struct {
+	client  string
 	ids     []string
 	aborted bool
 }
 
 // track records that the client-visible id runs as the engine ids; untrack forgets them.
 func (a *API) track(id string, engineIDs []string) *liveRun {
-	r := &liveRun{ids: engineIDs}
+	r := &liveRun{client: id, ids: engineIDs}
 	a.mu.Lock()
 	a.live[id] = append(a.live[id], r)
 	a.mu.Unlock()
@@ -512,14 +514,14 @@ func (a *API) track(id string, engineIDs []string) *liveRun {
 }
 
 // untrack forgets r; another request may share its client id.
-func (a *API) untrack(id string, r *liveRun) {
+func (a *API) untrack(r *liveRun) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	left := slices.DeleteFunc(a.live[id], func(x *liveRun) bool { return x == r })
+	left := slices.DeleteFunc(a.live[r.client], func(x *liveRun) bool { return x == r })
 	if len(left) == 0 {
-		delete(a.live, id)
+		delete(a.live, r.client)
 	} else {
-		a.live[id] = left
+		a.live[r.client] = left
 	}
 }
 

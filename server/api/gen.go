@@ -116,7 +116,6 @@ type genRun struct {
 	ctx     context.Context //nolint:containedctx // the request's, for the spans end records
 	prompts [][]int
 	choices []*choice
-	client  string   // the client-visible id the run is tracked under
 	live    *liveRun // its engine ids while tracked
 }
 
@@ -199,7 +198,7 @@ func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 	// Tracked before the first Add, so that an /abort_requests arriving while later choices
 	// are still being added finds every choice the engine has already taken, and marks the
 	// run so that the choices it had not yet taken are aborted below.
-	run.client, run.live = s.clientID, a.track(s.clientID, ids)
+	run.live = a.track(s.clientID, ids)
 	for pi, p := range s.prompts {
 		for i := range s.n {
 			k := pi*s.n + i
@@ -213,7 +212,7 @@ func (a *API) submit(ctx context.Context, s genSpec) (*genRun, error) {
 			st, err := a.eng.Add(ctx, engine.Request{ID: eid, PromptTokenIDs: p, Sampling: params, CacheSalt: s.cacheSalt})
 			if err != nil {
 				run.abort()
-				a.untrack(run.client, run.live)
+				a.untrack(run.live)
 				return nil, err
 			}
 			ch := &choice{index: k, prompt: p, engineID: eid, stream: st}
@@ -249,7 +248,7 @@ func (r *genRun) abort() {
 func (r *genRun) end() {
 	r.abort()
 	if r.live != nil {
-		r.a.untrack(r.client, r.live)
+		r.a.untrack(r.live)
 	}
 	r.traceChoices()
 }
