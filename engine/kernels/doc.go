@@ -73,9 +73,10 @@
 // tile re-reads the group's panels from L2, so only the first tile over a group would wait on
 // memory. The default build's main tile (4 panels × 6 tokens on AVX-512, 1 × 6 on AVX2) has a
 // variant that also prefetches one line of the next group per step, issued by the group's first
-// tiles, so the next group is in cache when it starts; the weights, the KV pool and the
-// read probe ask Linux for transparent huge pages (MADV_HUGEPAGE), so streaming them does not
-// walk the page tables at every 4 KB. Attention reads K/V as head-wide strips of rows a few KB
+// tiles, so the next group is in cache when it starts (with AVX-512's column blocks, the next
+// block, half a line a step over more tiles, so the lines in flight fit the fill buffers). The
+// weights, the KV pool and the read probe ask Linux for transparent huge pages
+// (MADV_HUGEPAGE), so streaming them does not walk the page tables at every 4 KB. Attention reads K/V as head-wide strips of rows a few KB
 // apart, which the hardware prefetchers do not follow, so its caller hints each next call's
 // rows with PrefetchRows (PREFETCHT0 or PRFM; a no-op in the portable build).
 //

@@ -303,12 +303,8 @@ func writeAsmTiles(is asmISA, file string) {
 		mp, mt := pfShape[is.name][0], pfShape[is.name][1]
 		fn := fmt.Sprintf("%sP%dT%dPF%s", is.name, mp, mt, suffix)
 		genAsmTile(&s, is, fn, mp, mt, true, accum)
-		wrap := " line\n// per"
-		if accum {
-			wrap = "\n// line per"
-		}
-		fmt.Fprintf(&d, "\n// %s is %sP%dT%d%s that also prefetches the cols·64 bytes at pf (PREFETCHT0), one%s step; see pfTileFunc.\n//\n//go:noescape\n", fn, is.name, mp, mt, suffix, wrap)
-		fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)\n", fn)
+		fmt.Fprintf(&d, "\n// %s is %sP%dT%d%s that also prefetches (PREFETCHT0) one line a step at pf,\n// pf advancing pfs bytes a step; see pfTileFunc.\n//\n//go:noescape\n", fn, is.name, mp, mt, suffix)
+		fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)\n", fn)
 	}
 	d.Write(table.Bytes())
 	writeFile(file+".s", s.Bytes(), false)
@@ -373,9 +369,9 @@ func genAsmTile(b *bytes.Buffer, is asmISA, fn string, p, t int, pf, accum bool)
 	reg := func(i int) string { return fmt.Sprintf("%s%d", is.reg, i) }
 	acc := func(j, tt, vv int) string { return reg(nw + nb + (tt*p+j)*v + vv) }
 	if pf {
-		fmt.Fprintf(b, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)\n", fn)
-		fmt.Fprintf(b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", fn)
-		fmt.Fprintf(b, "\tMOVQ pf+56(FP), R14\n")
+		fmt.Fprintf(b, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)\n", fn)
+		fmt.Fprintf(b, "TEXT ·%s(SB), NOSPLIT, $0-72\n", fn)
+		fmt.Fprintf(b, "\tMOVQ pf+56(FP), R14\n\tMOVQ pfs+64(FP), R15\n")
 	} else {
 		fmt.Fprintf(b, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n", fn)
 		fmt.Fprintf(b, "TEXT ·%s(SB), NOSPLIT, $0-56\n", fn)
@@ -434,7 +430,7 @@ func genAsmTile(b *bytes.Buffer, is asmISA, fn string, p, t int, pf, accum bool)
 		}
 	}
 	if pf {
-		fmt.Fprintf(b, "\tPREFETCHT0 (R14)\n\tADDQ $64, R14\n")
+		fmt.Fprintf(b, "\tPREFETCHT0 (R14)\n\tADDQ R15, R14\n")
 	}
 	if d := f32SelfPrefetch(is, p, t, pf || accum); d > 0 {
 		for j := 0; j < p; j++ {
@@ -493,8 +489,8 @@ func writeLowTiles(is asmISA, file string) {
 			mp, mt := pfShape[is.name][0], pfShape[is.name][1]
 			fn := fmt.Sprintf("%sP%dT%dPF", name, mp, mt)
 			genLowTileOpt(&s, is, prec, fn, mp, mt, true)
-			fmt.Fprintf(&d, "\n// %s is %sP%dT%d that also prefetches the panel at pf (PREFETCHT0), one line\n// per 64 bytes of its own panel read; see pfTileFunc.\n//\n//go:noescape\n", fn, name, mp, mt)
-			fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)\n", fn)
+			fmt.Fprintf(&d, "\n// %s is %sP%dT%d that also prefetches (PREFETCHT0) one line at pf per 64 bytes\n// of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.\n//\n//go:noescape\n", fn, name, mp, mt)
+			fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)\n", fn)
 		}
 	}
 	d.Write(table.Bytes())
@@ -567,9 +563,10 @@ func genLowTile(b *bytes.Buffer, is asmISA, prec, fn string, p, t int) {
 	genLowTileOpt(b, is, prec, fn, p, t, false)
 }
 
-// genLowTileOpt is genLowTile, with pf also prefetching (R14) the panel at pf+56(FP): one
-// 64-byte line per bf16 step pair (64 bytes of each panel), and for int8 the block's scales at
-// its start and one line every fourth step (16 bytes of each panel a step).
+// genLowTileOpt is genLowTile, with pf also prefetching (R14) from pf+56(FP), advancing
+// pfs+64(FP) bytes (R15) a line: one line per bf16 step pair (64 bytes of each panel), and for
+// int8 the block's scales at its start and one line every fourth step (16 bytes of each panel a
+// step); with pfs = 64, a whole panel.
 func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf bool) {
 	v := 16 / is.lanes // vectors per panel
 	tokAddr := func(base, s, s3, s5 string, i, off int) string {
@@ -622,9 +619,9 @@ func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf boo
 	acc := func(j, tt, vv int) string { return reg(nw + nb + (tt*p+j)*v + vv) }
 	maskReg := reg(is.regs - 1)
 	if pf {
-		fmt.Fprintf(b, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)\n", fn)
-		fmt.Fprintf(b, "TEXT ·%s(SB), NOSPLIT, $0-64\n", fn)
-		fmt.Fprintf(b, "\tMOVQ pf+56(FP), R14\n")
+		fmt.Fprintf(b, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)\n", fn)
+		fmt.Fprintf(b, "TEXT ·%s(SB), NOSPLIT, $0-72\n", fn)
+		fmt.Fprintf(b, "\tMOVQ pf+56(FP), R14\n\tMOVQ pfs+64(FP), R15\n")
 	} else {
 		fmt.Fprintf(b, "\n// func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n", fn)
 		fmt.Fprintf(b, "TEXT ·%s(SB), NOSPLIT, $0-56\n", fn)
@@ -686,7 +683,7 @@ func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf boo
 			fma(i, 4)
 		}
 		if pf {
-			fmt.Fprintf(b, "\tPREFETCHT0 (R14)\n\tADDQ $64, R14\n")
+			fmt.Fprintf(b, "\tPREFETCHT0 (R14)\n\tADDQ R15, R14\n")
 		}
 		if d := selfPrefetch(is, prec, p, t); d > 0 {
 			for j := 0; j < p; j++ {
@@ -699,11 +696,11 @@ func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf boo
 		// R12 = min(32, the steps left): the last block is short when cols is not a multiple.
 		fmt.Fprintf(b, "%s_block:\n\tMOVQ SI, R13\n\tADDQ $64, SI\n\tMOVQ $32, R12\n\tCMPQ CX, R12\n\tCMOVQLT CX, R12\n\tSUBQ R12, CX\n", fn)
 		if pf {
-			fmt.Fprintf(b, "\tPREFETCHT0 (R14)\n\tADDQ $64, R14\n")
+			fmt.Fprintf(b, "\tPREFETCHT0 (R14)\n\tADDQ R15, R14\n")
 		}
 		fmt.Fprintf(b, "%s_loop:\n", fn)
 		if pf {
-			fmt.Fprintf(b, "\tTESTQ $3, R12\n\tJNZ %s_nopf\n\tPREFETCHT0 (R14)\n\tADDQ $64, R14\n%s_nopf:\n", fn, fn)
+			fmt.Fprintf(b, "\tTESTQ $3, R12\n\tJNZ %s_nopf\n\tPREFETCHT0 (R14)\n\tADDQ R15, R14\n%s_nopf:\n", fn, fn)
 		}
 		for j := 0; j < p; j++ {
 			for vv := 0; vv < v; vv++ {

@@ -2,7 +2,12 @@
 
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+)
 
 // simdImpls lists the assembly kernels this CPU can run, so tests cover AVX2 on AVX-512
 // machines too.
@@ -37,3 +42,41 @@ func tileKernels() []*simdKernel {
 
 // lowFeatures reports the CPU features the bf16 and int8 tiles select on.
 func lowFeatures() (avx512, avx2 bool) { return hasAVX512, hasAVX2FMA }
+
+// BenchmarkColumnBlockPrefetch compares, in one run, the column-block prefetch as shipped
+// (spread over the block's token tiles at half a line a step, where it has eight) with one line
+// a step in the first four tiles, on the 1B shape's FFN matrices with W from memory (four
+// copies, 256 MB, cycled). Only this build's AVX-512 kernel has column blocks.
+func BenchmarkColumnBlockPrefetch(b *testing.B) {
+	if !hasAVX512 {
+		b.Skip("no AVX-512")
+	}
+	for _, shape := range [][2]int{{8192, 2048}, {2048, 8192}} {
+		r := rand.New(rand.NewPCG(1, 1))
+		w := randSlice(r, shape[0]*shape[1])
+		ms := make([]*Matrix, 4)
+		for i := range ms {
+			var err error
+			if ms[i], err = NewMatrix(w, shape[0], shape[1]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, n := range []int{64, 32} {
+			for _, dense := range []bool{true, false} {
+				k := avx512Kernel
+				k.kcPrefetchDense = dense
+				name := map[bool]string{true: "dense", false: "spread"}[dense]
+				b.Run(fmt.Sprintf("%dx%d/n=%d/%s", shape[0], shape[1], n, name), func(b *testing.B) {
+					pool := NewPool(runtime.GOMAXPROCS(0))
+					defer pool.Close()
+					x, y := randSlice(r, n*shape[1]), make([]float32, n*shape[0])
+					run := impl{name, func(m *Matrix, y, x []float32, n, lo, hi int) { matmulSIMD(&k, m, y, x, n, lo, hi) }}
+					for i := 0; b.Loop(); i++ {
+						matMulWith(run, pool, ms[i%len(ms)], y, x, n)
+					}
+					reportMatMul(b, shape[0], shape[1], n, ms[0].Bytes())
+				})
+			}
+		}
+	}
+}

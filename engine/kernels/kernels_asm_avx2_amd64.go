@@ -56,11 +56,11 @@ func a256P3T1(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y un
 //go:noescape
 func a256P4T1(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// a256P1T6PF is a256P1T6 that also prefetches the cols·64 bytes at pf (PREFETCHT0), one line
-// per step; see pfTileFunc.
+// a256P1T6PF is a256P1T6 that also prefetches (PREFETCHT0) one line a step at pf,
+// pf advancing pfs bytes a step; see pfTileFunc.
 //
 //go:noescape
-func a256P1T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+func a256P1T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
 
 // a256Tiles[P][T] is the a256 assembly tile for P panels × T tokens, nil where none is
 // generated.

@@ -495,9 +495,10 @@ a256P4T1_store:
 	VZEROUPPER
 	RET
 
-// func a256P1T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
-TEXT ·a256P1T6PF(SB), NOSPLIT, $0-64
+// func a256P1T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
+TEXT ·a256P1T6PF(SB), NOSPLIT, $0-72
 	MOVQ pf+56(FP), R14
+	MOVQ pfs+64(FP), R15
 	MOVQ w+0(FP), SI
 	MOVQ x+16(FP), DI
 	MOVQ xs+24(FP), R8
@@ -544,7 +545,7 @@ a256P1T6PF_loop:
 	VFMADD231PS Y3, Y0, Y14
 	VFMADD231PS Y3, Y1, Y15
 	PREFETCHT0 (R14)
-	ADDQ $64, R14
+	ADDQ R15, R14
 	ADDQ $64, SI
 	ADDQ $4, DI
 	DECQ CX

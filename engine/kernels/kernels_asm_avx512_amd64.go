@@ -106,11 +106,11 @@ func a512P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y un
 //go:noescape
 func a512P4T1Plain(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// a512P4T6PF is a512P4T6 that also prefetches the cols·64 bytes at pf (PREFETCHT0), one line
-// per step; see pfTileFunc.
+// a512P4T6PF is a512P4T6 that also prefetches (PREFETCHT0) one line a step at pf,
+// pf advancing pfs bytes a step; see pfTileFunc.
 //
 //go:noescape
-func a512P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+func a512P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
 
 // a512P1T1Acc computes a 1-panel × 1-token accumulating tile; see tileFunc.
 //
@@ -207,11 +207,11 @@ func a512P4T5Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y
 //go:noescape
 func a512P4T6Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// a512P4T6PFAcc is a512P4T6Acc that also prefetches the cols·64 bytes at pf (PREFETCHT0), one
-// line per step; see pfTileFunc.
+// a512P4T6PFAcc is a512P4T6Acc that also prefetches (PREFETCHT0) one line a step at pf,
+// pf advancing pfs bytes a step; see pfTileFunc.
 //
 //go:noescape
-func a512P4T6PFAcc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+func a512P4T6PFAcc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
 
 // a512Tiles[P][T] is the a512 assembly tile for P panels × T tokens, nil where none is
 // generated.

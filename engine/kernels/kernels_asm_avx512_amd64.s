@@ -1035,9 +1035,10 @@ a512P4T1Plain_store:
 	VZEROUPPER
 	RET
 
-// func a512P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
-TEXT ·a512P4T6PF(SB), NOSPLIT, $0-64
+// func a512P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
+TEXT ·a512P4T6PF(SB), NOSPLIT, $0-72
 	MOVQ pf+56(FP), R14
+	MOVQ pfs+64(FP), R15
 	MOVQ w+0(FP), SI
 	MOVQ ws+8(FP), AX
 	LEAQ (AX)(AX*2), BX
@@ -1112,7 +1113,7 @@ a512P4T6PF_loop:
 	VFMADD231PS Z5, Z2, Z28
 	VFMADD231PS Z5, Z3, Z29
 	PREFETCHT0 (R14)
-	ADDQ $64, R14
+	ADDQ R15, R14
 	ADDQ $64, SI
 	ADDQ $4, DI
 	DECQ CX
@@ -2130,9 +2131,10 @@ a512P4T6Acc_store:
 	VZEROUPPER
 	RET
 
-// func a512P4T6PFAcc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
-TEXT ·a512P4T6PFAcc(SB), NOSPLIT, $0-64
+// func a512P4T6PFAcc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
+TEXT ·a512P4T6PFAcc(SB), NOSPLIT, $0-72
 	MOVQ pf+56(FP), R14
+	MOVQ pfs+64(FP), R15
 	MOVQ w+0(FP), SI
 	MOVQ ws+8(FP), AX
 	LEAQ (AX)(AX*2), BX
@@ -2207,7 +2209,7 @@ a512P4T6PFAcc_loop:
 	VFMADD231PS Z5, Z2, Z28
 	VFMADD231PS Z5, Z3, Z29
 	PREFETCHT0 (R14)
-	ADDQ $64, R14
+	ADDQ R15, R14
 	ADDQ $64, SI
 	ADDQ $4, DI
 	DECQ CX

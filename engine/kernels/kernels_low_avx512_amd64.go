@@ -106,11 +106,11 @@ func a512bf16P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, 
 //go:noescape
 func a512bf16P4T1Plain(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// a512bf16P4T6PF is a512bf16P4T6 that also prefetches the panel at pf (PREFETCHT0), one line
-// per 64 bytes of its own panel read; see pfTileFunc.
+// a512bf16P4T6PF is a512bf16P4T6 that also prefetches (PREFETCHT0) one line at pf per 64 bytes
+// of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.
 //
 //go:noescape
-func a512bf16P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+func a512bf16P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
 
 // a512i8P1T1 computes a 1-panel × 1-token i8 tile; see tileFunc.
 //
@@ -207,11 +207,11 @@ func a512i8P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y 
 //go:noescape
 func a512i8P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// a512i8P4T6PF is a512i8P4T6 that also prefetches the panel at pf (PREFETCHT0), one line
-// per 64 bytes of its own panel read; see pfTileFunc.
+// a512i8P4T6PF is a512i8P4T6 that also prefetches (PREFETCHT0) one line at pf per 64 bytes
+// of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.
 //
 //go:noescape
-func a512i8P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+func a512i8P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
 
 // a512bf16Tiles[P][T] is the a512 bf16 assembly tile for P panels × T tokens, nil where none
 // is generated.

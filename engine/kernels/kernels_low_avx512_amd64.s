@@ -1332,9 +1332,10 @@ a512bf16P4T1Plain_store:
 	VZEROUPPER
 	RET
 
-// func a512bf16P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
-TEXT ·a512bf16P4T6PF(SB), NOSPLIT, $0-64
+// func a512bf16P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
+TEXT ·a512bf16P4T6PF(SB), NOSPLIT, $0-72
 	MOVQ pf+56(FP), R14
+	MOVQ pfs+64(FP), R15
 	MOVQ w+0(FP), SI
 	MOVQ ws+8(FP), AX
 	LEAQ (AX)(AX*2), BX
@@ -1441,7 +1442,7 @@ a512bf16P4T6PF_loop:
 	VFMADD231PS Z5, Z2, Z28
 	VFMADD231PS Z5, Z3, Z29
 	PREFETCHT0 (R14)
-	ADDQ $64, R14
+	ADDQ R15, R14
 	ADDQ $64, SI
 	ADDQ $8, DI
 	DECQ CX
@@ -2724,9 +2725,10 @@ a512i8P4T6_store:
 	VZEROUPPER
 	RET
 
-// func a512i8P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
-TEXT ·a512i8P4T6PF(SB), NOSPLIT, $0-64
+// func a512i8P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
+TEXT ·a512i8P4T6PF(SB), NOSPLIT, $0-72
 	MOVQ pf+56(FP), R14
+	MOVQ pfs+64(FP), R15
 	MOVQ w+0(FP), SI
 	MOVQ ws+8(FP), AX
 	LEAQ (AX)(AX*2), BX
@@ -2769,12 +2771,12 @@ a512i8P4T6PF_block:
 	CMOVQLT CX, R12
 	SUBQ R12, CX
 	PREFETCHT0 (R14)
-	ADDQ $64, R14
+	ADDQ R15, R14
 a512i8P4T6PF_loop:
 	TESTQ $3, R12
 	JNZ a512i8P4T6PF_nopf
 	PREFETCHT0 (R14)
-	ADDQ $64, R14
+	ADDQ R15, R14
 a512i8P4T6PF_nopf:
 	VPMOVSXBD (SI), Z0
 	VCVTDQ2PS Z0, Z0

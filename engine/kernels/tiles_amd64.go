@@ -18,10 +18,11 @@ import "unsafe"
 // bits (see the package doc).
 type tileFunc func(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// pfTileFunc is a tileFunc that also prefetches (PREFETCHT0), one cache line per step k, the
-// cols·64 bytes at pf (a panel the caller reads next), so that the next panel group comes from
-// cache rather than memory: the first token tile over a group otherwise waits on DRAM.
-type pfTileFunc func(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer)
+// pfTileFunc is a tileFunc that also prefetches (PREFETCHT0) weights the caller reads next, so
+// that they come from cache rather than memory: one cache line per 64 bytes of its own panel
+// read (each step k of a float32 tile), at pf, pf+pfs, pf+2·pfs, ... With pfs = 64 that is a
+// whole panel's worth of bytes; with pfs = 32 half of it, at half the rate.
+type pfTileFunc func(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
 
 // maxTileP and maxTileT bound the generated tile shapes.
 const (
@@ -39,17 +40,22 @@ type simdKernel struct {
 	shape func(n int) (p, t int)
 	// t1 is the widest single-panel tile, used for leftover and partial panels.
 	t1 int
-	// pf, when set, is the pfP×pfT tile with a prefetch (see pfTileFunc). The first pfP token
-	// tiles of a panel group each prefetch one panel of the next group.
+	// pf, when set, is the pfP×pfT tile with a prefetch (see pfTileFunc). Without column
+	// blocks, the first pfP token tiles of a panel group each prefetch one panel of the next
+	// group.
 	pf       pfTileFunc
 	pfP, pfT int
 	// kc, when set, splits the columns of each main-tile panel group into blocks of kc, every
 	// token tile sweeping one block before the next: the group's block then stays in L1
 	// across the token tiles instead of streaming from L2 once per tile. acc and pfAcc are the
-	// tiles that continue the chains a block left in y, so the bits do not change.
-	kc    int
-	acc   *[maxTileP + 1][maxTileT + 1]tileFunc
-	pfAcc pfTileFunc
+	// tiles that continue the chains a block left in y, so the bits do not change. The full
+	// token tiles over a block prefetch the next block (kcPrefetch), spread over as many of
+	// them as the block has, unless kcPrefetchDense keeps it to one line a step in the first
+	// P (what the benchmarks compare the spread with).
+	kc              int
+	kcPrefetchDense bool
+	acc             *[maxTileP + 1][maxTileT + 1]tileFunc
+	pfAcc           pfTileFunc
 }
 
 // avx2Shape is the AVX2 main tile for n tokens: from three tokens up the 1×6 tile (12
@@ -97,6 +103,10 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 		if k.kc > 0 && bn > T {
 			kc = k.kc
 		}
+		spread := 1 // token tiles sharing one panel's prefetch, in column blocks
+		if kc < cols && !k.kcPrefetchDense {
+			spread = max(1, bn/T/P)
+		}
 		for ; p+P <= full; p += P {
 			for k0 := 0; k0 < cols; k0 += kc {
 				kl := min(kc, cols-k0)
@@ -108,9 +118,20 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 				for t, i := b0, 0; t < b0+bn; t, i = t+T, i+1 {
 					nt := min(T, b0+bn-t)
 					xt := unsafe.Add(tok(t), k0*4)
-					if pf && nt == T && i < P && p+P+i < panels {
-						pft(w, ws, xt, xs, kl, out(t, p), ys, unsafe.Add(panel(p+P+i), k0*64))
-						continue
+					if pf && nt == T && i < P*spread {
+						var at unsafe.Pointer
+						pfs := 64
+						if kc < cols {
+							if off, s, ok := kcPrefetch(ws, panels, p, P, k0, kc, kl, cols, i, spread); ok {
+								at, pfs = unsafe.Add(wp, off), s
+							}
+						} else if p+P+i < panels {
+							at = unsafe.Add(panel(p+P+i), k0*64)
+						}
+						if at != nil {
+							pft(w, ws, xt, xs, kl, out(t, p), ys, at, pfs)
+							continue
+						}
 					}
 					fn[nt](w, ws, xt, xs, kl, out(t, p), ys)
 				}
@@ -137,4 +158,30 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 			}
 		}
 	}
+}
+
+// kcPrefetch is where token tile i over column block k0 of panel group p prefetches (a byte
+// offset into the panels, ws bytes apart), with the prefetch's stride (see pfTileFunc): the
+// group's next column block, or at its last block the next group's first, each of the P panels
+// shared by spread tiles; ok is false past the last panel (or past a short block's end). The block then comes from L2 rather
+// than DRAM when the first tile reaches it. A line takes DRAM's latency to arrive: at a line a
+// step, four tiles each prefetching a whole panel of a 64-token block kept about 28 lines in
+// flight on an AVX-512 Xeon, past its 16 fill buffers, and stalled the loads the tiles compute
+// on; half a line a step, over eight tiles, made the batched 8192×2048 matmul 5-10% faster
+// there (docs/perf.md).
+func kcPrefetch(ws, panels, p, P, k0, kc, kl, cols, i, spread int) (off, pfs int, ok bool) {
+	pfs = (64 + spread - 1) / spread
+	j, part := i/spread, i%spread
+	next, at, nl := p+j, (k0+kc)*64, min(kc, cols-k0-kc)
+	if k0+kc >= cols {
+		next, at, nl = p+P+j, 0, min(kc, cols)
+	}
+	// The parts split the lines this tile's steps reach (one a step) evenly; each part then
+	// starts inside the block, so inside the matrix.
+	lines := min(kl, nl)
+	start := part * ((lines + spread - 1) / spread)
+	if next >= panels || start >= lines {
+		return 0, pfs, false
+	}
+	return next*ws + at + start*64, pfs, true
 }

@@ -38,7 +38,7 @@ func TestEveryTileMatchesGeneric(t *testing.T) {
 						// The prefetching variant of the main tile: same bits, whatever it prefetches.
 						clear(got)
 						k.pf(unsafe.Pointer(&m.data[0]), PanelRows*cols*4, unsafe.Pointer(&x[0]), cols*4, cols,
-							unsafe.Pointer(&got[0]), rows*4, unsafe.Pointer(&m.data[0]))
+							unsafe.Pointer(&got[0]), rows*4, unsafe.Pointer(&m.data[0]), 32)
 						requireSameBits(t, want, got, "%s", fmt.Sprintf("%s P%dT%d prefetching cols=%d", k.name, P, T, cols))
 					}
 				}
@@ -75,5 +75,49 @@ func TestEveryBatchSizeMatchesGeneric(t *testing.T) {
 			}
 		}
 		pool.Close()
+	}
+}
+
+// TestKCPrefetchCoversTheNextBlock checks the column-block prefetch's targets: over one block
+// of a panel group, the tiles that prefetch start inside the matrix and cover the group's next
+// block (or, at the last block, the next group's first) as far as their steps reach.
+func TestKCPrefetchCoversTheNextBlock(t *testing.T) {
+	const P = 4
+	for _, c := range []struct{ cols, kc, panels, spread int }{
+		{2048, 128, 12, 1}, {2048, 128, 12, 2}, {200, 128, 9, 2}, {129, 128, 8, 2}, {2048, 128, 8, 3},
+	} {
+		ws := c.cols * 64 // a float32 panel's bytes
+		for p := 0; p+P <= c.panels; p += P {
+			for k0 := 0; k0 < c.cols; k0 += c.kc {
+				kl := min(c.kc, c.cols-k0)
+				covered := map[int]bool{} // 64-byte lines
+				for i := range P * c.spread {
+					at, pfs, ok := kcPrefetch(ws, c.panels, p, P, k0, c.kc, kl, c.cols, i, c.spread)
+					if !ok {
+						continue
+					}
+					if at < 0 || at >= c.panels*ws {
+						t.Fatalf("%+v p=%d k0=%d tile %d: prefetch from %d, outside the matrix", c, p, k0, i, at)
+					}
+					for s := range kl {
+						covered[(at+s*pfs)/64] = true
+					}
+				}
+				next, off, nl := p, (k0+c.kc)*64, min(c.kc, c.cols-k0-c.kc)
+				if k0+c.kc >= c.cols {
+					next, off, nl = p+P, 0, min(c.kc, c.cols)
+				}
+				for j := range P {
+					if next+j >= c.panels {
+						continue
+					}
+					for l := range min(nl, kl) {
+						if a := (next+j)*ws + off + l*64; !covered[a/64] {
+							t.Fatalf("%+v p=%d k0=%d: line at %d of panel %d not prefetched", c, p, k0, a, next+j)
+						}
+					}
+				}
+			}
+		}
 	}
 }
