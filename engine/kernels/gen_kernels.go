@@ -467,30 +467,40 @@ func writeLowTiles(is asmISA, file string) {
 	var table bytes.Buffer
 	for _, prec := range []string{"bf16", "i8"} {
 		name := is.name + prec
-		fmt.Fprintf(&table, "\n// %sTiles[P][T] is the %s %s assembly tile for P panels × T tokens, nil where none\n// is generated.\nvar %sTiles = [maxTileP + 1][maxTileT + 1]tileFunc{\n", name, is.name, prec, name)
-		for p := 1; p <= 4; p++ {
-			fmt.Fprintf(&table, "\t%d: {", p)
-			for t := 1; t <= lowShapes[is.name][prec][p]; t++ {
-				fn := fmt.Sprintf("%sP%dT%d", name, p, t)
-				genLowTile(&s, is, prec, fn, p, t)
-				fmt.Fprintf(&d, "\n// %s computes a %d-panel × %d-token %s tile; see tileFunc.\n//\n//go:noescape\n", fn, p, t, prec)
-				fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n", fn)
-				fmt.Fprintf(&table, "%d: %s, ", t, fn)
+		variants := []bool{false}
+		if is.kc && prec == "bf16" { // int8 has no column blocks (low_amd64.go)
+			variants = append(variants, true)
+		}
+		for _, accum := range variants {
+			suffix, what, doc := "", "tile", ""
+			if accum {
+				suffix, what, doc = "Acc", "accumulating tile", "\n// Its chains continue from y, where the tile over the earlier columns left them."
 			}
-			fmt.Fprintf(&table, "},\n")
-		}
-		fmt.Fprintf(&table, "}\n")
-		if is.name == "a512" && prec == "bf16" {
-			genPlainBatch1(&s, &d, name, func(fn string) { genLowTile(&s, is, prec, fn, 4, 1) })
-		}
-		if is.name == "a512" {
-			// The main tile of a large batch, with a prefetch of the next panel group as the
-			// float32 one has (pfShape).
-			mp, mt := pfShape[is.name][0], pfShape[is.name][1]
-			fn := fmt.Sprintf("%sP%dT%dPF", name, mp, mt)
-			genLowTileOpt(&s, is, prec, fn, mp, mt, true)
-			fmt.Fprintf(&d, "\n// %s is %sP%dT%d that also prefetches (PREFETCHT0) one line at pf per 64 bytes\n// of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.\n//\n//go:noescape\n", fn, name, mp, mt)
-			fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)\n", fn)
+			fmt.Fprintf(&table, "\n// %sTiles%s[P][T] is the %s %s assembly %s for P panels × T tokens, nil where\n// none is generated.%s\nvar %sTiles%s = [maxTileP + 1][maxTileT + 1]tileFunc{\n", name, suffix, is.name, prec, what, doc, name, suffix)
+			for p := 1; p <= 4; p++ {
+				fmt.Fprintf(&table, "\t%d: {", p)
+				for t := 1; t <= lowShapes[is.name][prec][p]; t++ {
+					fn := fmt.Sprintf("%sP%dT%d%s", name, p, t, suffix)
+					genLowTileOpt(&s, is, prec, fn, p, t, false, accum)
+					fmt.Fprintf(&d, "\n// %s computes a %d-panel × %d-token %s %s; see tileFunc.\n//\n//go:noescape\n", fn, p, t, prec, what)
+					fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)\n", fn)
+					fmt.Fprintf(&table, "%d: %s, ", t, fn)
+				}
+				fmt.Fprintf(&table, "},\n")
+			}
+			fmt.Fprintf(&table, "}\n")
+			if !accum && is.name == "a512" && prec == "bf16" {
+				genPlainBatch1(&s, &d, name, func(fn string) { genLowTile(&s, is, prec, fn, 4, 1) })
+			}
+			if is.name == "a512" {
+				// The main tile of a large batch, with a prefetch of the next panel group as the
+				// float32 one has (pfShape).
+				mp, mt := pfShape[is.name][0], pfShape[is.name][1]
+				fn := fmt.Sprintf("%sP%dT%dPF%s", name, mp, mt, suffix)
+				genLowTileOpt(&s, is, prec, fn, mp, mt, true, accum)
+				fmt.Fprintf(&d, "\n// %s is %sP%dT%d%s that also prefetches (PREFETCHT0) one line at pf per 64\n// bytes of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.\n//\n//go:noescape\n", fn, name, mp, mt, suffix)
+				fmt.Fprintf(&d, "func %s(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)\n", fn)
+			}
 		}
 	}
 	d.Write(table.Bytes())
@@ -560,14 +570,14 @@ func batch1Prefetch(is asmISA, p, t int, env string) int {
 // and each step's weights are VPMOVSXBD, VCVTDQ2PS, VMULPS by the scales; R12 counts the
 // block's steps (fewer in a short last block). Registers as in genAsmTile, but R12 and R13 (3ys, 5ys) are set at the store.
 func genLowTile(b *bytes.Buffer, is asmISA, prec, fn string, p, t int) {
-	genLowTileOpt(b, is, prec, fn, p, t, false)
+	genLowTileOpt(b, is, prec, fn, p, t, false, false)
 }
 
 // genLowTileOpt is genLowTile, with pf also prefetching (R14) from pf+56(FP), advancing
 // pfs+64(FP) bytes (R15) a line: one line per bf16 step pair (64 bytes of each panel), and for
 // int8 the block's scales at its start and one line every fourth step (16 bytes of each panel a
 // step); with pfs = 64, a whole panel.
-func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf bool) {
+func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf, accum bool) {
 	v := 16 / is.lanes // vectors per panel
 	tokAddr := func(base, s, s3, s5 string, i, off int) string {
 		o := ""
@@ -635,8 +645,29 @@ func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf boo
 	}
 	fmt.Fprintf(b, "\tMOVQ x+16(FP), DI\n\tMOVQ xs+24(FP), R8\n\tMOVQ cols+32(FP), CX\n")
 	fmt.Fprintf(b, "\tLEAQ (R8)(R8*2), R9\n\tLEAQ (R8)(R8*4), R10\n")
-	for a := nw + nb; a < nw+nb+nacc; a++ {
-		fmt.Fprintf(b, "\t%s %s, %s, %s\n", is.zero, reg(a), reg(a), reg(a))
+	yAddr := func(j, i, vv int) string {
+		off := ""
+		if o := j*64 + vv*is.lanes*4; o > 0 {
+			off = fmt.Sprint(o)
+		}
+		return off + tokAddr("DX", "R11", "R12", "R13", i, 0)
+	}
+	yRegs := "\tMOVQ y+40(FP), DX\n\tMOVQ ys+48(FP), R11\n\tLEAQ (R11)(R11*2), R12\n\tLEAQ (R11)(R11*4), R13\n"
+	if accum {
+		// Continue the chains where the tile over the columns before these left them in y (the
+		// loop reuses R12 and R13, so the store sets them again).
+		b.WriteString(yRegs)
+		for i := 0; i < t; i++ {
+			for j := 0; j < p; j++ {
+				for vv := 0; vv < v; vv++ {
+					fmt.Fprintf(b, "\tVMOVUPS %s, %s\n", yAddr(j, i, vv), acc(j, i, vv))
+				}
+			}
+		}
+	} else {
+		for a := nw + nb; a < nw+nb+nacc; a++ {
+			fmt.Fprintf(b, "\t%s %s, %s, %s\n", is.zero, reg(a), reg(a), reg(a))
+		}
 	}
 	fma := func(i, xoff int) {
 		bc := reg(nw + i%nb)
@@ -715,16 +746,11 @@ func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf boo
 		fmt.Fprintf(b, "\tADDQ $16, SI\n\tADDQ $4, DI\n\tDECQ R12\n\tJNZ %s_loop\n\tTESTQ CX, CX\n\tJNZ %s_block\n", fn, fn)
 	}
 	fmt.Fprintf(b, "%s_store:\n", fn)
-	fmt.Fprintf(b, "\tMOVQ y+40(FP), DX\n\tMOVQ ys+48(FP), R11\n\tLEAQ (R11)(R11*2), R12\n\tLEAQ (R11)(R11*4), R13\n")
+	b.WriteString(yRegs)
 	for i := 0; i < t; i++ {
-		a := tokAddr("DX", "R11", "R12", "R13", i, 0)
 		for j := 0; j < p; j++ {
 			for vv := 0; vv < v; vv++ {
-				off := ""
-				if o := j*64 + vv*is.lanes*4; o > 0 {
-					off = fmt.Sprint(o)
-				}
-				fmt.Fprintf(b, "\tVMOVUPS %s, %s%s\n", acc(j, i, vv), off, a)
+				fmt.Fprintf(b, "\tVMOVUPS %s, %s\n", acc(j, i, vv), yAddr(j, i, vv))
 			}
 		}
 	}

@@ -91,8 +91,8 @@ func a256i8P2T2(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y 
 //go:noescape
 func a256i8P3T1(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// a256bf16Tiles[P][T] is the a256 bf16 assembly tile for P panels × T tokens, nil where none
-// is generated.
+// a256bf16Tiles[P][T] is the a256 bf16 assembly tile for P panels × T tokens, nil where
+// none is generated.
 var a256bf16Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{
 	1: {1: a256bf16P1T1, 2: a256bf16P1T2, 3: a256bf16P1T3, 4: a256bf16P1T4, 5: a256bf16P1T5},
 	2: {1: a256bf16P2T1, 2: a256bf16P2T2},
@@ -100,8 +100,8 @@ var a256bf16Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{
 	4: {},
 }
 
-// a256i8Tiles[P][T] is the a256 i8 assembly tile for P panels × T tokens, nil where none
-// is generated.
+// a256i8Tiles[P][T] is the a256 i8 assembly tile for P panels × T tokens, nil where
+// none is generated.
 var a256i8Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{
 	1: {1: a256i8P1T1, 2: a256i8P1T2, 3: a256i8P1T3, 4: a256i8P1T4, 5: a256i8P1T5, 6: a256i8P1T6},
 	2: {1: a256i8P2T1, 2: a256i8P2T2},

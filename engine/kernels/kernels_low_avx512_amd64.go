@@ -106,11 +106,112 @@ func a512bf16P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, 
 //go:noescape
 func a512bf16P4T1Plain(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// a512bf16P4T6PF is a512bf16P4T6 that also prefetches (PREFETCHT0) one line at pf per 64 bytes
-// of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.
+// a512bf16P4T6PF is a512bf16P4T6 that also prefetches (PREFETCHT0) one line at pf per 64
+// bytes of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.
 //
 //go:noescape
 func a512bf16P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
+
+// a512bf16P1T1Acc computes a 1-panel × 1-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P1T1Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P1T2Acc computes a 1-panel × 2-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P1T2Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P1T3Acc computes a 1-panel × 3-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P1T3Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P1T4Acc computes a 1-panel × 4-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P1T4Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P1T5Acc computes a 1-panel × 5-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P1T5Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P1T6Acc computes a 1-panel × 6-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P1T6Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P1T7Acc computes a 1-panel × 7-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P1T7Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P2T1Acc computes a 2-panel × 1-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P2T1Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P2T2Acc computes a 2-panel × 2-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P2T2Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P2T3Acc computes a 2-panel × 3-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P2T3Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P2T4Acc computes a 2-panel × 4-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P2T4Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P3T1Acc computes a 3-panel × 1-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P3T1Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P3T2Acc computes a 3-panel × 2-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P3T2Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P4T1Acc computes a 4-panel × 1-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P4T1Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P4T2Acc computes a 4-panel × 2-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P4T2Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P4T3Acc computes a 4-panel × 3-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P4T3Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P4T4Acc computes a 4-panel × 4-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P4T4Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P4T5Acc computes a 4-panel × 5-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P4T5Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P4T6Acc computes a 4-panel × 6-token bf16 accumulating tile; see tileFunc.
+//
+//go:noescape
+func a512bf16P4T6Acc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
+// a512bf16P4T6PFAcc is a512bf16P4T6Acc that also prefetches (PREFETCHT0) one line at pf per 64
+// bytes of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.
+//
+//go:noescape
+func a512bf16P4T6PFAcc(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
 
 // a512i8P1T1 computes a 1-panel × 1-token i8 tile; see tileFunc.
 //
@@ -207,14 +308,14 @@ func a512i8P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y 
 //go:noescape
 func a512i8P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
-// a512i8P4T6PF is a512i8P4T6 that also prefetches (PREFETCHT0) one line at pf per 64 bytes
-// of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.
+// a512i8P4T6PF is a512i8P4T6 that also prefetches (PREFETCHT0) one line at pf per 64
+// bytes of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.
 //
 //go:noescape
 func a512i8P4T6PF(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int, pf unsafe.Pointer, pfs int)
 
-// a512bf16Tiles[P][T] is the a512 bf16 assembly tile for P panels × T tokens, nil where none
-// is generated.
+// a512bf16Tiles[P][T] is the a512 bf16 assembly tile for P panels × T tokens, nil where
+// none is generated.
 var a512bf16Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{
 	1: {1: a512bf16P1T1, 2: a512bf16P1T2, 3: a512bf16P1T3, 4: a512bf16P1T4, 5: a512bf16P1T5, 6: a512bf16P1T6, 7: a512bf16P1T7},
 	2: {1: a512bf16P2T1, 2: a512bf16P2T2, 3: a512bf16P2T3, 4: a512bf16P2T4},
@@ -222,8 +323,18 @@ var a512bf16Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{
 	4: {1: a512bf16P4T1, 2: a512bf16P4T2, 3: a512bf16P4T3, 4: a512bf16P4T4, 5: a512bf16P4T5, 6: a512bf16P4T6},
 }
 
-// a512i8Tiles[P][T] is the a512 i8 assembly tile for P panels × T tokens, nil where none
-// is generated.
+// a512bf16TilesAcc[P][T] is the a512 bf16 assembly accumulating tile for P panels × T tokens, nil where
+// none is generated.
+// Its chains continue from y, where the tile over the earlier columns left them.
+var a512bf16TilesAcc = [maxTileP + 1][maxTileT + 1]tileFunc{
+	1: {1: a512bf16P1T1Acc, 2: a512bf16P1T2Acc, 3: a512bf16P1T3Acc, 4: a512bf16P1T4Acc, 5: a512bf16P1T5Acc, 6: a512bf16P1T6Acc, 7: a512bf16P1T7Acc},
+	2: {1: a512bf16P2T1Acc, 2: a512bf16P2T2Acc, 3: a512bf16P2T3Acc, 4: a512bf16P2T4Acc},
+	3: {1: a512bf16P3T1Acc, 2: a512bf16P3T2Acc},
+	4: {1: a512bf16P4T1Acc, 2: a512bf16P4T2Acc, 3: a512bf16P4T3Acc, 4: a512bf16P4T4Acc, 5: a512bf16P4T5Acc, 6: a512bf16P4T6Acc},
+}
+
+// a512i8Tiles[P][T] is the a512 i8 assembly tile for P panels × T tokens, nil where
+// none is generated.
 var a512i8Tiles = [maxTileP + 1][maxTileT + 1]tileFunc{
 	1: {1: a512i8P1T1, 2: a512i8P1T2, 3: a512i8P1T3, 4: a512i8P1T4, 5: a512i8P1T5, 6: a512i8P1T6, 7: a512i8P1T7},
 	2: {1: a512i8P2T1, 2: a512i8P2T2, 3: a512i8P2T3, 4: a512i8P2T4},

@@ -298,15 +298,23 @@ func (m *Matrix) q8Offset(k, i int) int {
 
 // panelBytes is the size of one packed panel.
 func (m *Matrix) panelBytes() int {
-	switch m.Prec {
-	case BF16:
-		return PanelRows * m.Cols * 2
-	case Int8:
-		return (m.Cols+Int8Block-1)/Int8Block*PanelRows*4 + m.Cols*PanelRows
-	case W8A8:
+	if m.Prec == W8A8 {
 		return (m.Cols + Int8Block - 1) / Int8Block * w8a8BlockBytes
 	}
-	return PanelRows * m.Cols * 4
+	return m.colBytes(m.Cols)
+}
+
+// colBytes is how many bytes a float32, bf16 or int8 panel of m holds for its first k columns:
+// where column k starts when k is even (bf16) or a multiple of Int8Block (int8), and what a
+// tile over those columns reads.
+func (m *Matrix) colBytes(k int) int {
+	switch m.Prec {
+	case BF16:
+		return PanelRows * k * 2
+	case Int8:
+		return (k+Int8Block-1)/Int8Block*PanelRows*4 + k*PanelRows
+	}
+	return PanelRows * k * 4
 }
 
 // widenPanel writes panel p's effective weights into dst (PanelRows·Cols values) in the

@@ -71,6 +71,11 @@ func avx2Shape(n int) (p, t int) {
 	return 1, min(n, 6)
 }
 
+// avx512KC is the AVX-512 main tiles' column block: 4 panels × 128 columns are 32 KB of
+// float32 weights (16 KB of bf16, 9 KB of int8), which stay in a 48 KB L1 while the token tiles
+// sweep them.
+const avx512KC = 128
+
 // tokenBlock bounds the tokens swept per panel group, so that the block of x stays in L2 while
 // the panels stream by (W is read once per block). 64 tokens of up to 2048 columns are 512 KB;
 // at 48, a 64-sequence decode step read every matrix from memory twice (stories110m at 64
@@ -114,7 +119,7 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 				if k0 > 0 {
 					fn, pft = &k.acc[P], k.pfAcc
 				}
-				w := unsafe.Add(panel(p), k0*64)
+				w := unsafe.Add(panel(p), m.colBytes(k0))
 				for t, i := b0, 0; t < b0+bn; t, i = t+T, i+1 {
 					nt := min(T, b0+bn-t)
 					xt := unsafe.Add(tok(t), k0*4)
@@ -122,11 +127,11 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 						var at unsafe.Pointer
 						pfs := 64
 						if kc < cols {
-							if off, s, ok := kcPrefetch(ws, panels, p, P, k0, kc, kl, cols, i, spread); ok {
+							if off, s, ok := kcPrefetch(m.colBytes, ws, panels, p, P, k0, kc, kl, cols, i, spread); ok {
 								at, pfs = unsafe.Add(wp, off), s
 							}
 						} else if p+P+i < panels {
-							at = unsafe.Add(panel(p+P+i), k0*64)
+							at = unsafe.Add(panel(p+P+i), m.colBytes(k0))
 						}
 						if at != nil {
 							pft(w, ws, xt, xs, kl, out(t, p), ys, at, pfs)
@@ -169,16 +174,16 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 // flight on an AVX-512 Xeon, past its 16 fill buffers, and stalled the loads the tiles compute
 // on; half a line a step, over eight tiles, made the batched 8192×2048 matmul 5-10% faster
 // there (docs/perf.md).
-func kcPrefetch(ws, panels, p, P, k0, kc, kl, cols, i, spread int) (off, pfs int, ok bool) {
+func kcPrefetch(colBytes func(int) int, ws, panels, p, P, k0, kc, kl, cols, i, spread int) (off, pfs int, ok bool) {
 	pfs = (64 + spread - 1) / spread
 	j, part := i/spread, i%spread
-	next, at, nl := p+j, (k0+kc)*64, min(kc, cols-k0-kc)
+	next, at, end := p+j, colBytes(k0+kc), colBytes(min(k0+2*kc, cols))
 	if k0+kc >= cols {
-		next, at, nl = p+P+j, 0, min(kc, cols)
+		next, at, end = p+P+j, 0, colBytes(min(kc, cols))
 	}
-	// The parts split the lines this tile's steps reach (one a step) evenly; each part then
-	// starts inside the block, so inside the matrix.
-	lines := min(kl, nl)
+	// The tile prefetches a line per 64 bytes it reads of its own panels; its parts split those
+	// lines evenly, each starting inside the block, so inside the matrix.
+	lines := (min(colBytes(k0+kl)-colBytes(k0), end-at) + 63) / 64
 	start := part * ((lines + spread - 1) / spread)
 	if next >= panels || start >= lines {
 		return 0, pfs, false

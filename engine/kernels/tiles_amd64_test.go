@@ -78,42 +78,47 @@ func TestEveryBatchSizeMatchesGeneric(t *testing.T) {
 	}
 }
 
-// TestKCPrefetchCoversTheNextBlock checks the column-block prefetch's targets: over one block
-// of a panel group, the tiles that prefetch start inside the matrix and cover the group's next
-// block (or, at the last block, the next group's first) as far as their steps reach.
+// TestKCPrefetchCoversTheNextBlock checks the column-block prefetch's targets, for each
+// precision's panel layout: over one block of a panel group, the tiles that prefetch start
+// inside the matrix and cover the group's next block (or, at the last block, the next group's
+// first) as far as their steps reach.
 func TestKCPrefetchCoversTheNextBlock(t *testing.T) {
 	const P = 4
-	for _, c := range []struct{ cols, kc, panels, spread int }{
-		{2048, 128, 12, 1}, {2048, 128, 12, 2}, {200, 128, 9, 2}, {129, 128, 8, 2}, {2048, 128, 8, 3},
-	} {
-		ws := c.cols * 64 // a float32 panel's bytes
-		for p := 0; p+P <= c.panels; p += P {
-			for k0 := 0; k0 < c.cols; k0 += c.kc {
-				kl := min(c.kc, c.cols-k0)
-				covered := map[int]bool{} // 64-byte lines
-				for i := range P * c.spread {
-					at, pfs, ok := kcPrefetch(ws, c.panels, p, P, k0, c.kc, kl, c.cols, i, c.spread)
-					if !ok {
-						continue
+	for _, prec := range []Precision{F32, BF16, Int8} {
+		for _, c := range []struct{ cols, kc, panels, spread int }{
+			{2048, 128, 12, 1}, {2048, 128, 12, 2}, {200, 128, 9, 2}, {130, 128, 8, 2}, {2048, 128, 8, 3}, {300, 128, 8, 2},
+		} {
+			m := &Matrix{Rows: c.panels * PanelRows, Cols: c.cols, Prec: prec}
+			ws := m.panelBytes()
+			for p := 0; p+P <= c.panels; p += P {
+				for k0 := 0; k0 < c.cols; k0 += c.kc {
+					kl := min(c.kc, c.cols-k0)
+					reach := m.colBytes(k0+kl) - m.colBytes(k0) // bytes of each panel the tile reads
+					covered := map[int]bool{}                   // 64-byte lines
+					for i := range P * c.spread {
+						at, pfs, ok := kcPrefetch(m.colBytes, ws, c.panels, p, P, k0, c.kc, kl, c.cols, i, c.spread)
+						if !ok {
+							continue
+						}
+						if at < 0 || at >= c.panels*ws {
+							t.Fatalf("%s %+v p=%d k0=%d tile %d: prefetch from %d, outside the matrix", prec, c, p, k0, i, at)
+						}
+						for s := range (reach + 63) / 64 {
+							covered[(at+s*pfs)/64] = true
+						}
 					}
-					if at < 0 || at >= c.panels*ws {
-						t.Fatalf("%+v p=%d k0=%d tile %d: prefetch from %d, outside the matrix", c, p, k0, i, at)
+					next, from, to := p, m.colBytes(k0+c.kc), m.colBytes(min(k0+2*c.kc, c.cols))
+					if k0+c.kc >= c.cols {
+						next, from, to = p+P, 0, m.colBytes(min(c.kc, c.cols))
 					}
-					for s := range kl {
-						covered[(at+s*pfs)/64] = true
-					}
-				}
-				next, off, nl := p, (k0+c.kc)*64, min(c.kc, c.cols-k0-c.kc)
-				if k0+c.kc >= c.cols {
-					next, off, nl = p+P, 0, min(c.kc, c.cols)
-				}
-				for j := range P {
-					if next+j >= c.panels {
-						continue
-					}
-					for l := range min(nl, kl) {
-						if a := (next+j)*ws + off + l*64; !covered[a/64] {
-							t.Fatalf("%+v p=%d k0=%d: line at %d of panel %d not prefetched", c, p, k0, a, next+j)
+					for j := range P {
+						if next+j >= c.panels {
+							continue
+						}
+						for a := from; a < min(to, from+reach); a += 64 {
+							if b := (next+j)*ws + a; !covered[b/64] {
+								t.Fatalf("%s %+v p=%d k0=%d: byte %d of panel %d not prefetched", prec, c, p, k0, a, next+j)
+							}
 						}
 					}
 				}
