@@ -49,7 +49,7 @@ type simdKernel struct {
 	// token tile sweeping one block before the next: the group's block then stays in L1
 	// across the token tiles instead of streaming from L2 once per tile. acc and pfAcc are the
 	// tiles that continue the chains a block left in y, so the bits do not change. The full
-	// token tiles over a block prefetch the next block (kcPrefetch), spread over as many of
+	// token tiles over a block prefetch the next block (kcNextBlock), spread over as many of
 	// them as the block has, unless kcPrefetchDense keeps it to one line a step in the first
 	// P (what the benchmarks compare the spread with).
 	kc              int
@@ -120,6 +120,10 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 					fn, pft = &k.acc[P], k.pfAcc
 				}
 				w := unsafe.Add(panel(p), m.colBytes(k0))
+				var nb nextBlock
+				if pf && kc < cols {
+					nb = kcNextBlock(m.colBytes, p, P, k0, kc, kl, cols, spread)
+				}
 				for t, i := b0, 0; t < b0+bn; t, i = t+T, i+1 {
 					nt := min(T, b0+bn-t)
 					xt := unsafe.Add(tok(t), k0*4)
@@ -127,8 +131,8 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 						var at unsafe.Pointer
 						pfs := 64
 						if kc < cols {
-							if off, s, ok := kcPrefetch(m.colBytes, ws, panels, p, P, k0, kc, kl, cols, i, spread); ok {
-								at, pfs = unsafe.Add(wp, off), s
+							if off, ok := nb.tile(i, ws, panels); ok {
+								at, pfs = unsafe.Add(wp, off), nb.pfs
 							}
 						} else if p+P+i < panels {
 							at = unsafe.Add(panel(p+P+i), m.colBytes(k0))
@@ -165,28 +169,43 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 	}
 }
 
-// kcPrefetch is where token tile i over column block k0 of panel group p prefetches (a byte
-// offset into the panels, ws bytes apart), with the prefetch's stride (see pfTileFunc): the
-// group's next column block, or at its last block the next group's first, each of the P panels
-// shared by spread tiles; ok is false past the last panel (or past a short block's end). The block then comes from L2 rather
-// than DRAM when the first tile reaches it. A line takes DRAM's latency to arrive: at a line a
-// step, four tiles each prefetching a whole panel of a 64-token block kept about 28 lines in
-// flight on an AVX-512 Xeon, past its 16 fill buffers, and stalled the loads the tiles compute
-// on; half a line a step, over eight tiles, made the batched 8192×2048 matmul 5-10% faster
-// there (docs/perf.md).
-func kcPrefetch(colBytes func(int) int, ws, panels, p, P, k0, kc, kl, cols, i, spread int) (off, pfs int, ok bool) {
-	pfs = (64 + spread - 1) / spread
-	j, part := i/spread, i%spread
-	next, at, end := p+j, colBytes(k0+kc), colBytes(min(k0+2*kc, cols))
+// nextBlock is what the token tiles over one column block of a panel group prefetch (see
+// kcNextBlock): the block at byte at of each panel of the group from panel group on, whose first
+// lines (as many as a tile's steps reach) spread tiles share per panel, chunk lines each, the
+// prefetch advancing pfs bytes a line (see pfTileFunc).
+type nextBlock struct {
+	group, at            int
+	lines, chunk, spread int
+	pfs                  int
+}
+
+// kcNextBlock is what the token tiles over column block k0 (kl columns) of panel group p
+// prefetch: the group's next column block, or at its last block the next group's first, each
+// of the P panels shared by spread tiles. The block then comes from L2 rather than DRAM when
+// the first tile reaches it. A line takes DRAM's latency to arrive: at a line a step, four
+// tiles each prefetching a whole panel of a 64-token block kept about 28 lines in flight on an
+// AVX-512 Xeon, past its 16 fill buffers, and stalled the loads the tiles compute on; half a
+// line a step, over eight tiles, made the batched 8192×2048 matmul 5-10% faster there
+// (docs/perf.md).
+func kcNextBlock(colBytes func(int) int, p, P, k0, kc, kl, cols, spread int) nextBlock {
+	nb := nextBlock{group: p, at: colBytes(k0 + kc), spread: spread, pfs: (64 + spread - 1) / spread}
+	end := colBytes(min(k0+2*kc, cols))
 	if k0+kc >= cols {
-		next, at, end = p+P+j, 0, colBytes(min(kc, cols))
+		nb.group, nb.at, end = p+P, 0, colBytes(min(kc, cols))
 	}
-	// The tile prefetches a line per 64 bytes it reads of its own panels; its parts split those
-	// lines evenly, each starting inside the block, so inside the matrix.
-	lines := (min(colBytes(k0+kl)-colBytes(k0), end-at) + 63) / 64
-	start := part * ((lines + spread - 1) / spread)
-	if next >= panels || start >= lines {
-		return 0, pfs, false
+	// A tile prefetches a line per 64 bytes it reads of its own panels.
+	nb.lines = (min(colBytes(k0+kl)-colBytes(k0), end-nb.at) + 63) / 64
+	nb.chunk = (nb.lines + spread - 1) / spread
+	return nb
+}
+
+// tile is where token tile i prefetches, as a byte offset into the panels (ws bytes apart):
+// its share of its panel's lines. ok is false past the last panel or past the block's end, so
+// that every prefetch starts inside the matrix.
+func (nb nextBlock) tile(i, ws, panels int) (off int, ok bool) {
+	j, start := nb.group+i/nb.spread, i%nb.spread*nb.chunk
+	if j >= panels || start >= nb.lines {
+		return 0, false
 	}
-	return next*ws + at + start*64, pfs, true
+	return j*ws + nb.at + start*64, true
 }

@@ -95,11 +95,13 @@ func TestKCPrefetchCoversTheNextBlock(t *testing.T) {
 					kl := min(c.kc, c.cols-k0)
 					reach := m.colBytes(k0+kl) - m.colBytes(k0) // bytes of each panel the tile reads
 					covered := map[int]bool{}                   // 64-byte lines
+					nb := kcNextBlock(m.colBytes, p, P, k0, c.kc, kl, c.cols, c.spread)
 					for i := range P * c.spread {
-						at, pfs, ok := kcPrefetch(m.colBytes, ws, c.panels, p, P, k0, c.kc, kl, c.cols, i, c.spread)
+						at, ok := nb.tile(i, ws, c.panels)
 						if !ok {
 							continue
 						}
+						pfs := nb.pfs
 						if at < 0 || at >= c.panels*ws {
 							t.Fatalf("%s %+v p=%d k0=%d tile %d: prefetch from %d, outside the matrix", prec, c, p, k0, i, at)
 						}
