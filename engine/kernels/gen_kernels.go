@@ -395,13 +395,7 @@ func genAsmTile(b *bytes.Buffer, is asmISA, fn string, p, t int, pf, accum bool)
 	}
 	if accum {
 		// Continue the chains where the tile over the columns before these left them in y.
-		for i := 0; i < t; i++ {
-			for j := 0; j < p; j++ {
-				for vv := 0; vv < v; vv++ {
-					fmt.Fprintf(b, "\tVMOVUPS %s, %s\n", yAddr(j, i, vv), acc(j, i, vv))
-				}
-			}
-		}
+		moveAccs(b, p, t, v, acc, yAddr, true)
 	} else {
 		for a := nw + nb; a < nw+nb+nacc; a++ {
 			fmt.Fprintf(b, "\t%s %s, %s, %s\n", is.zero, reg(a), reg(a), reg(a))
@@ -439,14 +433,24 @@ func genAsmTile(b *bytes.Buffer, is asmISA, fn string, p, t int, pf, accum bool)
 	}
 	fmt.Fprintf(b, "\tADDQ $64, SI\n\tADDQ $4, DI\n\tDECQ CX\n\tJNZ %s_loop\n", fn)
 	fmt.Fprintf(b, "%s_store:\n", fn)
+	moveAccs(b, p, t, v, acc, yAddr, false)
+	fmt.Fprintf(b, "\tVZEROUPPER\n\tRET\n")
+}
+
+// moveAccs writes a VMOVUPS between each accumulator of a p-panel × t-token tile (v vectors
+// a panel) and its place in y: loading them (load) or storing them, token by token.
+func moveAccs(b *bytes.Buffer, p, t, v int, acc, yAddr func(j, i, vv int) string, load bool) {
 	for i := 0; i < t; i++ {
 		for j := 0; j < p; j++ {
 			for vv := 0; vv < v; vv++ {
-				fmt.Fprintf(b, "\tVMOVUPS %s, %s\n", acc(j, i, vv), yAddr(j, i, vv))
+				if load {
+					fmt.Fprintf(b, "\tVMOVUPS %s, %s\n", yAddr(j, i, vv), acc(j, i, vv))
+				} else {
+					fmt.Fprintf(b, "\tVMOVUPS %s, %s\n", acc(j, i, vv), yAddr(j, i, vv))
+				}
 			}
 		}
 	}
-	fmt.Fprintf(b, "\tVZEROUPPER\n\tRET\n")
 }
 
 // lowShapes lists, per ISA and precision, the widest T generated for each panel count P of the
@@ -657,13 +661,7 @@ func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf, ac
 		// Continue the chains where the tile over the columns before these left them in y (the
 		// loop reuses R12 and R13, so the store sets them again).
 		b.WriteString(yRegs)
-		for i := 0; i < t; i++ {
-			for j := 0; j < p; j++ {
-				for vv := 0; vv < v; vv++ {
-					fmt.Fprintf(b, "\tVMOVUPS %s, %s\n", yAddr(j, i, vv), acc(j, i, vv))
-				}
-			}
-		}
+		moveAccs(b, p, t, v, acc, yAddr, true)
 	} else {
 		for a := nw + nb; a < nw+nb+nacc; a++ {
 			fmt.Fprintf(b, "\t%s %s, %s, %s\n", is.zero, reg(a), reg(a), reg(a))
@@ -747,12 +745,6 @@ func genLowTileOpt(b *bytes.Buffer, is asmISA, prec, fn string, p, t int, pf, ac
 	}
 	fmt.Fprintf(b, "%s_store:\n", fn)
 	b.WriteString(yRegs)
-	for i := 0; i < t; i++ {
-		for j := 0; j < p; j++ {
-			for vv := 0; vv < v; vv++ {
-				fmt.Fprintf(b, "\tVMOVUPS %s, %s\n", acc(j, i, vv), yAddr(j, i, vv))
-			}
-		}
-	}
+	moveAccs(b, p, t, v, acc, yAddr, false)
 	fmt.Fprintf(b, "\tVZEROUPPER\n\tRET\n")
 }
