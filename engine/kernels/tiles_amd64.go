@@ -71,9 +71,9 @@ func avx2Shape(n int) (p, t int) {
 	return 1, min(n, 6)
 }
 
-// avx512KC is the AVX-512 main tiles' column block: 4 panels × 128 columns are 32 KB of
-// float32 weights (16 KB of bf16, 9 KB of int8), which stay in a 48 KB L1 while the token tiles
-// sweep them.
+// avx512KC is the AVX-512 float32 main tile's column block: 4 panels × 128 columns are 32 KB
+// of weights, which stay in a 48 KB L1 while the token tiles sweep them (bf16's is
+// avx512BF16KC).
 const avx512KC = 128
 
 // tokenBlock bounds the tokens swept per panel group, so that the block of x stays in L2 while
@@ -170,8 +170,8 @@ func matmulSIMD(k *simdKernel, m *Matrix, y, x []float32, n, lo, hi int) {
 }
 
 // nextBlock is what the token tiles over one column block of a panel group prefetch (see
-// kcNextBlock): the block at byte at of each panel of the group from panel group on, whose first
-// lines (as many as a tile's steps reach) spread tiles share per panel, chunk lines each, the
+// kcNextBlock): the block starting at byte at of panels group to group+P-1. Per panel, spread
+// tiles share its first lines (as many as one tile's steps reach), chunk lines each, the
 // prefetch advancing pfs bytes a line (see pfTileFunc).
 type nextBlock struct {
 	group, at            int
