@@ -12,6 +12,11 @@ var (
 	avx2Kernel = simdKernel{name: "avx2", tiles: &a256Tiles, t1: 6, shape: avx2Shape, pf: a256P1T6PF, pfP: 1, pfT: 6}
 )
 
+// avx512KC is the AVX-512 float32 main tile's column block: 4 panels × 128 columns are 32 KB
+// of weights, which stay in a 48 KB L1 while the token tiles sweep them (bf16's is
+// avx512BF16KC).
+const avx512KC = 128
+
 // avx512AsmShape is the assembly build's AVX-512 main tile for n tokens. Hand-allocated
 // registers fit 4 panels × 6 tokens (24 accumulators, 4 weight and 2 broadcast registers of
 // 32), three times the chains the FMA latency needs on two FMA ports, which the compiler's

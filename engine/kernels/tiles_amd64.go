@@ -71,11 +71,6 @@ func avx2Shape(n int) (p, t int) {
 	return 1, min(n, 6)
 }
 
-// avx512KC is the AVX-512 float32 main tile's column block: 4 panels × 128 columns are 32 KB
-// of weights, which stay in a 48 KB L1 while the token tiles sweep them (bf16's is
-// avx512BF16KC).
-const avx512KC = 128
-
 // tokenBlock bounds the tokens swept per panel group, so that the block of x stays in L2 while
 // the panels stream by (W is read once per block). 64 tokens of up to 2048 columns are 512 KB;
 // at 48, a 64-sequence decode step read every matrix from memory twice (stories110m at 64
