@@ -2,17 +2,18 @@
 
 package kernels
 
-// prefetchBatch1 is whether this CPU's AVX-512 batch-1 tiles prefetch ahead of their panels:
-// the float32 and bf16 4×1 tiles (2 KB ahead) and the VNNI w8a8 one (two blocks ahead). Each
-// is generated with and without the prefetch.
+// prefetchBatch1 is whether this CPU's AVX-512 batch-1 tiles prefetch ahead of their
+// panels: the float32, bf16 and int8 4×1 tiles (2 KB ahead) and the VNNI w8a8 one (two blocks
+// ahead). Each is generated with and without the prefetch.
 var prefetchBatch1 = batch1Prefetches(cpuVendorFamily())
 
 // batch1Prefetches reports whether the AVX-512 batch-1 tiles should prefetch on a CPU of this
-// vendor and family. On AVX-512 Xeons software prefetch made them stream 5-20% more weights,
-// and on a Zen 5 EPYC (family 0x1a) no other distance did better. On a Zen 4 EPYC (family
-// 0x19) it cost: the VNNI tile streamed a fifth to a third less (BenchmarkW8A8Kernels'
-// vnni-prefetch and vnni-plain) and w8a8 decoded 10-25% slower; the float32 tile 5-15% less
-// (BenchmarkMatMulPrecision, two builds alternating), bf16 mostly less.
+// vendor and family. On AVX-512 Xeons software prefetch made them stream 5-20% more weights.
+// On a Zen 5 EPYC (family 0x1a) the prefetching forms streamed more in most paired rounds
+// (BenchmarkW8A8Kernels' vnni-prefetch against vnni-plain, BenchmarkBatch1Prefetch). On a Zen 4
+// EPYC (family 0x19) it cost: the VNNI tile streamed a fifth to a third less and w8a8 decoded
+// 10-25% slower; the float32 tile 5-15% less (BenchmarkMatMulPrecision, two builds
+// alternating), bf16 mostly less.
 func batch1Prefetches(amd bool, family uint32) bool {
 	return !amd || family != 0x19
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -75,6 +76,49 @@ func BenchmarkColumnBlockPrefetch(b *testing.B) {
 						matMulWith(run, pool, ms[i%len(ms)], y, x, n)
 					}
 					reportMatMul(b, shape[0], shape[1], n, ms[0].Bytes())
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkBatch1Prefetch times both forms of the float32, bf16 and int8 batch-1 tiles, with
+// and without their prefetch ahead, one after the other in one run, on the 1B shape's FFN
+// matrices with W from memory (four copies cycled, 72-256 MB), so that any machine can check
+// batch1Prefetches' choice for its CPU. W-GB/s is the figure to hold against the read
+// bandwidth.
+func BenchmarkBatch1Prefetch(b *testing.B) {
+	if !hasAVX512 {
+		b.Skip("no AVX-512")
+	}
+	pool := NewPool(runtime.GOMAXPROCS(0))
+	defer pool.Close()
+	for _, shape := range [][2]int{{2048, 8192}, {8192, 2048}} {
+		r := rand.New(rand.NewPCG(1, 1))
+		w := randSlice(r, shape[0]*shape[1])
+		for _, prec := range []Precision{F32, BF16, Int8} {
+			ms := make([]*Matrix, 4)
+			for i := range ms {
+				var err error
+				if ms[i], err = PackStackedAs(prec, nil, shape[0], shape[1], w); err != nil {
+					b.Fatal(err)
+				}
+			}
+			impls := simdImpls()
+			if prec != F32 {
+				impls = lowSIMDImpls()
+			}
+			for _, k := range impls {
+				name, ok := strings.CutPrefix(k.name, "avx512-batch1-")
+				if !ok {
+					continue
+				}
+				b.Run(fmt.Sprintf("%dx%d/%s/%s", shape[0], shape[1], prec, name), func(b *testing.B) {
+					x, y := randSlice(r, shape[1]), make([]float32, shape[0])
+					for i := 0; b.Loop(); i++ {
+						matMulWith(k, pool, ms[i%len(ms)], y, x, 1)
+					}
+					reportMatMul(b, shape[0], shape[1], 1, ms[0].Bytes())
 				})
 			}
 		}

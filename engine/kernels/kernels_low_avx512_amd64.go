@@ -308,6 +308,11 @@ func a512i8P4T5(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y 
 //go:noescape
 func a512i8P4T6(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
 
+// a512i8P4T1Plain is a512i8P4T1 without its prefetch ahead; see batch1Prefetches.
+//
+//go:noescape
+func a512i8P4T1Plain(w unsafe.Pointer, ws int, x unsafe.Pointer, xs int, cols int, y unsafe.Pointer, ys int)
+
 // a512i8P4T6PF is a512i8P4T6 that also prefetches (PREFETCHT0) one line at pf per 64
 // bytes of its own panel read, pf advancing pfs bytes a line; see pfTileFunc.
 //

@@ -8,7 +8,7 @@ package kernels
 var (
 	avx512BF16Kernel = simdKernel{name: "avx512", tiles: batch1Table(&a512bf16Tiles, a512bf16P4T1Plain, prefetchBatch1), t1: 7, shape: avx512LowShape, pf: a512bf16P4T6PF, pfP: 4, pfT: 6,
 		kc: avx512BF16KC, acc: &a512bf16TilesAcc, pfAcc: a512bf16P4T6PFAcc}
-	avx512Int8Kernel = simdKernel{name: "avx512", tiles: &a512i8Tiles, t1: 7, shape: avx512LowShape, pf: a512i8P4T6PF, pfP: 4, pfT: 6}
+	avx512Int8Kernel = simdKernel{name: "avx512", tiles: batch1Table(&a512i8Tiles, a512i8P4T1Plain, prefetchBatch1), t1: 7, shape: avx512LowShape, pf: a512i8P4T6PF, pfP: 4, pfT: 6}
 	avx2BF16Kernel   = simdKernel{name: "avx2", tiles: &a256bf16Tiles, t1: 5, shape: avx2BF16Shape}
 	avx2Int8Kernel   = simdKernel{name: "avx2", tiles: &a256i8Tiles, t1: 6, shape: avx2Shape}
 )

@@ -19,11 +19,12 @@ func lowSIMDImpls() []impl {
 	}
 	if avx512 {
 		add("avx512", &avx512BF16Kernel, &avx512Int8Kernel)
-		// Both forms of the bf16 batch-1 tile, whichever this CPU runs (batch1Prefetches).
+		// Both forms of the batch-1 tiles, whichever this CPU runs (batch1Prefetches).
 		for _, pf := range []bool{false, true} {
-			k := avx512BF16Kernel
-			k.tiles = batch1Table(&a512bf16Tiles, a512bf16P4T1Plain, pf)
-			add(fmt.Sprintf("avx512-batch1-prefetch=%v", pf), &k, &avx512Int8Kernel)
+			bf, i8 := avx512BF16Kernel, avx512Int8Kernel
+			bf.tiles = batch1Table(&a512bf16Tiles, a512bf16P4T1Plain, pf)
+			i8.tiles = batch1Table(&a512i8Tiles, a512i8P4T1Plain, pf)
+			add(fmt.Sprintf("avx512-batch1-prefetch=%v", pf), &bf, &i8)
 		}
 	}
 	if avx2 {
