@@ -3,8 +3,8 @@
 package kernels
 
 // prefetchBatch1 is whether this CPU's AVX-512 batch-1 tiles prefetch ahead of their
-// panels: the float32, bf16 and int8 4×1 tiles (2 KB ahead) and the VNNI w8a8 one (two blocks
-// ahead). Each is generated with and without the prefetch.
+// panels: the float32, bf16 and int8 4×1 tiles (2 KB ahead) and the VNNI w8a8 two-panel tiles
+// of 1 to 4 tokens (two blocks ahead). Each is generated with and without the prefetch.
 var prefetchBatch1 = batch1Prefetches(cpuVendorFamily())
 
 // batch1Prefetches reports whether the AVX-512 batch-1 tiles should prefetch on a CPU of this

@@ -243,12 +243,12 @@ func tileP2() {
 	emit("RET")
 }
 
-// vnniPrefetch is how far ahead the prefetching VNNI batch-1 tile (w8a8VP2T1PF) prefetches
+// vnniPrefetch is how far ahead the prefetching two-panel VNNI tiles (w8a8VP2T<T>PF) prefetch
 // (PREFETCHT0 of each line of the block that far on): two blocks. On a 2-vCPU AVX-512 Xeon
 // (BenchmarkW8A8Kernels, four interleaved rounds) two panels with it streamed 30.1-31.1 GB/s
 // of weights, without it 26.4-28.8, four panels 27.7-28.2 without and 29.4-29.7 with; on a
 // Zen 5 EPYC 4, 8 and 16 blocks were slower than 2. On a Zen 4 EPYC it costs a fifth to a
-// third of the stream, so the plain w8a8VP2T1 is written too (batch1Prefetches chooses).
+// third of the stream, so the plain tiles are written too (batch1Prefetches chooses).
 const vnniPrefetch = 2 * blockBytes
 
 // vnniTile writes the AVX-512 VNNI tile w8a8VP<P>T<T>: P whole panels (each nb blocks after
@@ -371,6 +371,7 @@ func main() {
 	vnniTile(2, 1, vnniPrefetch)
 	for T := 2; T <= maxT; T++ {
 		vnniTile(2, T, 0)
+		vnniTile(2, T, vnniPrefetch)
 	}
 	write("w8a8_vnni_amd64.s")
 }

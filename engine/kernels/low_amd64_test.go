@@ -52,6 +52,7 @@ func w8a8SIMDImpls() []w8a8Impl {
 // tiles in BenchmarkW8A8Kernels.
 var w8a8VNNIOnePanel = w8a8Tiles{one: w8a8VNNI.one}
 
-// w8a8VNNIPlain and w8a8VNNIPrefetch are the VNNI tiles with each batch-1 tile, whichever
-// this CPU runs (batch1Prefetches), so that both are tested and timed on every machine.
+// w8a8VNNIPlain and w8a8VNNIPrefetch are the VNNI tiles with each form of the two-panel
+// tiles, whichever this CPU runs (batch1Prefetches), so that both are tested and timed on
+// every machine.
 var w8a8VNNIPlain, w8a8VNNIPrefetch = vnniTiles(false), vnniTiles(true)

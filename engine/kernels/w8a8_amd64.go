@@ -34,19 +34,19 @@ var w8a8AVX2 = w8a8Tiles{one: [w8a8MaxT + 1]w8a8Tile{1: w8a8T1, 2: w8a8T2, 3: w8
 
 // w8a8VNNI are the AVX-512 VNNI tiles (w8a8_vnni_amd64.s) this CPU runs: VPDPBUSD does a
 // group of 4 columns of a whole panel for one token in one instruction, where the AVX2 tiles
-// take eight. Two panels at a time share each token's broadcast input. The one-token tile
-// prefetches two blocks ahead (gen_w8a8.go's vnniPrefetch) where that helps
-// (batch1Prefetches).
+// take eight. Two panels at a time share each token's broadcast input. The two-panel tiles
+// prefetch two blocks ahead (gen_w8a8.go's vnniPrefetch) where that helps
+// (batch1Prefetches): at 1 to 8 tokens the panels stream from memory.
 var w8a8VNNI = vnniTiles(prefetchBatch1)
 
-// vnniTiles is the VNNI tile set, with the prefetching batch-1 tile or the plain one.
+// vnniTiles is the VNNI tile set, with the prefetching two-panel tiles or the plain ones.
 func vnniTiles(prefetch bool) w8a8Tiles {
 	k := w8a8Tiles{
 		one: [w8a8MaxT + 1]w8a8Tile{1: w8a8VP1T1, 2: w8a8VP1T2, 3: w8a8VP1T3, 4: w8a8VP1T4},
 		two: [w8a8MaxT + 1]w8a8Tile{1: w8a8VP2T1, 2: w8a8VP2T2, 3: w8a8VP2T3, 4: w8a8VP2T4},
 	}
 	if prefetch {
-		k.two[1] = w8a8VP2T1PF
+		k.two = [w8a8MaxT + 1]w8a8Tile{1: w8a8VP2T1PF, 2: w8a8VP2T2PF, 3: w8a8VP2T3PF, 4: w8a8VP2T4PF}
 	}
 	return k
 }
@@ -102,7 +102,7 @@ func quantBlockAVX2(q *[Int8Block]int8, x *[Int8Block]float32) float32
 func w8a8P2T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
 
 // The VNNI tiles: w8a8VP<P>T<T> is P consecutive whole panels × T tokens, with the
-// arguments of w8a8Tile (gen_w8a8.go's vnniTile); none prefetches but w8a8VP2T1PF.
+// arguments of w8a8Tile (gen_w8a8.go's vnniTile); none prefetches but those ending in PF.
 
 //go:noescape
 func w8a8VP1T1(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
@@ -132,3 +132,17 @@ func w8a8VP2T3(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Poin
 
 //go:noescape
 func w8a8VP2T4(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+// w8a8VP2T2PF, w8a8VP2T3PF and w8a8VP2T4PF are w8a8VP2T2 to w8a8VP2T4 prefetching two blocks
+// ahead, as w8a8VP2T1PF. A batch of a few tokens reads each panel pair from memory once, as
+// batch 1 does: on a Zen 5 EPYC, 4 tokens streamed 17-31 GB/s of weights without the
+// prefetch and 31-38 with it (BenchmarkW8A8Kernels, the 1B shape's matrices).
+
+//go:noescape
+func w8a8VP2T2PF(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+//go:noescape
+func w8a8VP2T3PF(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
+
+//go:noescape
+func w8a8VP2T4PF(w unsafe.Pointer, nb int, x unsafe.Pointer, xs int, s unsafe.Pointer, ss int, y unsafe.Pointer, ys int)
