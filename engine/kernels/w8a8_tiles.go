@@ -26,9 +26,11 @@ const w8a8MaxT = 4
 const w8a8TokenBlock = 64
 
 // w8a8Tiles is one instruction set's W8A8 tiles: one[T] computes one panel × T tokens,
-// two[T] (where not nil) two consecutive whole panels × T tokens.
+// two[T] (where not nil) two consecutive whole panels × T tokens. first[T], where not nil,
+// replaces two[T] for the first tile of a token block over each panel pair: the one that
+// reads the pair from memory, and so the one worth a prefetching form.
 type w8a8Tiles struct {
-	one, two [w8a8MaxT + 1]w8a8Tile
+	one, two, first [w8a8MaxT + 1]w8a8Tile
 }
 
 // run runs panels [lo,hi) with these tiles: per token block (w8a8TokenBlock), panel by panel
@@ -60,7 +62,11 @@ func (k *w8a8Tiles) run(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 				nt := min(w8a8MaxT, b0+bn-t)
 				x, s := unsafe.Add(xp, t*xs), unsafe.Add(sp, t*ss)
 				if p < full {
-					tiles[nt](w, nb, x, xs, s, ss, unsafe.Add(yp, t*ys+p*PanelRows*4), ys)
+					tile := tiles[nt]
+					if np == 2 && t == b0 && k.first[nt] != nil {
+						tile = k.first[nt]
+					}
+					tile(w, nb, x, xs, s, ss, unsafe.Add(yp, t*ys+p*PanelRows*4), ys)
 					continue
 				}
 				// The last panel is partial: its padding rows would write past y (or over
