@@ -84,7 +84,7 @@ func BenchmarkColumnBlockPrefetch(b *testing.B) {
 
 // BenchmarkBatch1Prefetch times both forms of the float32, bf16 and int8 batch-1 tiles, with
 // and without their prefetch ahead, one after the other in one run, on the 1B shape's FFN
-// matrices with W from memory (four copies cycled, 72-256 MB), so that any machine can check
+// matrices with W from memory (four copies cycled, 75-256 MB), so that any machine can check
 // batch1Prefetches' choice for its CPU. W-GB/s is the figure to hold against the read
 // bandwidth.
 func BenchmarkBatch1Prefetch(b *testing.B) {
