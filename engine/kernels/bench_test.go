@@ -7,19 +7,26 @@ import (
 	"testing"
 )
 
+// packCopies packs copies copies of the row-major w at precision prec, for benchmarks that
+// cycle through them so that W comes from further out in the memory hierarchy.
+func packCopies(b *testing.B, prec Precision, w []float32, rows, cols, copies int) []*Matrix {
+	b.Helper()
+	ms := make([]*Matrix, copies)
+	for i := range ms {
+		var err error
+		if ms[i], err = PackStackedAs(prec, nil, rows, cols, w); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return ms
+}
+
 // benchMatMul reports GFLOP/s (2·rows·cols·n flops per call) of kernel k. With copies > 1 it
 // cycles through that many copies of W, so each call reads W from further out in the memory
 // hierarchy ("cold"); 1 keeps W in cache ("hot").
 func benchMatMul(b *testing.B, k impl, workers, rows, cols, n, copies int) {
 	r := rand.New(rand.NewPCG(1, 1))
-	ms := make([]*Matrix, copies)
-	w := randSlice(r, rows*cols)
-	for i := range ms {
-		var err error
-		if ms[i], err = NewMatrix(w, rows, cols); err != nil {
-			b.Fatal(err)
-		}
-	}
+	ms := packCopies(b, F32, randSlice(r, rows*cols), rows, cols, copies)
 	x, y := randSlice(r, n*cols), make([]float32, n*rows)
 	pool := NewPool(workers)
 	defer pool.Close()
@@ -27,8 +34,7 @@ func benchMatMul(b *testing.B, k impl, workers, rows, cols, n, copies int) {
 	for i := 0; b.Loop(); i++ {
 		matMulWith(k, pool, ms[i%copies], y, x, n)
 	}
-	b.ReportMetric(2*float64(rows*cols*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-	b.ReportMetric(float64(ms[0].Bytes())*float64(b.N)/b.Elapsed().Seconds()/1e9, "W-GB/s")
+	reportMatMul(b, rows, cols, n, ms[0].Bytes())
 }
 
 func BenchmarkMatMul(b *testing.B) {
@@ -98,13 +104,7 @@ func BenchmarkMatMulPrecision(b *testing.B) {
 	defer pool.Close()
 	for _, prec := range []Precision{F32, BF16, Int8, W8A8} {
 		// Two copies, so that no call finds W in the last-level cache.
-		var ms [2]*Matrix
-		for i := range ms {
-			var err error
-			if ms[i], err = PackStackedAs(prec, nil, rows, cols, w); err != nil {
-				b.Fatal(err)
-			}
-		}
+		ms := packCopies(b, prec, w, rows, cols, 2)
 		for _, n := range []int{1, 64} {
 			b.Run(fmt.Sprintf("%s/n=%d", prec, n), func(b *testing.B) {
 				x, y := randSlice(r, n*cols), make([]float32, n*rows)
@@ -129,13 +129,7 @@ func BenchmarkW8A8Kernels(b *testing.B) {
 	pool := NewPool(runtime.GOMAXPROCS(0))
 	defer pool.Close()
 	// 32 copies (600 MB) pass any last-level cache a 2-core machine shares.
-	ms := make([]*Matrix, 32)
-	for i := range ms {
-		var err error
-		if ms[i], err = PackStackedAs(W8A8, nil, rows, cols, w); err != nil {
-			b.Fatal(err)
-		}
-	}
+	ms := packCopies(b, W8A8, w, rows, cols, 32)
 	for _, k := range w8a8Impls()[1:] {
 		for _, n := range []int{1, 2, 4, 8, 64} {
 			b.Run(fmt.Sprintf("%s/n=%d", k.name, n), func(b *testing.B) {

@@ -55,13 +55,7 @@ func BenchmarkColumnBlockPrefetch(b *testing.B) {
 	for _, shape := range [][2]int{{8192, 2048}, {2048, 8192}} {
 		r := rand.New(rand.NewPCG(1, 1))
 		w := randSlice(r, shape[0]*shape[1])
-		ms := make([]*Matrix, 4)
-		for i := range ms {
-			var err error
-			if ms[i], err = NewMatrix(w, shape[0], shape[1]); err != nil {
-				b.Fatal(err)
-			}
-		}
+		ms := packCopies(b, F32, w, shape[0], shape[1], 4)
 		for _, n := range []int{64, 32} {
 			for _, dense := range []bool{true, false} {
 				k := avx512Kernel
@@ -97,13 +91,7 @@ func BenchmarkBatch1Prefetch(b *testing.B) {
 		r := rand.New(rand.NewPCG(1, 1))
 		w := randSlice(r, shape[0]*shape[1])
 		for _, prec := range []Precision{F32, BF16, Int8} {
-			ms := make([]*Matrix, 4)
-			for i := range ms {
-				var err error
-				if ms[i], err = PackStackedAs(prec, nil, shape[0], shape[1], w); err != nil {
-					b.Fatal(err)
-				}
-			}
+			ms := packCopies(b, prec, w, shape[0], shape[1], 4)
 			impls := simdImpls()
 			if prec != F32 {
 				impls = lowSIMDImpls()
