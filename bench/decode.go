@@ -188,7 +188,7 @@ type EngineReport struct {
 	// "archsimd, GOEXPERIMENT=simd", "portable, purego", …
 	KernelBuild string `json:"kernel_build"`
 	// W8A8Kernel is the w8a8 precision's kernel on this CPU (kernels.W8A8KernelName):
-	// "vnni", "avx2", "sdot" or "generic".
+	// "amx+vnni", "vnni", "avx2", "sdot" or "generic".
 	W8A8Kernel       string  `json:"w8a8_kernel"`
 	ReadBandwidthGBs float64 `json:"read_bandwidth_gb_per_s"`
 	// PeakGFLOPs is the register-only FMA throughput of the kernel in use on all workers

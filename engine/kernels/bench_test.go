@@ -131,7 +131,7 @@ func BenchmarkW8A8Kernels(b *testing.B) {
 	// 32 copies (600 MB) pass any last-level cache a 2-core machine shares.
 	ms := packCopies(b, W8A8, w, rows, cols, 32)
 	for _, k := range w8a8Impls()[1:] {
-		for _, n := range []int{1, 2, 4, 8, 64} {
+		for _, n := range []int{1, 2, 4, 8, 16, 64} {
 			b.Run(fmt.Sprintf("%s/n=%d", k.name, n), func(b *testing.B) {
 				x, y := randSlice(r, n*cols), make([]float32, n*rows)
 				copies := len(ms)

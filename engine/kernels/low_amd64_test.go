@@ -45,6 +45,11 @@ func w8a8SIMDImpls() []w8a8Impl {
 			w8a8Impl{"vnni-prefetch", w8a8VNNIPrefetch.run},
 			w8a8Impl{"vnni-1panel", w8a8VNNIOnePanel.run})
 	}
+	if w8a8UseAMX {
+		impls = append(impls, w8a8Impl{"amx", func(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
+			runW8A8AMX(&w8a8VNNI, m, a, y, n, lo, hi)
+		}})
+	}
 	return impls
 }
 

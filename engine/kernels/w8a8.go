@@ -13,6 +13,11 @@ type w8a8Acts struct {
 	q  []int8    // [n][nb*Int8Block]
 	s  []float32 // [n][nb]
 	nb int
+	// The same inputs and scales of each whole group of w8a8AMXTokens tokens packed by
+	// block, [group][nb][w8a8AMXTokens][Int8Block] and [group][nb][w8a8AMXTokens], where
+	// the AMX tile runs (see packAMX).
+	qa []int8
+	sa []float32
 
 	// The current call, for quant and run.
 	m      *Matrix
@@ -20,8 +25,12 @@ type w8a8Acts struct {
 	n      int
 	panels func(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int)
 	quant  func(lo, hi int) // quantizes tokens [lo,hi) of x
+	pack   func(lo, hi int) // packs token groups [lo,hi) into qa and sa
 	run    func(lo, hi int) // runs panels [lo,hi)
 }
+
+// w8a8AMXTokens is the AMX tile's width in tokens: the 16 rows of its input and sum tiles.
+const w8a8AMXTokens = 16
 
 // w8a8Scratch holds idle w8a8Acts; a MatMul takes one for the call. MatMuls may run
 // concurrently (on different pools), so a single buffer would not do.
@@ -33,9 +42,29 @@ var w8a8Scratch = sync.Pool{New: func() any {
 			quantizeActs(a.q[t*bw:(t+1)*bw], a.s[t*a.nb:(t+1)*a.nb], a.x[t*cols:(t+1)*cols])
 		}
 	}
+	a.pack = func(lo, hi int) { packAMX(a, lo, hi) }
 	a.run = func(lo, hi int) { a.panels(a.m, a, a.y, a.n, lo, hi) }
 	return a
 }}
+
+// packAMX copies token groups [lo,hi) of a's inputs and scales into qa and sa, block by
+// block: the AMX tile then loads a block's 16 × 32 inputs from 512 contiguous bytes and its
+// 16 scales from one cache line. Read in place, 16 rows a whole row of inputs apart (8 KB for
+// 8192 columns) fell into one set of a 12-way L1.
+func packAMX(a *w8a8Acts, lo, hi int) {
+	const g = w8a8AMXTokens
+	nb, bw := a.nb, a.nb*Int8Block
+	for grp := lo; grp < hi; grp++ {
+		qa, sa := a.qa[grp*g*bw:(grp+1)*g*bw], a.sa[grp*g*nb:(grp+1)*g*nb]
+		for t := range g {
+			q, s := a.q[(grp*g+t)*bw:], a.s[(grp*g+t)*nb:]
+			for b := range nb {
+				copy(qa[(b*g+t)*Int8Block:(b*g+t+1)*Int8Block], q[b*Int8Block:(b+1)*Int8Block])
+				sa[b*g+t] = s[b]
+			}
+		}
+	}
+}
 
 // quantizeActs quantizes one token's input x into q (len(s)·Int8Block values) and s, one
 // scale per block of Int8Block, as W8A8 defines (QuantizeInt8 with a float32 scale; a
@@ -95,6 +124,13 @@ func matmulW8A8(pool *Pool, m *Matrix, y, x []float32, n int, panels func(m *Mat
 		pool.Parallel(n, a.quant)
 	} else {
 		a.quant(0, n)
+	}
+	if groups := n / w8a8AMXTokens; w8a8UseAMX && groups > 0 {
+		if need := groups * w8a8AMXTokens * nb * Int8Block; cap(a.qa) < need {
+			a.qa = make([]int8, need)
+			a.sa = make([]float32, groups*w8a8AMXTokens*nb)
+		}
+		pool.Parallel(groups, a.pack)
 	}
 	np := m.Panels()
 	pool.ParallelChunks(np, matmulChunk(np, pool.Workers()), a.run)

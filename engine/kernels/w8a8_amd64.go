@@ -55,10 +55,13 @@ func vnniTiles(prefetch bool) w8a8Tiles {
 // in both amd64 builds.
 var w8a8UseVNNI = w8a8UseAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI
 
-// matmulW8A8Panels runs panels [lo,hi) of a W8A8 MatMul: the VNNI tiles where the CPU has
-// them, else the AVX2 tiles where it has AVX2 and FMA, else the Go kernel.
+// matmulW8A8Panels runs panels [lo,hi) of a W8A8 MatMul: the AMX tile with the VNNI tiles
+// where the CPU has both, else the VNNI tiles where it has them, else the AVX2 tiles where it
+// has AVX2 and FMA, else the Go kernel.
 func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	switch {
+	case w8a8UseAMX:
+		runW8A8AMX(&w8a8VNNI, m, a, y, n, lo, hi)
 	case w8a8UseVNNI:
 		w8a8VNNI.run(m, a, y, n, lo, hi)
 	case w8a8UseAVX2:
@@ -68,9 +71,12 @@ func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	}
 }
 
-// W8A8KernelName names the w8a8 precision's kernel on this CPU: "vnni", "avx2" or "generic".
+// W8A8KernelName names the w8a8 precision's kernel on this CPU: "amx+vnni", "vnni", "avx2"
+// or "generic".
 func W8A8KernelName() string {
 	switch {
+	case w8a8UseAMX:
+		return "amx+vnni"
 	case w8a8UseVNNI:
 		return "vnni"
 	case w8a8UseAVX2:

@@ -9,6 +9,9 @@ import "golang.org/x/sys/cpu"
 // Neoverse and Cortex-A76 onwards have it; Cortex-A72 does not), so it is detected.
 var w8a8UseSDOT = cpu.ARM64.HasASIMDDP
 
+// w8a8UseAMX is false: the AMX tile is amd64 assembly.
+const w8a8UseAMX = false
+
 // matmulW8A8Panels runs panels [lo,hi) of a W8A8 MatMul: the SDOT tiles where the CPU has
 // them, else the Go kernel.
 func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {

@@ -2,6 +2,9 @@
 
 package kernels
 
+// w8a8UseAMX is false: the AMX tile is amd64 assembly.
+const w8a8UseAMX = false
+
 // matmulW8A8Panels runs panels [lo,hi) of a W8A8 MatMul with the Go kernel: this build has no
 // integer dot-product tiles.
 func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {

@@ -41,44 +41,52 @@ func (k *w8a8Tiles) run(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	if lo >= hi || n <= 0 {
 		return
 	}
+	for b0 := 0; b0 < n; b0 += w8a8TokenBlock {
+		k.block(m, a, y, b0, min(w8a8TokenBlock, n-b0), lo, hi)
+	}
+}
+
+// block runs tokens [b0,b0+bn) of panels [lo,hi), as run does each token block.
+func (k *w8a8Tiles) block(m *Matrix, a *w8a8Acts, y []float32, b0, bn, lo, hi int) {
+	full := min(hi, m.Rows/PanelRows) // panels past full are partial (only the last one can be)
+	pairs := k.two[min(bn, w8a8MaxT)] != nil && (bn%w8a8MaxT == 0 || k.two[bn%w8a8MaxT] != nil)
+	for p := lo; p < hi; {
+		tiles, np := &k.one, 1
+		if pairs && p+2 <= full {
+			tiles, np = &k.two, 2
+		}
+		k.panel(m, a, y, tiles, np == 2, b0, bn, p)
+		p += np
+	}
+}
+
+// panel runs tokens [b0,b0+bn) of panel p (and p+1 with the two-panel tiles, pair) through
+// tiles of up to w8a8MaxT tokens.
+func (k *w8a8Tiles) panel(m *Matrix, a *w8a8Acts, y []float32, tiles *[w8a8MaxT + 1]w8a8Tile, pair bool, b0, bn, p int) {
 	rows, nb := m.Rows, a.nb
-	ws := m.panelBytes()
 	xs, ss, ys := nb*Int8Block, nb*4, rows*4
-	full := min(hi, rows/PanelRows) // panels past full are partial (only the last one can be)
-	wp := m.base()
+	w := unsafe.Add(m.base(), p*m.panelBytes())
 	xp := unsafe.Pointer(unsafe.SliceData(a.q))
 	sp := unsafe.Pointer(unsafe.SliceData(a.s))
 	yp := unsafe.Pointer(unsafe.SliceData(y))
-	for b0 := 0; b0 < n; b0 += w8a8TokenBlock {
-		bn := min(w8a8TokenBlock, n-b0)
-		pairs := k.two[min(bn, w8a8MaxT)] != nil && (bn%w8a8MaxT == 0 || k.two[bn%w8a8MaxT] != nil)
-		for p := lo; p < hi; {
-			tiles, np := &k.one, 1
-			if pairs && p+2 <= full {
-				tiles, np = &k.two, 2
+	for t := b0; t < b0+bn; t += w8a8MaxT {
+		nt := min(w8a8MaxT, b0+bn-t)
+		x, s := unsafe.Add(xp, t*xs), unsafe.Add(sp, t*ss)
+		if p < rows/PanelRows {
+			tile := tiles[nt]
+			if pair && t == b0 && k.first[nt] != nil {
+				tile = k.first[nt]
 			}
-			w := unsafe.Add(wp, p*ws)
-			for t := b0; t < b0+bn; t += w8a8MaxT {
-				nt := min(w8a8MaxT, b0+bn-t)
-				x, s := unsafe.Add(xp, t*xs), unsafe.Add(sp, t*ss)
-				if p < full {
-					tile := tiles[nt]
-					if np == 2 && t == b0 && k.first[nt] != nil {
-						tile = k.first[nt]
-					}
-					tile(w, nb, x, xs, s, ss, unsafe.Add(yp, t*ys+p*PanelRows*4), ys)
-					continue
-				}
-				// The last panel is partial: its padding rows would write past y (or over
-				// the next token's outputs), so it goes through a scratch tile.
-				var scratch [w8a8MaxT * PanelRows]float32
-				tiles[nt](w, nb, x, xs, s, ss, unsafe.Pointer(&scratch), PanelRows*4)
-				nr := rows - p*PanelRows
-				for i := range nt {
-					copy(y[(t+i)*rows+p*PanelRows:(t+i)*rows+rows], scratch[i*PanelRows:i*PanelRows+nr])
-				}
-			}
-			p += np
+			tile(w, nb, x, xs, s, ss, unsafe.Add(yp, t*ys+p*PanelRows*4), ys)
+			continue
+		}
+		// The last panel is partial: its padding rows would write past y (or over the next
+		// token's outputs), so it goes through a scratch tile.
+		var scratch [w8a8MaxT * PanelRows]float32
+		tiles[nt](w, nb, x, xs, s, ss, unsafe.Pointer(&scratch), PanelRows*4)
+		nr := rows - p*PanelRows
+		for i := range nt {
+			copy(y[(t+i)*rows+p*PanelRows:(t+i)*rows+rows], scratch[i*PanelRows:i*PanelRows+nr])
 		}
 	}
 }
