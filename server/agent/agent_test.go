@@ -640,6 +640,9 @@ func TestResumeOfAServingServerSkipsItsEngineLoop(t *testing.T) {
 	f := newFleet(t, mem)
 	n, rec := tracedNode(t, mem)
 	n.joined(f)
+	// The spare weight set's prepare_spare call, pending, would send a resume through the
+	// engine loop (under -race it can still be running when the resumes arrive).
+	<-n.API().SpareReady()
 	engineResumes := func() (k int) {
 		for _, s := range rec.Ended() {
 			if s.Name() == "engine.resume" {
