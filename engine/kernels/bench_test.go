@@ -120,7 +120,7 @@ func BenchmarkMatMulPrecision(b *testing.B) {
 
 // BenchmarkW8A8Kernels runs every W8A8 kernel this CPU has on the 1B shape's FFN
 // down-projection (2048×8192), one after the other in one run, so each figure stands beside
-// the others: up to 8 tokens cycle through enough copies of W to read it from memory (W-GB/s
+// the others: up to 16 tokens cycle through enough copies of W to read it from memory (W-GB/s
 // is the weight stream), 64 tokens keep W in cache (GFLOP/s).
 func BenchmarkW8A8Kernels(b *testing.B) {
 	const rows, cols = 2048, 8192
@@ -131,11 +131,11 @@ func BenchmarkW8A8Kernels(b *testing.B) {
 	// 32 copies (600 MB) pass any last-level cache a 2-core machine shares.
 	ms := packCopies(b, W8A8, w, rows, cols, 32)
 	for _, k := range w8a8Impls()[1:] {
-		for _, n := range []int{1, 2, 4, 8, 16, 64} {
+		for _, n := range []int{1, 2, 4, 8, 12, 16, 64} {
 			b.Run(fmt.Sprintf("%s/n=%d", k.name, n), func(b *testing.B) {
 				x, y := randSlice(r, n*cols), make([]float32, n*rows)
 				copies := len(ms)
-				if n > 8 {
+				if n > 16 {
 					copies = 1
 				}
 				for i := 0; b.Loop(); i++ {

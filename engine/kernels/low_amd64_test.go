@@ -46,9 +46,13 @@ func w8a8SIMDImpls() []w8a8Impl {
 			w8a8Impl{"vnni-1panel", w8a8VNNIOnePanel.run})
 	}
 	if w8a8UseAMX {
-		impls = append(impls, w8a8Impl{"amx", func(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
-			runW8A8AMX(&w8a8VNNI, m, a, y, n, lo, hi)
-		}})
+		// amx-N sends only groups of at least N tokens to the AMX tiles: every tile width
+		// (1), and the VNNI tiles for whatever is not a whole 16 tokens (16).
+		for _, fewest := range []int{1, 16} {
+			impls = append(impls, w8a8Impl{fmt.Sprintf("amx-%d", fewest), func(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
+				runW8A8AMX(&w8a8VNNI, fewest, m, a, y, n, lo, hi)
+			}})
+		}
 	}
 	return impls
 }

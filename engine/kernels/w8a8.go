@@ -13,9 +13,9 @@ type w8a8Acts struct {
 	q  []int8    // [n][nb*Int8Block]
 	s  []float32 // [n][nb]
 	nb int
-	// The same inputs and scales of each whole group of w8a8AMXTokens tokens packed by
-	// block, [group][nb][w8a8AMXTokens][Int8Block] and [group][nb][w8a8AMXTokens], where
-	// the AMX tile runs (see packAMX).
+	// The same inputs and scales of each group of w8a8AMXTokens tokens (the last one
+	// shorter if n is not a multiple) packed by block, [group][nb][tokens][Int8Block] and
+	// [group][nb][tokens], where the AMX tiles run (see packAMX).
 	qa []int8
 	sa []float32
 
@@ -48,19 +48,20 @@ var w8a8Scratch = sync.Pool{New: func() any {
 }}
 
 // packAMX copies token groups [lo,hi) of a's inputs and scales into qa and sa, block by
-// block: the AMX tile then loads a block's 16 × 32 inputs from 512 contiguous bytes and its
-// 16 scales from one cache line. Read in place, 16 rows a whole row of inputs apart (8 KB for
-// 8192 columns) fell into one set of a 12-way L1.
+// block: the AMX tile then loads a block's inputs (16 tokens × 32) from contiguous bytes and
+// its scales from one cache line. Read in place, the inputs' rows would lie a whole row apart
+// (8 KB for 8192 columns). The last group holds the tokens past a multiple of 16, if any.
 func packAMX(a *w8a8Acts, lo, hi int) {
 	const g = w8a8AMXTokens
 	nb, bw := a.nb, a.nb*Int8Block
 	for grp := lo; grp < hi; grp++ {
-		qa, sa := a.qa[grp*g*bw:(grp+1)*g*bw], a.sa[grp*g*nb:(grp+1)*g*nb]
-		for t := range g {
+		m := min(g, a.n-grp*g)
+		qa, sa := a.qa[grp*g*bw:], a.sa[grp*g*nb:]
+		for t := range m {
 			q, s := a.q[(grp*g+t)*bw:], a.s[(grp*g+t)*nb:]
 			for b := range nb {
-				copy(qa[(b*g+t)*Int8Block:(b*g+t+1)*Int8Block], q[b*Int8Block:(b+1)*Int8Block])
-				sa[b*g+t] = s[b]
+				copy(qa[(b*m+t)*Int8Block:(b*m+t+1)*Int8Block], q[b*Int8Block:(b+1)*Int8Block])
+				sa[b*m+t] = s[b]
 			}
 		}
 	}
@@ -125,12 +126,13 @@ func matmulW8A8(pool *Pool, m *Matrix, y, x []float32, n int, panels func(m *Mat
 	} else {
 		a.quant(0, n)
 	}
-	if groups := n / w8a8AMXTokens; w8a8UseAMX && groups > 0 {
-		if need := groups * w8a8AMXTokens * nb * Int8Block; cap(a.qa) < need {
+	if w8a8UseAMX {
+		if need := n * nb * Int8Block; cap(a.qa) < need {
 			a.qa = make([]int8, need)
-			a.sa = make([]float32, groups*w8a8AMXTokens*nb)
+			a.sa = make([]float32, n*nb)
 		}
-		pool.Parallel(groups, a.pack)
+		a.qa, a.sa = a.qa[:n*nb*Int8Block], a.sa[:n*nb]
+		pool.Parallel((n+w8a8AMXTokens-1)/w8a8AMXTokens, a.pack)
 	}
 	np := m.Panels()
 	pool.ParallelChunks(np, matmulChunk(np, pool.Workers()), a.run)

@@ -61,7 +61,7 @@ var w8a8UseVNNI = w8a8UseAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cp
 func matmulW8A8Panels(m *Matrix, a *w8a8Acts, y []float32, n, lo, hi int) {
 	switch {
 	case w8a8UseAMX:
-		runW8A8AMX(&w8a8VNNI, m, a, y, n, lo, hi)
+		runW8A8AMX(&w8a8VNNI, w8a8AMXMin, m, a, y, n, lo, hi)
 	case w8a8UseVNNI:
 		w8a8VNNI.run(m, a, y, n, lo, hi)
 	case w8a8UseAVX2:
