@@ -1,13 +1,8 @@
 package kernels
 
 import (
-	"bufio"
 	"bytes"
-	"debug/elf"
-	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -35,46 +30,24 @@ func TestAMXByteEncodings(t *testing.T) {
 	if err != nil {
 		t.Skipf("%s not installed (binutils)", name)
 	}
-	files, err := filepath.Glob("*_amd64.s")
-	require.NoError(t, err)
 	src := strings.Builder{}
 	src.WriteString(".intel_syntax noprefix\n")
 	var want [][]byte
 	var where []string
-	for _, f := range files {
-		fh, err := os.Open(f)
-		require.NoError(t, err)
-		sc := bufio.NewScanner(fh)
-		for line := 1; sc.Scan(); line++ {
-			m := x86Bytes.FindStringSubmatch(sc.Text())
-			if m == nil {
-				continue
-			}
-			var enc []byte
-			for _, field := range strings.Split(strings.SplitN(sc.Text(), "//", 2)[0], ";") {
-				v, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(field), "BYTE $0x"), 16, 8)
-				require.NoError(t, err, "%s:%d", f, line)
-				enc = append(enc, byte(v))
-			}
-			want = append(want, enc)
-			where = append(where, fmt.Sprintf("%s:%d: %s", f, line, m[1]))
-			src.WriteString(m[1] + "\n")
+	scanAsm(t, "*_amd64.s", x86Bytes, func(at string, m []string) {
+		var enc []byte
+		for _, field := range strings.Split(strings.SplitN(m[0], "//", 2)[0], ";") {
+			v, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(field), "BYTE $0x"), 16, 8)
+			require.NoError(t, err, "%s", at)
+			enc = append(enc, byte(v))
 		}
-		require.NoError(t, sc.Err())
-		require.NoError(t, fh.Close())
-	}
+		want = append(want, enc)
+		where = append(where, at+": "+m[1])
+		src.WriteString(m[1] + "\n")
+	})
 	require.NotEmpty(t, want, "the amd64 assembly has BYTE-encoded instructions")
 
-	dir := t.TempDir()
-	in, obj := filepath.Join(dir, "bytes.s"), filepath.Join(dir, "bytes.o")
-	require.NoError(t, os.WriteFile(in, []byte(src.String()), 0o644))
-	out, err := exec.Command(as, "--64", "-o", obj, in).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	ef, err := elf.Open(obj)
-	require.NoError(t, err)
-	defer ef.Close()
-	text, err := ef.Section(".text").Data()
-	require.NoError(t, err)
+	text := assembleText(t, as, src.String(), "--64")
 	off := 0
 	for i, w := range want {
 		require.LessOrEqual(t, off+len(w), len(text), "%s: binutils' encoding is shorter", where[i])

@@ -1,13 +1,9 @@
 package kernels
 
 import (
-	"bufio"
-	"debug/elf"
 	"encoding/binary"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -29,41 +25,19 @@ func TestNEONWordEncodings(t *testing.T) {
 	if err != nil {
 		t.Skip("aarch64-linux-gnu-as not installed (binutils-aarch64-linux-gnu)")
 	}
-	files, err := filepath.Glob("*_arm64.s")
-	require.NoError(t, err)
 	var src strings.Builder
 	var want []uint32
 	var where []string
-	for _, f := range files {
-		fh, err := os.Open(f)
+	scanAsm(t, "*_arm64.s", neonWord, func(at string, m []string) {
+		w, err := strconv.ParseUint(m[1], 16, 32)
 		require.NoError(t, err)
-		sc := bufio.NewScanner(fh)
-		for line := 1; sc.Scan(); line++ {
-			m := neonWord.FindStringSubmatch(sc.Text())
-			if m == nil {
-				continue
-			}
-			w, err := strconv.ParseUint(m[1], 16, 32)
-			require.NoError(t, err)
-			want = append(want, uint32(w))
-			where = append(where, fmt.Sprintf("%s:%d: %s", f, line, m[2]))
-			src.WriteString(m[2] + "\n")
-		}
-		require.NoError(t, sc.Err())
-		require.NoError(t, fh.Close())
-	}
+		want = append(want, uint32(w))
+		where = append(where, at+": "+m[2])
+		src.WriteString(m[2] + "\n")
+	})
 	require.NotEmpty(t, want, "the arm64 assembly has WORD-encoded instructions")
 
-	dir := t.TempDir()
-	in, obj := filepath.Join(dir, "words.s"), filepath.Join(dir, "words.o")
-	require.NoError(t, os.WriteFile(in, []byte(src.String()), 0o644))
-	out, err := exec.Command(as, "-march=armv8.2-a+dotprod", "-o", obj, in).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	ef, err := elf.Open(obj)
-	require.NoError(t, err)
-	defer ef.Close()
-	text, err := ef.Section(".text").Data()
-	require.NoError(t, err)
+	text := assembleText(t, as, src.String(), "-march=armv8.2-a+dotprod")
 	require.Len(t, text, 4*len(want), "one instruction per WORD")
 	for i, w := range want {
 		got := binary.LittleEndian.Uint32(text[4*i:])
