@@ -126,6 +126,9 @@ func matmulW8A8(pool *Pool, m *Matrix, y, x []float32, n int, panels func(m *Mat
 	} else {
 		a.quant(0, n)
 	}
+	// Packed whenever the AMX tiles may run, whatever n (the tests send every width through
+	// them); below w8a8AMXMin it is a copy of n rows of quantized input, next to nothing
+	// beside the MatMul it feeds.
 	if w8a8UseAMX {
 		if need := n * nb * Int8Block; cap(a.qa) < need {
 			a.qa = make([]int8, need)

@@ -16,13 +16,13 @@ const w8a8AMXBuf = 2 * w8a8AMXTokens * PanelRows * 4
 // The AMX tiles, w8a8AMXT1 to w8a8AMXT16 (gen_amx.go; w8a8AMX calls them), are each one
 // whole panel × M tokens of a W8A8 MatMul: w is the panel, x and s the M tokens' inputs and
 // scales packed by block (w8a8Acts.qa, sa), y the first token's first output (ys bytes
-// between tokens) and buf w8a8AMXBuf bytes of scratch. Per
-// block, TDPBSSD multiplies the M tokens' 32 int8 inputs (a tile of M rows × 32 bytes) by the
-// block's weights as packed (8 rows of 4 columns × 16 rows) into M × 16 exact int32 sums,
-// signed by signed, so no bias correction is needed; the vector units then add them into the
-// float32 accumulators as the VNNI tiles do. A tile configures the tiles on entry and
-// releases them before it returns: Go may move the goroutine to another thread between calls,
-// and assembly is not preempted within one.
+// between tokens) and buf w8a8AMXBuf bytes of scratch. Per block, TDPBSSD multiplies the M
+// tokens' 32 int8 inputs (a tile of M rows × 32 bytes) by the block's weights as packed (8
+// rows of 4 columns × 16 rows) into M × 16 exact int32 sums, signed by signed, so no bias
+// correction is needed; the vector units then add them into the float32 accumulators as the
+// VNNI tiles do. A tile configures the tiles on entry and releases them before it returns: Go
+// may move the goroutine to another thread between calls, and assembly is not preempted
+// within one.
 
 // w8a8UseAMX selects the AMX tiles: a CPU with AMX-INT8 beside the VNNI tiles (Sapphire
 // Rapids and later Xeons), whose kernel lets this process use it.
