@@ -16,7 +16,8 @@ const w8a8AMXBuf = 2 * w8a8AMXTokens * PanelRows * 4
 // The AMX tiles, w8a8AMXT1 to w8a8AMXT16 (gen_amx.go; w8a8AMX calls them), are each one
 // whole panel × M tokens of a W8A8 MatMul: w is the panel, x and s the M tokens' inputs and
 // scales packed by block (w8a8Acts.qa, sa), y the first token's first output (ys bytes
-// between tokens) and buf w8a8AMXBuf bytes of scratch. Per block, TDPBSSD multiplies the M
+// between tokens), buf w8a8AMXBuf bytes of scratch and far, when not 0, asks the tile to
+// prefetch the weights into L2 from further ahead too (gen_amx.go's prefetchFar). Per block, TDPBSSD multiplies the M
 // tokens' 32 int8 inputs (a tile of M rows × 32 bytes) by the block's weights as packed (8
 // rows of 4 columns × 16 rows) into M × 16 exact int32 sums, signed by signed, so no bias
 // correction is needed; the vector units then add them into the float32 accumulators as the
@@ -67,7 +68,11 @@ func runW8A8AMX(k *w8a8Tiles, fewest int, m *Matrix, a *w8a8Acts, y []float32, n
 			w := unsafe.Add(wp, p*ws)
 			for t := b0; t < b0+amx; t += g {
 				mt := min(g, b0+amx-t)
-				w8a8AMX(mt, w, nb, unsafe.Add(xp, t*nb*Int8Block), unsafe.Add(sp, t*nb*4), unsafe.Add(yp, t*ys+p*PanelRows*4), ys, buf)
+				far := 0 // the first tile over the panel reads it from memory
+				if t == b0 {
+					far = 1
+				}
+				w8a8AMX(mt, w, nb, unsafe.Add(xp, t*nb*Int8Block), unsafe.Add(sp, t*nb*4), unsafe.Add(yp, t*ys+p*PanelRows*4), ys, buf, far)
 			}
 			if amx < bn {
 				k.panel(m, a, y, &k.one, false, b0+amx, bn-amx, p)

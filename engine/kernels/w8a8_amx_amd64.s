@@ -19,14 +19,15 @@ DATA amxcfg1<>+52(SB)/1, $8
 DATA amxcfg1<>+53(SB)/1, $8
 GLOBL amxcfg1<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT1(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT1(SB), NOSPLIT, $0-56
+// func w8a8AMXT1(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT1(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	TESTQ CX, CX
@@ -43,6 +44,18 @@ TEXT ·w8a8AMXT1(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near1
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near1:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -62,6 +75,18 @@ w8a8AMXT1_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near2
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near2:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -86,6 +111,18 @@ w8a8AMXT1_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near3
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near3:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -143,14 +180,15 @@ DATA amxcfg2<>+52(SB)/1, $8
 DATA amxcfg2<>+53(SB)/1, $8
 GLOBL amxcfg2<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT2(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT2(SB), NOSPLIT, $0-56
+// func w8a8AMXT2(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT2(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -168,6 +206,18 @@ TEXT ·w8a8AMXT2(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near4
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near4:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -187,6 +237,18 @@ w8a8AMXT2_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near5
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near5:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -214,6 +276,18 @@ w8a8AMXT2_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near6
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near6:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -281,14 +355,15 @@ DATA amxcfg3<>+52(SB)/1, $8
 DATA amxcfg3<>+53(SB)/1, $8
 GLOBL amxcfg3<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT3(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT3(SB), NOSPLIT, $0-56
+// func w8a8AMXT3(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT3(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -307,6 +382,18 @@ TEXT ·w8a8AMXT3(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near7
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near7:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -326,6 +413,18 @@ w8a8AMXT3_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near8
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near8:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -356,6 +455,18 @@ w8a8AMXT3_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near9
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near9:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -433,14 +544,15 @@ DATA amxcfg4<>+52(SB)/1, $8
 DATA amxcfg4<>+53(SB)/1, $8
 GLOBL amxcfg4<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT4(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT4(SB), NOSPLIT, $0-56
+// func w8a8AMXT4(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT4(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -460,6 +572,18 @@ TEXT ·w8a8AMXT4(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near10
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near10:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -479,6 +603,18 @@ w8a8AMXT4_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near11
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near11:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -512,6 +648,18 @@ w8a8AMXT4_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near12
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near12:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -599,14 +747,15 @@ DATA amxcfg5<>+52(SB)/1, $8
 DATA amxcfg5<>+53(SB)/1, $8
 GLOBL amxcfg5<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT5(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT5(SB), NOSPLIT, $0-56
+// func w8a8AMXT5(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT5(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -627,6 +776,18 @@ TEXT ·w8a8AMXT5(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near13
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near13:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -646,6 +807,18 @@ w8a8AMXT5_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near14
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near14:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -682,6 +855,18 @@ w8a8AMXT5_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near15
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near15:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -779,14 +964,15 @@ DATA amxcfg6<>+52(SB)/1, $8
 DATA amxcfg6<>+53(SB)/1, $8
 GLOBL amxcfg6<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT6(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT6(SB), NOSPLIT, $0-56
+// func w8a8AMXT6(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT6(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -808,6 +994,18 @@ TEXT ·w8a8AMXT6(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near16
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near16:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -827,6 +1025,18 @@ w8a8AMXT6_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near17
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near17:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -866,6 +1076,18 @@ w8a8AMXT6_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near18
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near18:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -973,14 +1195,15 @@ DATA amxcfg7<>+52(SB)/1, $8
 DATA amxcfg7<>+53(SB)/1, $8
 GLOBL amxcfg7<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT7(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT7(SB), NOSPLIT, $0-56
+// func w8a8AMXT7(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT7(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -1003,6 +1226,18 @@ TEXT ·w8a8AMXT7(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near19
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near19:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -1022,6 +1257,18 @@ w8a8AMXT7_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near20
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near20:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -1064,6 +1311,18 @@ w8a8AMXT7_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near21
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near21:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -1181,14 +1440,15 @@ DATA amxcfg8<>+52(SB)/1, $8
 DATA amxcfg8<>+53(SB)/1, $8
 GLOBL amxcfg8<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT8(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT8(SB), NOSPLIT, $0-56
+// func w8a8AMXT8(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT8(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -1212,6 +1472,18 @@ TEXT ·w8a8AMXT8(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near22
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near22:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -1231,6 +1503,18 @@ w8a8AMXT8_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near23
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near23:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -1276,6 +1560,18 @@ w8a8AMXT8_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near24
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near24:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -1403,14 +1699,15 @@ DATA amxcfg9<>+52(SB)/1, $8
 DATA amxcfg9<>+53(SB)/1, $8
 GLOBL amxcfg9<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT9(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT9(SB), NOSPLIT, $0-56
+// func w8a8AMXT9(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT9(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -1435,6 +1732,18 @@ TEXT ·w8a8AMXT9(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near25
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near25:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -1454,6 +1763,18 @@ w8a8AMXT9_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near26
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near26:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -1502,6 +1823,18 @@ w8a8AMXT9_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near27
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near27:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -1639,14 +1972,15 @@ DATA amxcfg10<>+52(SB)/1, $8
 DATA amxcfg10<>+53(SB)/1, $8
 GLOBL amxcfg10<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT10(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT10(SB), NOSPLIT, $0-56
+// func w8a8AMXT10(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT10(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -1672,6 +2006,18 @@ TEXT ·w8a8AMXT10(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near28
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near28:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -1691,6 +2037,18 @@ w8a8AMXT10_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near29
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near29:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -1742,6 +2100,18 @@ w8a8AMXT10_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near30
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near30:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -1889,14 +2259,15 @@ DATA amxcfg11<>+52(SB)/1, $8
 DATA amxcfg11<>+53(SB)/1, $8
 GLOBL amxcfg11<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT11(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT11(SB), NOSPLIT, $0-56
+// func w8a8AMXT11(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT11(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -1923,6 +2294,18 @@ TEXT ·w8a8AMXT11(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near31
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near31:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -1942,6 +2325,18 @@ w8a8AMXT11_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near32
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near32:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -1996,6 +2391,18 @@ w8a8AMXT11_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near33
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near33:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -2153,14 +2560,15 @@ DATA amxcfg12<>+52(SB)/1, $8
 DATA amxcfg12<>+53(SB)/1, $8
 GLOBL amxcfg12<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT12(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT12(SB), NOSPLIT, $0-56
+// func w8a8AMXT12(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT12(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -2188,6 +2596,18 @@ TEXT ·w8a8AMXT12(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near34
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near34:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -2207,6 +2627,18 @@ w8a8AMXT12_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near35
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near35:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -2264,6 +2696,18 @@ w8a8AMXT12_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near36
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near36:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -2431,14 +2875,15 @@ DATA amxcfg13<>+52(SB)/1, $8
 DATA amxcfg13<>+53(SB)/1, $8
 GLOBL amxcfg13<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT13(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT13(SB), NOSPLIT, $0-56
+// func w8a8AMXT13(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT13(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -2467,6 +2912,18 @@ TEXT ·w8a8AMXT13(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near37
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near37:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -2486,6 +2943,18 @@ w8a8AMXT13_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near38
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near38:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -2546,6 +3015,18 @@ w8a8AMXT13_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near39
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near39:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -2723,14 +3204,15 @@ DATA amxcfg14<>+52(SB)/1, $8
 DATA amxcfg14<>+53(SB)/1, $8
 GLOBL amxcfg14<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT14(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT14(SB), NOSPLIT, $0-56
+// func w8a8AMXT14(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT14(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -2760,6 +3242,18 @@ TEXT ·w8a8AMXT14(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near40
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near40:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -2779,6 +3273,18 @@ w8a8AMXT14_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near41
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near41:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -2842,6 +3348,18 @@ w8a8AMXT14_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near42
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near42:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -3029,14 +3547,15 @@ DATA amxcfg15<>+52(SB)/1, $8
 DATA amxcfg15<>+53(SB)/1, $8
 GLOBL amxcfg15<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT15(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT15(SB), NOSPLIT, $0-56
+// func w8a8AMXT15(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT15(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -3067,6 +3586,18 @@ TEXT ·w8a8AMXT15(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near43
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near43:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -3086,6 +3617,18 @@ w8a8AMXT15_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near44
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near44:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -3152,6 +3695,18 @@ w8a8AMXT15_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near45
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near45:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -3349,14 +3904,15 @@ DATA amxcfg16<>+52(SB)/1, $8
 DATA amxcfg16<>+53(SB)/1, $8
 GLOBL amxcfg16<>(SB), RODATA|NOPTR, $64
 
-// func w8a8AMXT16(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
-TEXT ·w8a8AMXT16(SB), NOSPLIT, $0-56
+// func w8a8AMXT16(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
+TEXT ·w8a8AMXT16(SB), NOSPLIT, $0-64
 	MOVQ w+0(FP), SI
 	MOVQ nb+8(FP), CX
 	MOVQ x+16(FP), DI
 	MOVL $32, R8
 	MOVQ s+24(FP), R9
 	MOVQ buf+48(FP), DX
+	MOVQ far+56(FP), R14
 	MOVL $64, AX
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
@@ -3388,6 +3944,18 @@ TEXT ·w8a8AMXT16(SB), NOSPLIT, $0-56
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near46
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near46:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]
@@ -3407,6 +3975,18 @@ w8a8AMXT16_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near47
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near47:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // tilezero tmm1
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x1c; BYTE $0x07 // tileloadd tmm3, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x06; BYTE $0x20 // tileloadd tmm5, [rsi+rax*1+32]
@@ -3476,6 +4056,18 @@ w8a8AMXT16_loop:
 	PREFETCHT0 2560(SI)
 	PREFETCHT0 2624(SI)
 	PREFETCHT0 2688(SI)
+	TESTQ R14, R14
+	JEQ amx_near48
+	PREFETCHT1 8704(SI)
+	PREFETCHT1 8768(SI)
+	PREFETCHT1 8832(SI)
+	PREFETCHT1 8896(SI)
+	PREFETCHT1 8960(SI)
+	PREFETCHT1 9024(SI)
+	PREFETCHT1 9088(SI)
+	PREFETCHT1 9152(SI)
+	PREFETCHT1 9216(SI)
+amx_near48:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // tilezero tmm0
 	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x14; BYTE $0x07 // tileloadd tmm2, [rdi+r8*1]
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x64; BYTE $0x06; BYTE $0x20 // tileloadd tmm4, [rsi+rax*1+32]

@@ -9,118 +9,118 @@ import "unsafe"
 // w8a8AMXT1 is the AMX tile of one panel × 1 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT1(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT1(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT2 is the AMX tile of one panel × 2 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT2(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT2(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT3 is the AMX tile of one panel × 3 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT3(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT3(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT4 is the AMX tile of one panel × 4 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT4(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT4(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT5 is the AMX tile of one panel × 5 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT5(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT5(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT6 is the AMX tile of one panel × 6 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT6(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT6(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT7 is the AMX tile of one panel × 7 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT7(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT7(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT8 is the AMX tile of one panel × 8 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT8(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT8(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT9 is the AMX tile of one panel × 9 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT9(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT9(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT10 is the AMX tile of one panel × 10 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT10(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT10(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT11 is the AMX tile of one panel × 11 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT11(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT11(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT12 is the AMX tile of one panel × 12 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT12(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT12(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT13 is the AMX tile of one panel × 13 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT13(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT13(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT14 is the AMX tile of one panel × 14 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT14(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT14(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT15 is the AMX tile of one panel × 15 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT15(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT15(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMXT16 is the AMX tile of one panel × 16 tokens; see w8a8_amx_amd64.go.
 //
 //go:noescape
-func w8a8AMXT16(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer)
+func w8a8AMXT16(w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int)
 
 // w8a8AMX runs the AMX tile of one panel × M tokens, 1 ≤ M ≤ 16 (see w8a8_amx_amd64.go).
-func w8a8AMX(M int, w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer) {
+func w8a8AMX(M int, w unsafe.Pointer, nb int, x unsafe.Pointer, s unsafe.Pointer, y unsafe.Pointer, ys int, buf unsafe.Pointer, far int) {
 	switch M {
 	case 1:
-		w8a8AMXT1(w, nb, x, s, y, ys, buf)
+		w8a8AMXT1(w, nb, x, s, y, ys, buf, far)
 	case 2:
-		w8a8AMXT2(w, nb, x, s, y, ys, buf)
+		w8a8AMXT2(w, nb, x, s, y, ys, buf, far)
 	case 3:
-		w8a8AMXT3(w, nb, x, s, y, ys, buf)
+		w8a8AMXT3(w, nb, x, s, y, ys, buf, far)
 	case 4:
-		w8a8AMXT4(w, nb, x, s, y, ys, buf)
+		w8a8AMXT4(w, nb, x, s, y, ys, buf, far)
 	case 5:
-		w8a8AMXT5(w, nb, x, s, y, ys, buf)
+		w8a8AMXT5(w, nb, x, s, y, ys, buf, far)
 	case 6:
-		w8a8AMXT6(w, nb, x, s, y, ys, buf)
+		w8a8AMXT6(w, nb, x, s, y, ys, buf, far)
 	case 7:
-		w8a8AMXT7(w, nb, x, s, y, ys, buf)
+		w8a8AMXT7(w, nb, x, s, y, ys, buf, far)
 	case 8:
-		w8a8AMXT8(w, nb, x, s, y, ys, buf)
+		w8a8AMXT8(w, nb, x, s, y, ys, buf, far)
 	case 9:
-		w8a8AMXT9(w, nb, x, s, y, ys, buf)
+		w8a8AMXT9(w, nb, x, s, y, ys, buf, far)
 	case 10:
-		w8a8AMXT10(w, nb, x, s, y, ys, buf)
+		w8a8AMXT10(w, nb, x, s, y, ys, buf, far)
 	case 11:
-		w8a8AMXT11(w, nb, x, s, y, ys, buf)
+		w8a8AMXT11(w, nb, x, s, y, ys, buf, far)
 	case 12:
-		w8a8AMXT12(w, nb, x, s, y, ys, buf)
+		w8a8AMXT12(w, nb, x, s, y, ys, buf, far)
 	case 13:
-		w8a8AMXT13(w, nb, x, s, y, ys, buf)
+		w8a8AMXT13(w, nb, x, s, y, ys, buf, far)
 	case 14:
-		w8a8AMXT14(w, nb, x, s, y, ys, buf)
+		w8a8AMXT14(w, nb, x, s, y, ys, buf, far)
 	case 15:
-		w8a8AMXT15(w, nb, x, s, y, ys, buf)
+		w8a8AMXT15(w, nb, x, s, y, ys, buf, far)
 	case 16:
-		w8a8AMXT16(w, nb, x, s, y, ys, buf)
+		w8a8AMXT16(w, nb, x, s, y, ys, buf, far)
 	default:
 		panic("kernels: no AMX tile of that width")
 	}
