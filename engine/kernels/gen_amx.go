@@ -17,7 +17,7 @@ const (
 	blockBytes = 544 // w8a8BlockBytes
 	scaleBytes = 32  // w8a8ScaleBytes
 	maxTokens  = 16  // w8a8AMXTokens: at most 16 rows in the A and C tiles
-	minTokens  = 1   // w8a8AMXMin: the fewest tokens a tile is written for
+	minTokens  = 1   // the narrowest tile written: the tests run every width, the driver from w8a8AMXMin
 	cBytes     = maxTokens * 64
 )
 

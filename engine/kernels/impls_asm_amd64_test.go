@@ -119,7 +119,7 @@ func BenchmarkBatch1Prefetch(b *testing.B) {
 // same run: the 4-panel × 6-token AVX-512 tile over one column block (128 columns, 32 KB of
 // weights) and 6 tokens' inputs, both in L1, on every worker. The batched matmul cannot beat
 // its of-peak figure, whatever the memory does: on a 2-vCPU Xeon (family 6 model 167) it read
-// 0.80-0.82 of the probe, where the whole matmul reads 0.61-0.68 with W from memory.
+// 0.77-0.83 of the probe, where the whole matmul reads 0.61-0.68 with W from memory.
 func BenchmarkMainTileInL1(b *testing.B) {
 	if !hasAVX512 {
 		b.Skip("no AVX-512")

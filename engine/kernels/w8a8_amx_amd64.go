@@ -31,7 +31,7 @@ var w8a8UseAMX = w8a8UseVNNI && cpu.X86.HasAMXTile && cpu.X86.HasAMXInt8 && requ
 
 // w8a8AMXMin is the fewest tokens that go through an AMX tile; fewer take the VNNI tiles. A
 // tile's cost per block hardly shrinks with its tokens: on a 2-vCPU Xeon with W from memory, 8
-// tokens ran at 270-280 GOP/s through AMX against 233-244 through VNNI, 4 tokens at 135
+// tokens ran at 259-280 GOP/s through AMX against 211-249 through VNNI, 4 tokens at 135
 // against 188.
 const w8a8AMXMin = 8
 
