@@ -429,12 +429,15 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 		if err != nil {
 			return nil, err
 		}
-		if held, err := c.serversEpoch(ctx); err != nil {
+		if held, heard, err := c.serversEpoch(ctx); err != nil {
 			return nil, err
-		} else if cur == nil && held > 0 || cur != nil && cur.Epoch < held {
+		} else if !heard || cur == nil && held > 0 || cur != nil && cur.Epoch < held {
 			// The key is gone or older than the record the servers hold (a Redis restart,
-			// or a replay): building on it would undo the fleet's state or be ignored. The
-			// servers write theirs back within a heartbeat; wait for it.
+			// or a replay), or a live server has not heartbeated since Redis came back and
+			// may hold a newer record than any heartbeat shows: building on it would undo
+			// the fleet's state, or fork it (another writer's version bound to another
+			// checkpoint on the servers that saw it). The servers heartbeat and write their
+			// record back within a heartbeat; wait for it.
 			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
 				return nil, err
 			}
@@ -524,10 +527,32 @@ func (c *Client) keyHolds(raw []byte, d *protocol.DesiredState) bool {
 	return err == nil && k.Epoch == d.Epoch && k.Sig == d.Sig
 }
 
-// serversEpoch is the highest desired-state epoch a server said it accepted, in any
-// heartbeat this client verified (they are read at every refresh): no I/O of its own, so a
-// write of the desired state costs what it did before servers reported their epoch.
-func (c *Client) serversEpoch(context.Context) (int64, error) { return c.heldEpoch.Load(), nil }
+// serversEpoch reads the heartbeats now and returns the highest desired-state epoch a
+// server said it accepted, in any heartbeat this client verified, and whether every server
+// this client counts as live has been heard: its heartbeat key is there and not older than
+// the last heartbeat the client read from it. After Redis restarts empty the keys are gone
+// until each server heartbeats again, and until then the epoch a server holds is unknown;
+// a heartbeat older than one already read is a stale copy (a Redis restored from an old
+// snapshot). One read of the heartbeats per write of the desired state.
+func (c *Client) serversEpoch(ctx context.Context) (held int64, heard bool, err error) {
+	hbs, err := c.readHeartbeats(ctx, false)
+	if err != nil {
+		return 0, false, err
+	}
+	now := time.Now()
+	heard = true
+	c.mu.Lock()
+	for id, v := range c.view {
+		if now.Sub(time.UnixMilli(v.hb.At)) >= c.opts.HeartbeatTTL {
+			continue // not live: its key would have expired
+		}
+		if hb, ok := hbs[id]; !ok || hb.At < v.hb.At {
+			heard = false
+		}
+	}
+	c.mu.Unlock()
+	return c.heldEpoch.Load(), heard, nil
+}
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

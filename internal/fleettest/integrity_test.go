@@ -1,6 +1,7 @@
 package fleettest_test
 
 import (
+	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
@@ -9,7 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rolloutkit/rollout/internal/fleettest"
+	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
+	"github.com/rolloutkit/rollout/sdk/bus"
+	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
@@ -148,6 +152,77 @@ func TestLostResumeConverges(t *testing.T) {
 	for _, p := range f.Procs {
 		f.WaitFor(p, 10*time.Second, "running in rotation", func(hb *protocol.Heartbeat) bool {
 			return hb != nil && hb.State == protocol.StateRunning && hb.InRotation
+		})
+	}
+}
+
+// TestSecondTrainerWaitsForASilentServerAfterRedisLosesTheRecord: a version names one
+// checkpoint even when Redis loses the record that bound it. Trainer A commits version 2
+// on s2 alone (s1 is cut off from Redis, so it keeps the version-1 record); then s2 stops,
+// Redis restarts empty and s1, back, writes its older record into the empty key. Trainer
+// B, whose last word from s2 predates all this, updates version 2 with its own checkpoint:
+// it must not build on the key while a server it counts as live has not been heard since,
+// for that server may hold a newer record. B gives up (ErrConflict); once s2 is back it
+// writes its record over s1's, and every server converges to A's checkpoint. Before the
+// client waited for its live servers' heartbeats, B committed its version 2 on s1 while s2
+// served A's: one number, two checkpoints.
+func TestSecondTrainerWaitsForASilentServerAfterRedisLosesTheRecord(t *testing.T) {
+	skipShort(t)
+	root := t.TempDir()
+	sum1 := checkpoint(t, filepath.Join(root, "v1"), 71)
+	sumA := checkpoint(t, filepath.Join(root, "a2"), 72)
+	sumB := checkpoint(t, filepath.Join(root, "b2"), 73)
+	r := redistest.Start(t)
+	proxies := []*redistest.Proxy{redistest.NewProxy(t, r.Addr()), redistest.NewProxy(t, r.Addr())}
+	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "lost-record", Redis: r,
+		RedisURL:   func(i int) string { return proxies[i].URL() },
+		ServerArgs: func(int) []string { return []string{"--weights-root", root} }})
+	s1, s2 := f.Procs[0], f.Procs[1]
+	a := dial(t, f)
+	// B hears the fleet only at dial and when it writes: it never sees s2's later heartbeats
+	// (as a client between two refreshes would not), and counts s2 live for a minute.
+	b, err := sdk.Dial(t.Context(), sdk.Options{Redis: redisconf.Config{URL: f.Redis.URL()}, Fleet: f.Name, Secret: []byte(f.Secret),
+		Logger: slog.New(slog.DiscardHandler), RefreshInterval: time.Hour, HeartbeatTTL: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+
+	_, err = a.UpdateWeights(t.Context(), sdk.WeightsRef{Version: 1, URI: "v1", SHA256: sum1}, sdk.Plan{Policy: sdk.AllOrNothing})
+	require.NoError(t, err)
+	proxies[0].Partition()
+	res, err := a.UpdateWeights(t.Context(), sdk.WeightsRef{Version: 2, URI: "a2", SHA256: sumA},
+		sdk.Plan{Policy: sdk.Quorum(1), StageTimeout: time.Second, CommitTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	require.Equal(t, sdk.OutcomeDegraded, res.Outcome, "committed on s2 alone")
+	f.WaitFor(s2, 10*time.Second, "serving A's version 2", func(hb *protocol.Heartbeat) bool {
+		return hb != nil && hb.WeightVersion == 2 && hb.WeightSHA256 == sumA
+	})
+
+	s2.Suspend()
+	r.Restart()
+	proxies[0].Heal()
+	view, err := bus.DialRedis(t.Context(), r.URL(), bus.RedisOptions{}) // the key as it is (a client prefers its newer cache)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = view.Close() })
+	require.Eventually(t, func() bool {
+		raw, err := view.Get(t.Context(), protocol.Names{Fleet: f.Name}.Desired())
+		if err != nil {
+			return false
+		}
+		d, err := protocol.DecodeDesiredState(raw)
+		return err == nil && d.Weights != nil && d.Weights.Version == 1
+	}, 20*time.Second, 20*time.Millisecond, "s1 writes its version-1 record back into the empty key")
+
+	_, err = b.UpdateWeights(t.Context(), sdk.WeightsRef{Version: 2, URI: "b2", SHA256: sumB},
+		sdk.Plan{Policy: sdk.Quorum(1), StageTimeout: time.Second, CommitTimeout: 5 * time.Second})
+	require.ErrorIs(t, err, sdk.ErrConflict, "B must not bind version 2 while s2, which may hold it, is unheard")
+	hb := f.Heartbeat(s1.ID)
+	require.NotNil(t, hb)
+	require.False(t, hb.WeightVersion == 2 && hb.WeightSHA256 == sumB, "s1 serves B's version 2 while s2 serves A's")
+
+	s2.Resume()
+	for _, p := range f.Procs {
+		f.WaitFor(p, 30*time.Second, "in rotation on A's version 2", func(hb *protocol.Heartbeat) bool {
+			return hb != nil && hb.InRotation && hb.WeightVersion == 2 && hb.WeightSHA256 == sumA
 		})
 	}
 }
