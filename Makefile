@@ -98,7 +98,8 @@ e2e: build ## Real-backend trace test: Jaeger, redis-server, 2 rollout serve --o
 # The fault harness (internal/faults, issue 25). FAULTS_SEED=n replays a run's schedule; the
 # history is kept in bin/ for reading after a failure.
 FAULTS_SEED ?=
-FAULTS_ENV = $(if $(FAULTS_SEED),ROLLOUT_FAULTS_SEED=$(FAULTS_SEED)) ROLLOUT_FAULTS_HISTORY=$(abspath bin/faults-history.json)
+FAULTS_STORM ?=
+FAULTS_ENV = $(if $(FAULTS_SEED),ROLLOUT_FAULTS_SEED=$(FAULTS_SEED)) $(if $(FAULTS_STORM),ROLLOUT_FAULTS_STORM=$(FAULTS_STORM)) ROLLOUT_FAULTS_HISTORY=$(abspath bin/faults-history.json)
 
 faults: ## Fault harness soak: 1000 faults on 3 rollout serve + redis-server, checked (FAULTS_SEED=n replays)
 	@mkdir -p bin

@@ -60,6 +60,19 @@ var serverArgs = []string{"--offload-cpu-bytes", "64MiB", "--kv-blocks", "512"}
 // fleet's own guarantee that a request sent after a commit gets no older token.
 var sendFloor = os.Getenv("ROLLOUT_FAULTS_MIN_VERSION") == "1"
 
+// storm, from ROLLOUT_FAULTS_STORM (a duration), runs the schedule's first stretch of that
+// length at once, at the start: a fault storm (Redis restarted empty several times within
+// milliseconds, servers cut, stopped and killed, two trainers updating), then the rest of
+// the schedule at its offsets. A CI machine that took long to build the servers once ran
+// its first 40 s so, and found a version under two digests.
+var storm = func() time.Duration {
+	d, err := time.ParseDuration(os.Getenv("ROLLOUT_FAULTS_STORM"))
+	if err != nil || d < 0 {
+		return 0
+	}
+	return d
+}()
+
 // TestFaults runs the fault harness (see the package doc): ROLLOUT_FAULTS=n injects n faults,
 // ROLLOUT_FAULTS_SEED=s replays seed s, ROLLOUT_FAULTS_HISTORY=path keeps the history.
 func TestFaults(t *testing.T) {
@@ -232,7 +245,7 @@ type trainer struct {
 }
 
 func newHarness(t *testing.T, s Schedule) *harness {
-	h := &harness{t: t, sched: s, rec: NewRecorder(s.Seed), digests: NewDigests(), start: time.Now(),
+	h := &harness{t: t, sched: s, digests: NewDigests(),
 		faultIdx: map[int]int{}, held: map[string]bool{}, killed: map[int]chan struct{}{}, stopLoad: make(chan struct{}), stopMonitor: make(chan struct{}),
 		scrape: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
 	h.redis = redistest.Start(t)
@@ -257,6 +270,10 @@ func newHarness(t *testing.T, s Schedule) *harness {
 	// The rollout workers share trainer-a's client, as a trainer's would: the floor of a
 	// request is what that client knew committed.
 	h.load = h.trainers[Trainers[0]].client
+	// The schedule's clock (and the history's) starts only now: starting the fleet builds
+	// the rollout binary, which takes from seconds to a minute. Started before it, the
+	// schedule's first minute of faults and updates ran in one burst at a fleet not yet up.
+	h.rec, h.start = NewRecorder(s.Seed), time.Now()
 	return h
 }
 
@@ -367,8 +384,10 @@ func (h *harness) run() {
 	h.loadWG.Add(1)
 	go h.sessionWorker()
 	for _, e := range h.sched.Events {
-		if d := time.Until(h.start.Add(e.At)); d > 0 {
-			time.Sleep(d) // the schedule's clock: events run at their offsets
+		// The schedule's clock: events run at their offsets, less the storm's (whose
+		// events all run at the start, back to back).
+		if d := time.Until(h.start.Add(max(0, e.At-storm))); d > 0 {
+			time.Sleep(d)
 		}
 		h.runDeferred(false)
 		h.dispatch(e)
