@@ -151,14 +151,7 @@ func TestGarbageAndPhantomsFromRedis(t *testing.T) {
 	b := dialBus(t, f)
 	key := protocol.Names{Fleet: f.Name}.Desired()
 	require.NoError(t, f.SetKey(key, []byte("garbage")))
-	require.Eventually(t, func() bool {
-		raw, err := b.Get(t.Context(), key)
-		if err != nil {
-			return false
-		}
-		d, err := protocol.DecodeDesiredState(raw)
-		return err == nil && d.Weights != nil && d.Weights.Version == 1
-	}, 20*time.Second, 20*time.Millisecond, "the servers write their record back over the garbage")
+	waitKeyVersion(t, b, f, 1, "the servers write their record back over the garbage")
 	c2 := dial(t, f)
 	st, err := c2.Status(t.Context())
 	require.NoError(t, err)

@@ -12,7 +12,6 @@ import (
 	"github.com/rolloutkit/rollout/internal/fleettest"
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
-	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
@@ -200,17 +199,7 @@ func TestSecondTrainerWaitsForASilentServerAfterRedisLosesTheRecord(t *testing.T
 	s2.Suspend()
 	r.Restart()
 	proxies[0].Heal()
-	view, err := bus.DialRedis(t.Context(), r.URL(), bus.RedisOptions{}) // the key as it is (a client prefers its newer cache)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = view.Close() })
-	require.Eventually(t, func() bool {
-		raw, err := view.Get(t.Context(), protocol.Names{Fleet: f.Name}.Desired())
-		if err != nil {
-			return false
-		}
-		d, err := protocol.DecodeDesiredState(raw)
-		return err == nil && d.Weights != nil && d.Weights.Version == 1
-	}, 20*time.Second, 20*time.Millisecond, "s1 writes its version-1 record back into the empty key")
+	waitKeyVersion(t, dialBus(t, f), f, 1, "s1 writes its version-1 record back into the empty key")
 
 	_, err = b.UpdateWeights(t.Context(), sdk.WeightsRef{Version: 2, URI: "b2", SHA256: sumB},
 		sdk.Plan{Policy: sdk.Quorum(1), StageTimeout: time.Second, CommitTimeout: 5 * time.Second})

@@ -60,6 +60,21 @@ func dialBus(t *testing.T, f *fleettest.Fleet) bus.Bus {
 	return b
 }
 
+// waitKeyVersion waits until the desired-state key itself (not a client's newer cache) holds
+// a record naming weights version v.
+func waitKeyVersion(t *testing.T, b bus.Bus, f *fleettest.Fleet, v int64, what string) {
+	t.Helper()
+	key := protocol.Names{Fleet: f.Name}.Desired()
+	require.Eventually(t, func() bool {
+		raw, err := b.Get(t.Context(), key)
+		if err != nil {
+			return false
+		}
+		d, err := protocol.DecodeDesiredState(raw)
+		return err == nil && d.Weights != nil && d.Weights.Version == v
+	}, 20*time.Second, 20*time.Millisecond, what)
+}
+
 func publish(t *testing.T, b bus.Bus, f *fleettest.Fleet, e *protocol.Envelope) []byte {
 	t.Helper()
 	raw, err := e.Encode()
