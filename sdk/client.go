@@ -490,8 +490,13 @@ func (c *Client) updateDesired(ctx context.Context, change func(*protocol.Desire
 			return nil, fmt.Errorf("sdk: write desired state: %w", err)
 		}
 		if ok {
+			// The cached record and its bytes move together, and only forward: a read that
+			// ran meanwhile may have cached a later record, and bytes cached beside another
+			// record would make readDesired answer that record for them.
 			c.mu.Lock()
-			c.desired = &next
+			if c.desired == nil || next.Epoch >= c.desired.Epoch {
+				c.desired, c.desiredRaw = &next, b
+			}
 			c.mu.Unlock()
 			return &next, nil
 		}

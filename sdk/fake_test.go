@@ -37,6 +37,7 @@ type fakeAgent struct {
 	sha      string                   // digest of the version it serves
 	fail     map[protocol.Kind]string // kind → failure code
 	silent   map[protocol.Kind]bool   // kinds never acked
+	onCommit func()                   // runs as a commit arrives, before it is executed
 	received []protocol.Envelope
 	bubble   [2]time.Duration // LastTokenBefore, FirstTokenAfter reported on commit, relative to its receipt (zero: none)
 }
@@ -142,6 +143,9 @@ func (a *fakeAgent) execute(env *protocol.Envelope, ack *protocol.Ack) {
 		a.staged = c.Weights.Version
 		ack.Phases = []protocol.Phase{{Name: "fetch", OK: true, Seconds: 0.01}, {Name: "verify", OK: true, Seconds: 0.002}}
 	case protocol.Commit:
+		if a.onCommit != nil {
+			a.onCommit()
+		}
 		if a.staged != c.Version {
 			ack.Result, ack.Code, ack.Error = protocol.ResultFailed, "not_staged", "nothing staged"
 			break

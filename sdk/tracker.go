@@ -219,6 +219,22 @@ func (t *tracker) cancel() action {
 	return t.finish(OutcomeAborted, "cancelled before the commit point")
 }
 
+// lost ends the transaction before a commit batch went out because the desired state the
+// update wrote is gone and another writer now holds its version: nothing of this batch
+// committed, so it is aborted unless an earlier batch's servers did.
+func (t *tracker) lost(reason string) action {
+	if t.phase == phaseDone {
+		return t.result
+	}
+	t.desired = false
+	for _, ok := range t.commitOK {
+		if ok {
+			return t.finish(OutcomePartial, reason)
+		}
+	}
+	return t.finish(OutcomeAborted, reason)
+}
+
 func (t *tracker) finishCommitted() action {
 	n := 0
 	for _, ok := range t.commitOK {

@@ -408,7 +408,7 @@ func without(all, some []string) []string {
 // refused when the fleet already binds the version, or a later one, to another checkpoint.
 func (d *updateDriver) claim(ctx context.Context) error {
 	ref := d.ref
-	ds, err := d.c.updateDesired(ctx, func(s *protocol.DesiredState) error {
+	d.change = func(s *protocol.DesiredState) error {
 		if s.Weights != nil && s.Weights.Version >= ref.Version && s.Claims(ref.Version) != ref.SHA256 {
 			return fmt.Errorf("%w: the desired state already names version %d (%s)", ErrConflict, s.Weights.Version, s.Weights.SHA256)
 		}
@@ -418,7 +418,8 @@ func (d *updateDriver) claim(ctx context.Context) error {
 		r := ref
 		s.Rolling = &r
 		return nil
-	})
+	}
+	ds, err := d.c.updateDesired(ctx, d.change)
 	if err != nil {
 		return err
 	}
@@ -481,6 +482,9 @@ type updateDriver struct {
 	errs   map[string]error
 	// desiredRaw is the record the commit point wrote (nil before it).
 	desiredRaw []byte
+	// change is what that write asked of the desired state (claim's or setDesired's), so
+	// that reassert can ask it again.
+	change func(*protocol.DesiredState) error
 }
 
 func (d *updateDriver) server(id string) *ServerUpdate { return d.res.Server(id) }
@@ -581,7 +585,7 @@ func (d *updateDriver) setDesired(ctx context.Context) action {
 	ctx, span := d.c.tracer.Start(ctx, "sdk.update_weights.commit_point")
 	defer span.End()
 	ref := d.ref
-	ds, err := d.c.updateDesired(ctx, func(s *protocol.DesiredState) error {
+	d.change = func(s *protocol.DesiredState) error {
 		if s.Weights != nil && (s.Weights.Version > ref.Version || s.Weights.Version == ref.Version && s.Weights.SHA256 != ref.SHA256) {
 			return fmt.Errorf("%w: the desired state already names version %d (%s)", ErrConflict, s.Weights.Version, s.Weights.SHA256)
 		}
@@ -594,7 +598,8 @@ func (d *updateDriver) setDesired(ctx context.Context) action {
 		s.Weights = &ref
 		s.Plan = &protocol.Commit{Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel}
 		return nil
-	})
+	}
+	ds, err := d.c.updateDesired(ctx, d.change)
 	if err != nil {
 		d.desErr = err
 		span.RecordError(err)
@@ -606,6 +611,30 @@ func (d *updateDriver) setDesired(ctx context.Context) action {
 	}
 	span.SetAttributes(attribute.Int64("rollout.epoch", ds.Epoch))
 	return d.t.desiredWritten(true)
+}
+
+// reassert writes again, through updateDesired, what this update's last write asked of the
+// desired state, and takes the record the key now holds as the one its commit carries. It
+// writes nothing when the key still holds that record, or a later one asking the same. After
+// Redis lost the key between that write and this commit, it waits for the servers as any
+// write does and writes the record again; when another writer has meanwhile bound the
+// version to another checkpoint, it fails with ErrConflict and no commit goes out. Without
+// it, the commit would carry a record the key no longer holds: servers that took it would
+// serve this checkpoint under a version others serve from the other writer's.
+func (d *updateDriver) reassert(ctx context.Context) error {
+	if d.change == nil {
+		return nil
+	}
+	ds, err := d.c.updateDesired(ctx, d.change)
+	if err != nil {
+		return err
+	}
+	raw, err := ds.Encode()
+	if err != nil {
+		return err
+	}
+	d.desiredRaw = raw
+	return nil
 }
 
 func (d *updateDriver) commit(ctx context.Context, targets []string) action {
@@ -620,6 +649,16 @@ func (d *updateDriver) commit(ctx context.Context, targets []string) action {
 			span.RecordError(err)
 			return d.t.cancel()
 		}
+	} else if err := d.reassert(ctx); err != nil {
+		span.RecordError(err)
+		if errors.Is(err, ErrConflict) {
+			d.desErr = err
+			return d.t.lost("the desired state this update wrote was lost before its commit, and it could not be written again: " + err.Error())
+		}
+		for _, id := range targets {
+			d.recordCommit(ctx, ServerResult{ServerID: id, Err: err}, time.Now())
+		}
+		return d.t.commitTimeout()
 	}
 	cmd := protocol.Commit{Version: d.ref.Version, Mode: d.rp.mode, ClearCache: d.rp.clearCache, SleepLevel: d.rp.sleepLevel, SHA256: d.ref.SHA256}
 	d.c.committing(targets, d.ref.Version)

@@ -3,12 +3,14 @@ package sdk
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
 
@@ -237,4 +239,97 @@ func TestDesiredStateRebuiltAfterLoss(t *testing.T) {
 	require.NotNil(t, d.Weights)
 	assert.Equal(t, int64(1), d.Weights.Version, "the weights the client last saw are kept")
 	assert.True(t, d.Paused)
+}
+
+// TestRollingBatchReassertsItsClaim: between a rolling update's batches the desired state
+// is replaced by another writer's record binding the same version to another checkpoint (what
+// Redis losing the claim and a second trainer writing into the empty key leave). The next
+// batch must not get a commit carrying the lost claim: the update stops with ErrConflict, the
+// first batch's server stays the only one on its checkpoint.
+func TestRollingBatchReassertsItsClaim(t *testing.T) {
+	b, agents, c := newMemFleet(t, secret, 2, 0)
+	key := protocol.Names{Fleet: "f"}.Desired()
+	other := strings.Repeat("cd", 32)
+	agents[0].set(func(a *fakeAgent) {
+		a.onCommit = func() {
+			raw, err := b.Get(t.Context(), key)
+			require.NoError(t, err)
+			cur, err := protocol.DecodeDesiredState(raw)
+			require.NoError(t, err)
+			next := *cur
+			next.Rolling = nil
+			next.Weights = &protocol.WeightsRef{Version: 1, URI: "file:///other", SHA256: other}
+			next.Epoch++
+			next.Sig = ""
+			next.SignWith(c.auth)
+			enc, err := next.Encode()
+			require.NoError(t, err)
+			ok, err := b.CompareAndSwap(t.Context(), key, raw, enc)
+			require.NoError(t, err)
+			require.True(t, ok)
+		}
+	})
+	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{Policy: Rolling(1)})
+	require.ErrorIs(t, err, ErrConflict)
+	require.ErrorIs(t, err, ErrPartial)
+	assert.Equal(t, OutcomePartial, res.Outcome, res.Reason)
+	assert.True(t, res.Server("a").Committed)
+	assert.NotContains(t, agents[1].kinds(), protocol.KindCommit, "b got no commit over the lost claim")
+}
+
+// readingGate is a bus that, right after the client's compare-and-swap writes a desired state
+// naming version 1, lets another writer replace the record and the client read it (as its
+// refresher may) before the write returns.
+type readingGate struct {
+	bus.Bus
+	once sync.Once
+	then func()
+}
+
+func (g *readingGate) CompareAndSwap(ctx context.Context, key string, old, val []byte) (bool, error) {
+	ok, err := g.Bus.CompareAndSwap(ctx, key, old, val)
+	if d, derr := protocol.DecodeDesiredState(val); ok && derr == nil && d.Weights != nil && d.Weights.Version == 1 {
+		g.once.Do(g.then)
+	}
+	return ok, err
+}
+
+// TestCacheFollowsTheKeyAcrossAConcurrentRead: a read of the desired state that runs between
+// the client's compare-and-swap and the end of its write (the refresher) caches another
+// writer's record; the write must not then pair that record's bytes with its own record, or
+// the next read answers its own record for the other writer's bytes and the commit's
+// re-assert writes over them.
+func TestCacheFollowsTheKeyAcrossAConcurrentRead(t *testing.T) {
+	mem, agents, _ := newMemFleet(t, secret, 1, 0)
+	key := protocol.Names{Fleet: "f"}.Desired()
+	g := &readingGate{Bus: mem}
+	c, err := Dial(t.Context(), Options{Bus: g, Fleet: "f", Secret: secret, CommandTimeout: 10 * time.Second, HeartbeatTTL: time.Nanosecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	other := strings.Repeat("cd", 32)
+	g.then = func() {
+		raw, err := mem.Get(t.Context(), key)
+		require.NoError(t, err)
+		cur, err := protocol.DecodeDesiredState(raw)
+		require.NoError(t, err)
+		next := *cur
+		next.Weights = &protocol.WeightsRef{Version: 1, URI: "file:///other", SHA256: other}
+		next.Epoch++
+		next.Sig = ""
+		next.SignWith(c.auth)
+		enc, err := next.Encode()
+		require.NoError(t, err)
+		ok, err := mem.CompareAndSwap(t.Context(), key, raw, enc)
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, _, err = c.readDesired(t.Context())
+		require.NoError(t, err)
+	}
+	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{})
+	require.ErrorIs(t, err, ErrConflict)
+	assert.Equal(t, OutcomeAborted, res.Outcome, res.Reason)
+	assert.NotContains(t, agents[0].kinds(), protocol.KindCommit)
+	d, err := c.DesiredState(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, other, d.Weights.SHA256, "the other writer's record stands")
 }

@@ -1,8 +1,10 @@
 package fleettest_test
 
 import (
+	"context"
 	"log/slog"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/rolloutkit/rollout/internal/fleettest"
 	"github.com/rolloutkit/rollout/internal/redistest"
 	"github.com/rolloutkit/rollout/sdk"
+	"github.com/rolloutkit/rollout/sdk/bus"
 	"github.com/rolloutkit/rollout/sdk/bus/redisconf"
 	"github.com/rolloutkit/rollout/sdk/protocol"
 )
@@ -214,4 +217,87 @@ func TestSecondTrainerWaitsForASilentServerAfterRedisLosesTheRecord(t *testing.T
 			return hb != nil && hb.InRotation && hb.WeightVersion == 2 && hb.WeightSHA256 == sumA
 		})
 	}
+}
+
+// casGate is a trainer's bus that stops the trainer right after its compare-and-swap writes a
+// desired state naming weights version 2 with digest sha, until release is closed: the
+// moment between an update's commit point and its commit command.
+type casGate struct {
+	bus.Bus
+	key, sha string
+	hit      chan struct{}
+	release  chan struct{}
+	once     sync.Once
+}
+
+func (g *casGate) CompareAndSwap(ctx context.Context, key string, old, val []byte) (bool, error) {
+	ok, err := g.Bus.CompareAndSwap(ctx, key, old, val)
+	if d, derr := protocol.DecodeDesiredState(val); ok && key == g.key && derr == nil && d.Weights != nil &&
+		d.Weights.Version == 2 && d.Weights.SHA256 == g.sha {
+		g.once.Do(func() {
+			close(g.hit)
+			<-g.release
+		})
+	}
+	return ok, err
+}
+
+// TestNoCommitOverARecordRedisLost: trainer A writes version 2 (its checkpoint) into the
+// desired state; before its commit command goes out, Redis restarts empty, the server writes
+// its version-1 record back, and trainer B binds version 2 to another checkpoint and commits
+// it. A's commit would carry a record the key no longer holds: A must see B's record and stop
+// with ErrConflict, publishing no commit, and the server keep serving B's version 2.
+func TestNoCommitOverARecordRedisLost(t *testing.T) {
+	skipShort(t)
+	root := t.TempDir()
+	sum1 := checkpoint(t, filepath.Join(root, "v1"), 81)
+	sumA := checkpoint(t, filepath.Join(root, "a2"), 82)
+	sumB := checkpoint(t, filepath.Join(root, "b2"), 83)
+	r := redistest.Start(t)
+	f := fleettest.Start(t, fleettest.Options{Servers: 1, Fleet: "lost-before-commit", Redis: r,
+		ServerArgs: func(int) []string { return []string{"--weights-root", root} }})
+	s1 := f.Procs[0]
+	gate := &casGate{Bus: dialBus(t, f), key: protocol.Names{Fleet: f.Name}.Desired(), sha: sumA,
+		hit: make(chan struct{}), release: make(chan struct{})}
+	a, err := sdk.Dial(t.Context(), sdk.Options{Bus: gate, Fleet: f.Name, Secret: []byte(f.Secret), Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = a.Close() })
+	// B reads the desired state only when it calls, never A's record in the moment it lived.
+	b, err := sdk.Dial(t.Context(), sdk.Options{Redis: redisconf.Config{URL: f.Redis.URL()}, Fleet: f.Name, Secret: []byte(f.Secret),
+		Logger: slog.New(slog.DiscardHandler), RefreshInterval: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+
+	_, err = a.UpdateWeights(t.Context(), sdk.WeightsRef{Version: 1, URI: "v1", SHA256: sum1}, sdk.Plan{Policy: sdk.AllOrNothing})
+	require.NoError(t, err)
+	type result struct {
+		res *sdk.UpdateResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := a.UpdateWeights(t.Context(), sdk.WeightsRef{Version: 2, URI: "a2", SHA256: sumA},
+			sdk.Plan{Policy: sdk.AllOrNothing, CommitTimeout: 5 * time.Second})
+		done <- result{res, err}
+	}()
+	<-gate.hit
+	r.Restart()
+	waitKeyVersion(t, dialBus(t, f), f, 1, "s1 writes its version-1 record back into the empty key")
+	f.WaitFor(s1, 10*time.Second, "heartbeating into the new Redis", func(hb *protocol.Heartbeat) bool { return hb != nil })
+	_, err = b.UpdateWeights(t.Context(), sdk.WeightsRef{Version: 2, URI: "b2", SHA256: sumB}, sdk.Plan{Policy: sdk.AllOrNothing})
+	require.NoError(t, err, "A's record is gone and no server holds it: B may bind version 2")
+	close(gate.release)
+
+	got := <-done
+	require.ErrorIs(t, got.err, sdk.ErrConflict, "A must see B's version 2 instead of committing its own")
+	require.Equal(t, sdk.OutcomeAborted, got.res.Outcome, got.res.Reason)
+	for _, su := range got.res.Servers {
+		assert.Nil(t, su.Commit, "A published no commit to %s", su.ServerID)
+	}
+	f.WaitFor(s1, 10*time.Second, "serving B's version 2", func(hb *protocol.Heartbeat) bool {
+		return hb != nil && hb.InRotation && hb.WeightVersion == 2 && hb.WeightSHA256 == sumB
+	})
+	d, err := b.DesiredState(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, sumB, d.Weights.SHA256, "the desired state still binds version 2 to B's checkpoint")
 }
