@@ -129,7 +129,9 @@ const (
 	// OutcomePartial: the commit point passed but the policy was not met; servers that did
 	// not commit are stale until they converge.
 	OutcomePartial Outcome = "partial"
-	// OutcomeAborted: stopped before the commit point; nobody swapped.
+	// OutcomeAborted: stopped before the commit point, or after it when Redis lost the
+	// record before the commit went out and another writer now binds the version elsewhere
+	// (ErrConflict beside ErrAborted); nobody swapped.
 	OutcomeAborted Outcome = "aborted"
 )
 

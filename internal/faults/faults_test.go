@@ -40,7 +40,11 @@ const (
 	convergeBound = 30 * time.Second
 	monitorEvery  = 200 * time.Millisecond
 	opTimeout     = 45 * time.Second
-	requestBound  = 40 * time.Second
+	// raceTrigger bounds how long a two-trainers-redis-loss fault waits for its commit point:
+	// both racers stage first, each from its own origin, so it comes later than a
+	// kill-mid-commit's (TriggerTimeout missed half of them in a first run).
+	raceTrigger  = 3 * TriggerTimeout
+	requestBound = 40 * time.Second
 	// routingRefresh is the SDK's default RefreshInterval.
 	routingRefresh = 500 * time.Millisecond
 	// thinkTime separates a load worker's requests (the tiny model answers in a few ms; the
@@ -482,11 +486,21 @@ func (h *harness) dispatch(e Event) {
 	case FaultRedisData:
 		fault("")
 		h.redis.RestartWithData()
-	case FaultTwoTrainers:
+	case FaultTwoTrainers, FaultRaceRedisLoss:
 		// Both trainers at once, beside whatever their processes are doing: each publishes
 		// its own checkpoint as version v, then both calls start together.
 		v := h.nextVersion()
-		fault(fmt.Sprintf("both trainers update version %d at once, each with its own checkpoint", v))
+		what := fmt.Sprintf("both trainers update version %d at once, each with its own checkpoint", v)
+		if e.Kind == FaultRaceRedisLoss {
+			h.bg.Add(1)
+			go func() {
+				defer h.bg.Done()
+				fault(what + "; Redis restarts empty " + h.whenDesiredNames(v))
+				h.redis.Restart()
+			}()
+		} else {
+			fault(what)
+		}
 		var ready sync.WaitGroup
 		gate := make(chan struct{})
 		ready.Add(len(Trainers))
@@ -498,7 +512,7 @@ func (h *harness) dispatch(e Event) {
 			h.bg.Add(1)
 			go func() {
 				defer h.bg.Done()
-				h.update(tr, spec, v, FaultTwoTrainers, &dual{ready: &ready, gate: gate})
+				h.update(tr, spec, v, e.Kind, &dual{ready: &ready, gate: gate})
 			}()
 		}
 		h.bg.Add(1)
@@ -608,6 +622,28 @@ func (h *harness) killMid(e Event, fault func(string)) {
 		fault(detail)
 		h.kill(e.Server)
 	}()
+}
+
+// whenDesiredNames waits, polling every 10 ms, until the desired state names version v (the
+// first racer's commit point), moves past it, or raceTrigger passes, and says which.
+func (h *harness) whenDesiredNames(v int64) string {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(raceTrigger)
+	for {
+		select {
+		case <-tick.C:
+			d := h.readDesired()
+			switch {
+			case d != nil && d.Version == v:
+				return fmt.Sprintf("at the commit point of version %d (epoch %d)", d.Version, d.Epoch)
+			case d != nil && d.Version > v:
+				return fmt.Sprintf("(trigger missed: the desired state moved to version %d without naming %d)", d.Version, v)
+			}
+		case <-deadline:
+			return "(trigger missed: the desired state did not name it within " + raceTrigger.String() + ")"
+		}
+	}
 }
 
 // dual synchronises an update with a fault: started, when set, is closed just before the call

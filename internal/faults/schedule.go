@@ -33,6 +33,10 @@ const (
 	FaultCut           = "cut"
 	FaultTwoTrainers   = "two-trainers"
 	FaultCancelUpdate  = "cancel-update"
+	// FaultRaceRedisLoss is two-trainers with Redis restarting empty the moment the desired
+	// state names the version they race for: one trainer's record is lost around its commit
+	// point while the other writes the same version.
+	FaultRaceRedisLoss = "two-trainers-redis-loss"
 
 	// Heals.
 	HealRestart = "restart"
@@ -56,7 +60,8 @@ type Event struct {
 	// Trainer runs an update (and the update of a kill-mid-* fault).
 	Trainer string
 	// Update is the update's plan (OpUpdate, FaultCancelUpdate, FaultKillMid*,
-	// FaultTwoTrainers: trainer-a's); Other is trainer-b's plan in FaultTwoTrainers.
+	// FaultTwoTrainers and FaultRaceRedisLoss: trainer-a's); Other is trainer-b's plan in
+	// those two.
 	Update, Other *UpdateSpec
 	// Mode is a pause or sleep mode; Level a sleep level.
 	Mode  string
@@ -114,7 +119,7 @@ var faultWeights = []struct {
 	{FaultKill, 3, true}, {FaultKillMidStage, 2, true}, {FaultKillMidCommit, 2, true}, {FaultStop, 1, true},
 	{FaultPartition, 2, true}, {FaultFreeze, 1, true}, {FaultDelay, 2, true}, {FaultDrop, 2, true},
 	{FaultCut, 3, false}, {FaultRedisEmpty, 1, false}, {FaultRedisData, 1, false},
-	{FaultTwoTrainers, 2, false}, {FaultCancelUpdate, 2, false},
+	{FaultTwoTrainers, 2, false}, {FaultCancelUpdate, 2, false}, {FaultRaceRedisLoss, 1, false},
 }
 
 // NewSchedule draws a schedule of n faults for servers servers from seed, with operations
@@ -182,7 +187,7 @@ func NewSchedule(seed uint64, n, servers int) Schedule {
 			switch kind {
 			case FaultCut:
 				e.Server = fr.IntN(servers)
-			case FaultTwoTrainers:
+			case FaultTwoTrainers, FaultRaceRedisLoss:
 				// Each trainer its own plan; quorum:1 half the time, where both can pass
 				// their commit point with the servers split between them.
 				e.Update, e.Other = drawUpdate(fr, servers), drawUpdate(fr, servers)

@@ -39,7 +39,7 @@ func TestScheduleShape(t *testing.T) {
 	assert.Equal(t, 400, faults)
 	for _, k := range []string{FaultKill, FaultKillMidStage, FaultKillMidCommit, FaultStop, FaultRedisEmpty, FaultRedisData,
 		FaultPartition, FaultFreeze, FaultDelay, FaultDrop, FaultCut, FaultTwoTrainers, FaultCancelUpdate,
-		OpUpdate, OpPause, OpResume, OpSleep, OpWake, OpPauseServer, OpResumeServer} {
+		FaultRaceRedisLoss, OpUpdate, OpPause, OpResume, OpSleep, OpWake, OpPauseServer, OpResumeServer} {
 		assert.Positive(t, kinds[k], "no %s in 400 faults", k)
 	}
 	policies := map[string]bool{}
