@@ -116,37 +116,44 @@ func BenchmarkBatch1Prefetch(b *testing.B) {
 }
 
 // BenchmarkMainTileInL1 is the float32 main tile's compute ceiling, beside the FMA probe in the
-// same run: the 4-panel × 6-token AVX-512 tile over one column block (128 columns, 32 KB of
-// weights) and 6 tokens' inputs, both in L1, on every worker. The batched matmul cannot beat
-// its of-peak figure, whatever the memory does: on a 2-vCPU Xeon (family 6 model 167) it read
-// 0.77-0.83 of the probe, where the whole matmul reads 0.61-0.68 with W from memory.
+// same run: each kernel's main tile of a 64-token batch (AVX-512 4 panels × 6 tokens, AVX2 1 ×
+// 6) over one column block (its kc columns) and its tokens' inputs, both in L1, on every
+// worker. The batched matmul cannot beat its of-peak figure, whatever the memory does: on a
+// 2-vCPU Xeon (family 6 model 167) the AVX-512 tile read 0.77-0.83 of the probe, where the
+// whole matmul reads 0.61-0.68 with W from memory.
 func BenchmarkMainTileInL1(b *testing.B) {
-	if !hasAVX512 {
-		b.Skip("no AVX-512")
-	}
-	const P, T, kc, calls = 4, 6, avx512KC, 1000
+	const calls = 1000
 	pool := NewPool(runtime.GOMAXPROCS(0))
 	defer pool.Close()
 	workers := pool.Workers()
-	r := rand.New(rand.NewPCG(1, 1))
-	ws, xs, ys := make([][]float32, workers), make([][]float32, workers), make([][]float32, workers)
-	for i := range workers {
-		ws[i], xs[i], ys[i] = randSlice(r, P*PanelRows*kc), randSlice(r, T*kc), make([]float32, T*P*PanelRows)
-	}
-	peak := PeakFMA(pool, 100*time.Millisecond)
-	tile := a512Tiles[P][T]
-	for b.Loop() {
-		pool.Parallel(workers, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				w, x, y := unsafe.Pointer(&ws[i][0]), unsafe.Pointer(&xs[i][0]), unsafe.Pointer(&ys[i][0])
-				for range calls {
-					tile(w, kc*PanelRows*4, x, kc*4, kc, y, P*PanelRows*4)
-				}
+	for _, k := range tileKernels() {
+		P, T := k.shape(tokenBlock)
+		kc := k.kc
+		if kc == 0 {
+			kc = 256
+		}
+		b.Run(k.name, func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 1))
+			ws, xs, ys := make([][]float32, workers), make([][]float32, workers), make([][]float32, workers)
+			for i := range workers {
+				ws[i], xs[i], ys[i] = randSlice(r, P*PanelRows*kc), randSlice(r, T*kc), make([]float32, T*P*PanelRows)
 			}
+			peak := PeakFMA(pool, 100*time.Millisecond)
+			tile := k.tiles[P][T]
+			for b.Loop() {
+				pool.Parallel(workers, func(lo, hi int) {
+					for i := lo; i < hi; i++ {
+						w, x, y := unsafe.Pointer(&ws[i][0]), unsafe.Pointer(&xs[i][0]), unsafe.Pointer(&ys[i][0])
+						for range calls {
+							tile(w, kc*PanelRows*4, x, kc*4, kc, y, P*PanelRows*4)
+						}
+					}
+				})
+			}
+			rate := float64(2*P*PanelRows*T*kc*calls*workers) * float64(b.N) / b.Elapsed().Seconds() / 1e9
+			b.ReportMetric(rate, "GFLOP/s")
+			b.ReportMetric(peak, "peak-GFLOP/s")
+			b.ReportMetric(rate/peak, "of-peak")
 		})
 	}
-	rate := float64(2*P*PanelRows*T*kc*calls*workers) * float64(b.N) / b.Elapsed().Seconds() / 1e9
-	b.ReportMetric(rate, "GFLOP/s")
-	b.ReportMetric(peak, "peak-GFLOP/s")
-	b.ReportMetric(rate/peak, "of-peak")
 }
