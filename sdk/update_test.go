@@ -241,6 +241,28 @@ func TestDesiredStateRebuiltAfterLoss(t *testing.T) {
 	assert.True(t, d.Paused)
 }
 
+// bindElsewhere is another writer (with c's secret) replacing the desired state with the next
+// epoch's record binding version 1 to checkpoint sha, with no roll in progress.
+func bindElsewhere(t *testing.T, b bus.Bus, c *Client, sha string) {
+	t.Helper()
+	key := protocol.Names{Fleet: "f"}.Desired()
+	raw, err := b.Get(t.Context(), key)
+	require.NoError(t, err)
+	cur, err := protocol.DecodeDesiredState(raw)
+	require.NoError(t, err)
+	next := *cur
+	next.Rolling = nil
+	next.Weights = &protocol.WeightsRef{Version: 1, URI: "file:///other", SHA256: sha}
+	next.Epoch++
+	next.Sig = ""
+	next.SignWith(c.auth)
+	enc, err := next.Encode()
+	require.NoError(t, err)
+	ok, err := b.CompareAndSwap(t.Context(), key, raw, enc)
+	require.NoError(t, err)
+	require.True(t, ok)
+}
+
 // TestRollingBatchReassertsItsClaim: between a rolling update's batches the desired state
 // is replaced by another writer's record binding the same version to another checkpoint (what
 // Redis losing the claim and a second trainer writing into the empty key leave). The next
@@ -248,25 +270,10 @@ func TestDesiredStateRebuiltAfterLoss(t *testing.T) {
 // first batch's server stays the only one on its checkpoint.
 func TestRollingBatchReassertsItsClaim(t *testing.T) {
 	b, agents, c := newMemFleet(t, secret, 2, 0)
-	key := protocol.Names{Fleet: "f"}.Desired()
 	other := strings.Repeat("cd", 32)
 	agents[0].set(func(a *fakeAgent) {
 		a.onCommit = func() {
-			raw, err := b.Get(t.Context(), key)
-			require.NoError(t, err)
-			cur, err := protocol.DecodeDesiredState(raw)
-			require.NoError(t, err)
-			next := *cur
-			next.Rolling = nil
-			next.Weights = &protocol.WeightsRef{Version: 1, URI: "file:///other", SHA256: other}
-			next.Epoch++
-			next.Sig = ""
-			next.SignWith(c.auth)
-			enc, err := next.Encode()
-			require.NoError(t, err)
-			ok, err := b.CompareAndSwap(t.Context(), key, raw, enc)
-			require.NoError(t, err)
-			require.True(t, ok)
+			bindElsewhere(t, b, c, other)
 		}
 	})
 	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{Policy: Rolling(1)})
@@ -301,28 +308,14 @@ func (g *readingGate) CompareAndSwap(ctx context.Context, key string, old, val [
 // re-assert writes over them.
 func TestCacheFollowsTheKeyAcrossAConcurrentRead(t *testing.T) {
 	mem, agents, _ := newMemFleet(t, secret, 1, 0)
-	key := protocol.Names{Fleet: "f"}.Desired()
 	g := &readingGate{Bus: mem}
 	c, err := Dial(t.Context(), Options{Bus: g, Fleet: "f", Secret: secret, CommandTimeout: 10 * time.Second, HeartbeatTTL: time.Nanosecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	other := strings.Repeat("cd", 32)
 	g.then = func() {
-		raw, err := mem.Get(t.Context(), key)
-		require.NoError(t, err)
-		cur, err := protocol.DecodeDesiredState(raw)
-		require.NoError(t, err)
-		next := *cur
-		next.Weights = &protocol.WeightsRef{Version: 1, URI: "file:///other", SHA256: other}
-		next.Epoch++
-		next.Sig = ""
-		next.SignWith(c.auth)
-		enc, err := next.Encode()
-		require.NoError(t, err)
-		ok, err := mem.CompareAndSwap(t.Context(), key, raw, enc)
-		require.NoError(t, err)
-		require.True(t, ok)
-		_, _, err = c.readDesired(t.Context())
+		bindElsewhere(t, mem, c, other)
+		_, _, err := c.readDesired(t.Context())
 		require.NoError(t, err)
 	}
 	res, err := c.UpdateWeights(t.Context(), ref(1), Plan{})

@@ -171,9 +171,7 @@ func TestLostResumeConverges(t *testing.T) {
 func TestSecondTrainerWaitsForASilentServerAfterRedisLosesTheRecord(t *testing.T) {
 	skipShort(t)
 	root := t.TempDir()
-	sum1 := checkpoint(t, filepath.Join(root, "v1"), 71)
-	sumA := checkpoint(t, filepath.Join(root, "a2"), 72)
-	sumB := checkpoint(t, filepath.Join(root, "b2"), 73)
+	sum1, sumA, sumB := raceCheckpoints(t, root, 71)
 	r := redistest.Start(t)
 	proxies := []*redistest.Proxy{redistest.NewProxy(t, r.Addr()), redistest.NewProxy(t, r.Addr())}
 	f := fleettest.Start(t, fleettest.Options{Servers: 2, Fleet: "lost-record", Redis: r,
@@ -219,6 +217,14 @@ func TestSecondTrainerWaitsForASilentServerAfterRedisLosesTheRecord(t *testing.T
 	}
 }
 
+// raceCheckpoints writes under root the checkpoints of a two-trainer race, from seeds seed
+// on: "v1" (version 1), and "a2" and "b2", trainer A's and trainer B's version 2.
+func raceCheckpoints(t *testing.T, root string, seed uint64) (sum1, sumA, sumB string) {
+	t.Helper()
+	return checkpoint(t, filepath.Join(root, "v1"), seed), checkpoint(t, filepath.Join(root, "a2"), seed+1),
+		checkpoint(t, filepath.Join(root, "b2"), seed+2)
+}
+
 // casGate is a trainer's bus that stops the trainer right after its compare-and-swap writes a
 // desired state naming weights version 2 with digest sha, until release is closed: the
 // moment between an update's commit point and its commit command.
@@ -250,9 +256,7 @@ func (g *casGate) CompareAndSwap(ctx context.Context, key string, old, val []byt
 func TestNoCommitOverARecordRedisLost(t *testing.T) {
 	skipShort(t)
 	root := t.TempDir()
-	sum1 := checkpoint(t, filepath.Join(root, "v1"), 81)
-	sumA := checkpoint(t, filepath.Join(root, "a2"), 82)
-	sumB := checkpoint(t, filepath.Join(root, "b2"), 83)
+	sum1, sumA, sumB := raceCheckpoints(t, root, 81)
 	r := redistest.Start(t)
 	f := fleettest.Start(t, fleettest.Options{Servers: 1, Fleet: "lost-before-commit", Redis: r,
 		ServerArgs: func(int) []string { return []string{"--weights-root", root} }})
