@@ -220,8 +220,9 @@ func (t *tracker) cancel() action {
 }
 
 // lost ends the transaction before a commit batch went out because the desired state the
-// update wrote is gone and another writer now holds its version: nothing of this batch
-// committed, so it is aborted unless an earlier batch's servers did.
+// update wrote is gone or replaced and another writer now binds its version (or a later
+// one): nothing of this batch committed, so it is aborted unless an earlier batch's servers
+// did.
 func (t *tracker) lost(reason string) action {
 	if t.phase == phaseDone {
 		return t.result

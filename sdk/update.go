@@ -655,7 +655,7 @@ func (d *updateDriver) commit(ctx context.Context, targets []string) action {
 		span.RecordError(err)
 		if errors.Is(err, ErrConflict) {
 			d.desErr = err
-			return d.t.lost("the desired state this update wrote was lost before its commit, and it could not be written again: " + err.Error())
+			return d.t.lost("the desired state this update wrote was lost or replaced before its commit went out, and could not be written again: " + err.Error())
 		}
 		for _, id := range targets {
 			d.recordCommit(ctx, ServerResult{ServerID: id, Err: err}, time.Now())
