@@ -603,20 +603,13 @@ func (h *harness) killMid(e Event, fault func(string)) {
 				detail += "trigger missed: no checkpoint download within " + TriggerTimeout.String()
 			}
 		default:
-			tick := time.NewTicker(10 * time.Millisecond)
-			defer tick.Stop()
-		wait:
-			for {
-				select {
-				case <-tick.C:
-					if d := h.readDesired(); d != nil && (before == nil || d.Version > before.Version) {
-						detail += fmt.Sprintf("at the commit point of version %d (epoch %d)", d.Version, d.Epoch)
-						break wait
-					}
-				case <-deadline:
-					detail += "trigger missed: the desired state did not move within " + TriggerTimeout.String()
-					break wait
-				}
+			moved := func(d *DesiredObs) (string, bool) {
+				return "", before == nil || d.Version > before.Version
+			}
+			if at, ok := h.pollDesired(deadline, moved); ok {
+				detail += at
+			} else {
+				detail += "trigger missed: the desired state did not move within " + TriggerTimeout.String()
 			}
 		}
 		fault(detail)
@@ -624,24 +617,42 @@ func (h *harness) killMid(e Event, fault func(string)) {
 	}()
 }
 
-// whenDesiredNames waits, polling every 10 ms, until the desired state names version v (the
-// first racer's commit point), moves past it, or raceTrigger passes, and says which.
+// whenDesiredNames waits until the desired state names version v (the first racer's commit
+// point), moves past it, or raceTrigger passes, and says which.
 func (h *harness) whenDesiredNames(v int64) string {
+	at, ok := h.pollDesired(time.After(raceTrigger), func(d *DesiredObs) (string, bool) {
+		if d.Version > v {
+			return fmt.Sprintf("(trigger missed: the desired state moved to version %d without naming %d)", d.Version, v), true
+		}
+		return "", d.Version == v
+	})
+	if !ok {
+		return "(trigger missed: the desired state did not name it within " + raceTrigger.String() + ")"
+	}
+	return at
+}
+
+// pollDesired reads the desired state every 10 ms until stop, given a record, says to stop,
+// or deadline fires (ok false). It returns stop's text, or when that is empty "at the commit
+// point of version v (epoch e)" of the record it stopped at.
+func (h *harness) pollDesired(deadline <-chan time.Time, stop func(*DesiredObs) (string, bool)) (string, bool) {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	deadline := time.After(raceTrigger)
 	for {
 		select {
 		case <-tick.C:
 			d := h.readDesired()
-			switch {
-			case d != nil && d.Version == v:
-				return fmt.Sprintf("at the commit point of version %d (epoch %d)", d.Version, d.Epoch)
-			case d != nil && d.Version > v:
-				return fmt.Sprintf("(trigger missed: the desired state moved to version %d without naming %d)", d.Version, v)
+			if d == nil {
+				continue
+			}
+			if text, ok := stop(d); ok {
+				if text == "" {
+					text = fmt.Sprintf("at the commit point of version %d (epoch %d)", d.Version, d.Epoch)
+				}
+				return text, true
 			}
 		case <-deadline:
-			return "(trigger missed: the desired state did not name it within " + raceTrigger.String() + ")"
+			return "", false
 		}
 	}
 }

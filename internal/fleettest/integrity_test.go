@@ -286,7 +286,7 @@ func TestNoCommitOverARecordRedisLost(t *testing.T) {
 	}()
 	<-gate.hit
 	r.Restart()
-	waitKeyVersion(t, dialBus(t, f), f, 1, "s1 writes its version-1 record back into the empty key")
+	waitKeyVersion(t, gate.Bus, f, 1, "s1 writes its version-1 record back into the empty key")
 	f.WaitFor(s1, 10*time.Second, "heartbeating into the new Redis", func(hb *protocol.Heartbeat) bool { return hb != nil })
 	_, err = b.UpdateWeights(t.Context(), sdk.WeightsRef{Version: 2, URI: "b2", SHA256: sumB}, sdk.Plan{Policy: sdk.AllOrNothing})
 	require.NoError(t, err, "A's record is gone and no server holds it: B may bind version 2")
